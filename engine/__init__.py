@@ -1,0 +1,33 @@
+"""Carpool's in-process engine.
+
+``from engine import LLM, SamplingParams`` is the offline API. Imports are lazy so that the
+torch-free parts (scheduler, block manager, requests) load without torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "AsyncEngine", "LLMEngine", "EngineConfig"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LLM":
+        from engine.llm import LLM
+
+        return LLM
+    if name == "AsyncEngine":
+        from engine.async_engine import AsyncEngine
+
+        return AsyncEngine
+    if name == "LLMEngine":
+        from engine.engine import LLMEngine
+
+        return LLMEngine
+    if name == "EngineConfig":
+        from engine.config import EngineConfig
+
+        return EngineConfig
+    raise AttributeError(name)

@@ -1,0 +1,72 @@
+"""The interface the gateway's worker uses to drive an engine.
+
+``AsyncEngine`` (the real engine, step loop in its own thread) implements it; so does the
+gateway's fake echo engine used only to measure the gateway itself. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+StepCallback = Callable[[list[RequestOutput]], None]
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """A snapshot for admission decisions (the drainer) and metrics."""
+
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    num_free_blocks: int
+    num_total_blocks: int
+    max_num_seqs: int
+    lowest_running_priority: int | None  # largest priority number running, None if idle
+
+
+class EngineClient(Protocol):
+    model_name: str
+    max_model_len: int
+    tokenizer: Any  # a transformers tokenizer (chat template, encode/decode)
+
+    async def start(self) -> None:
+        """Start the step loop (idempotent)."""
+
+    async def shutdown(self) -> None:
+        """Stop the loop; abort what is left."""
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+    ) -> None:
+        """Queue a request; its outputs go to the step callbacks (and to generate())."""
+
+    def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Add a request and yield its incremental outputs until finished."""
+
+    def abort(self, request_id: str) -> None:
+        """Thread-safe; takes effect at the next step boundary (blocks freed there)."""
+
+    def add_step_callback(self, callback: StepCallback) -> None:
+        """Called on the event loop once per engine step with every output of that step."""
+
+    def load(self) -> EngineLoad:
+        """Current load snapshot."""
+
+    def has_capacity(self, priority: int) -> bool:
+        """True when a request of this priority would be scheduled soon: a free seat and
+        free blocks, or lower-priority running work it may preempt."""

@@ -1,0 +1,173 @@
+"""The engine behind an asyncio front: the step loop runs in its own thread.
+
+Callers on the event loop add requests and aborts through a thread-safe inbox; the step
+thread applies them at the step boundary (so the scheduler is only ever touched by one
+thread), runs ``LLMEngine.step()``, and hands each step's outputs back to the loop, where
+they fan out to per-request queues (``generate``) and to step callbacks (the worker's
+pipelined Redis write).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.protocol import EngineLoad, StepCallback
+from engine.sampling_params import SamplingParams
+
+_IDLE_WAIT_S = 0.05
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None):
+        self.engine = engine if engine is not None else LLMEngine(config or EngineConfig())
+        self.model_name: str = self.engine.model_name
+        self.max_model_len: int = self.engine.max_model_len
+        self.tokenizer: Any = self.engine.tokenizer
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._callbacks: list[StepCallback] = []
+        self._live: set[str] = set()  # added and not yet reported finished (event-loop side)
+        self.step_error: BaseException | None = None
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> AsyncEngine:
+        return cls(EngineConfig.from_kwargs(**kwargs))
+
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="carpool-engine", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        for rid in list(self._live):
+            self.abort(rid)
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10.0)
+            self._thread = None
+
+    # -- requests -------------------------------------------------------------------------
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+        priority: int = 0,
+    ) -> None:
+        if request_id in self._live:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        self._live.add(request_id)
+        self._inbox.put(("add", (request_id, list(prompt_token_ids), params, priority)))
+        self._wake.set()
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._streams[request_id] = stream
+        self.add_request(request_id, prompt_token_ids, params, priority)
+        finished = False
+        try:
+            while not finished:
+                out = await stream.get()
+                finished = out.finished
+                yield out
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:  # consumer went away: cancel reaches the scheduler
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
+
+    def add_step_callback(self, callback: StepCallback) -> None:
+        self._callbacks.append(callback)
+
+    # -- load -----------------------------------------------------------------------------
+
+    def load(self) -> EngineLoad:
+        s = self.engine.stats
+        return EngineLoad(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting + self._inbox.qsize(),
+            num_swapped=s.num_swapped,
+            num_free_blocks=s.num_free_blocks,
+            num_total_blocks=s.num_total_blocks,
+            max_num_seqs=self.engine.config.scheduler.max_num_seqs,
+            lowest_running_priority=s.lowest_running_priority,
+        )
+
+    def has_capacity(self, priority: int) -> bool:
+        from policies.admission import engine_has_capacity
+
+        return engine_has_capacity(self.load(), priority)
+
+    # -- step thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._drain_inbox()
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait(_IDLE_WAIT_S)
+                    self._wake.clear()
+                    continue
+                outputs = self.engine.step()
+                if outputs:
+                    self._publish(outputs)
+        except BaseException as exc:  # surface to callers instead of hanging them
+            self.step_error = exc
+            self._fail_all(exc)
+            raise
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                rid, ids, params, priority = payload
+                self.engine.add_request(ids, params, request_id=rid, priority=priority)
+            else:
+                self.engine.abort(payload)
+
+    def _publish(self, outputs: list[RequestOutput]) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._dispatch, outputs)
+        except RuntimeError:  # loop closed during shutdown
+            pass
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
+                stream.put_nowait(out)
+            if out.finished:
+                self._live.discard(out.request_id)
+        for cb in self._callbacks:
+            cb(outputs)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        if self._loop is None:
+            return
+        outs = [
+            RequestOutput(rid, [], "", True, "error", error=f"engine failed: {exc!r}")
+            for rid in list(self._live)
+        ]
+        self._publish(outs)

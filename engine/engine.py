@@ -1,0 +1,100 @@
+"""The synchronous engine: one step is three calls.
+
+    out = scheduler.schedule()          # who runs, which tokens, which blocks
+    res = runner.execute(out)           # swap copies, one flattened forward, sampling
+    changed = scheduler.update_from_output(out, res)
+
+then the output processor turns the changed requests into ``RequestOutput`` deltas.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.model_runner import ModelRunner
+from engine.output_processor import OutputProcessor
+from engine.outputs import RequestOutput
+from engine.request import Request, RequestStatus
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.stats import SchedulerStats
+from kernels import set_use_triton
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        set_use_triton(config.use_triton)
+        self.runner = ModelRunner.from_config(config)
+        self.tokenizer: Any = self.runner.tokenizer
+        self.max_model_len: int = self.runner.max_model_len
+        self.model_name: str = self.runner.model_name
+        self.scheduler = Scheduler(
+            config.scheduler,
+            config.cache,
+            num_blocks=self.runner.num_blocks,
+            num_cpu_blocks=self.runner.num_cpu_blocks,
+            max_model_len=self.max_model_len,
+        )
+        self.outputs = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+        self.step_count = 0
+        self.last_step_seconds = 0.0
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> LLMEngine:
+        return cls(EngineConfig.from_kwargs(**kwargs))
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> str:
+        token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        request = Request(
+            rid,
+            token_ids,
+            params or SamplingParams(),
+            priority=priority,
+            arrival_time=arrival_time,
+            eos_token_id=self.runner.eos_token_id,
+        )
+        self.outputs.add(request)
+        self.scheduler.add_request(request)
+        return rid
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def abort(self, request_id: str) -> None:
+        self.scheduler.abort_request(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    @property
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.stats
+
+    def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        out = self.scheduler.schedule()
+        res = self.runner.execute(out)
+        changed = self.scheduler.update_from_output(out, res)
+        outputs = [self._emit(r) for r in changed]
+        self.step_count += 1
+        self.last_step_seconds = time.perf_counter() - start
+        return outputs
+
+    def _emit(self, request: Request) -> RequestOutput:
+        output, stop_hit = self.outputs.process(request)
+        if stop_hit and not request.is_finished:
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+        return output

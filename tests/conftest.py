@@ -6,3 +6,25 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The bundled SmolLM2-135M-Instruct converted to safetensors in the default cache
+    (~/.cache/carpool): converted once (~20 s), then reused by every later run."""
+    from tests.model_factories import smollm2_dir as _smollm2_dir
+
+    return _smollm2_dir()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
+    """A random 2-layer Llama (hidden 64, 4 heads, 2 KV heads) with the SmolLM2 tokenizer."""
+    from tests.model_factories import make_tiny_llama_dir
+
+    return make_tiny_llama_dir(tmp_path_factory.mktemp("tiny_llama"), tokenizer_dir=smollm2_dir)

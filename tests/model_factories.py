@@ -85,14 +85,14 @@ def make_tiny_llama_dir(
 def _make_config(arch: str, rope_theta: float, **kwargs: Any) -> Any:
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
-    common: dict[str, Any] = dict(
-        vocab_size=49152,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-        rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
-    )
+    common: dict[str, Any] = {
+        "vocab_size": 49152,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 2,
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta},
+    }
     common.update(kwargs)
     if arch == "llama":
         return LlamaConfig(**common)

@@ -6,42 +6,58 @@ from __future__ import annotations
 
 import torch
 
-from kernels.activation import silu_and_mul_ref
+from kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from kernels.dispatch import set_use_triton, use_triton
-from kernels.kv_cache import write_kv_cache_ref
-from kernels.paged_attention import paged_attention_ref
-from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-from kernels.rotary import rope_cos_sin, rotary_embedding_ref
+from kernels.kv_cache import write_kv_cache_ref, write_kv_cache_triton
+from kernels.paged_attention import paged_attention_ref, paged_attention_triton
+from kernels.rms_norm import (
+    fused_add_rms_norm_ref,
+    fused_add_rms_norm_triton,
+    rms_norm_ref,
+    rms_norm_triton,
+)
+from kernels.rotary import rope_cos_sin, rotary_embedding_ref, rotary_embedding_triton
 
 __all__ = [
-    "rms_norm",
     "fused_add_rms_norm",
-    "rotary_embedding",
-    "rope_cos_sin",
-    "silu_and_mul",
-    "write_kv_cache",
     "paged_attention",
+    "rms_norm",
+    "rope_cos_sin",
+    "rotary_embedding",
     "set_use_triton",
+    "silu_and_mul",
+    "use_triton",
+    "write_kv_cache",
 ]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if use_triton(x):
+        return rms_norm_triton(x, weight, eps)
     return rms_norm_ref(x, weight, eps)
 
 
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (rms_norm(x + residual), x + residual)."""
+    if use_triton(x):
+        return fused_add_rms_norm_triton(x, residual, weight, eps)
     return fused_add_rms_norm_ref(x, residual, weight, eps)
 
 
 def rotary_embedding(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-layout rotary; returns new (q, k)."""
+    if use_triton(q):
+        return rotary_embedding_triton(positions, q, k, cos_sin)
     return rotary_embedding_ref(positions, q, k, cos_sin)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if use_triton(x):
+        return silu_and_mul_triton(x)
     return silu_and_mul_ref(x)
 
 
@@ -49,14 +65,20 @@ def write_kv_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    write_kv_cache_ref(k, v, k_cache, v_cache, slot_mapping)
+    """Scatters k, v [T, Hk, D] into the caches at slot_mapping; in place."""
+    if use_triton(k):
+        write_kv_cache_triton(k, v, k_cache, v_cache, slot_mapping)
+    else:
+        write_kv_cache_ref(k, v, k_cache, v_cache, slot_mapping)
 
 
 def paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
 ) -> torch.Tensor:
+    """See kernels.paged_attention for the ragged-batch semantics."""
+    if use_triton(q):
+        return paged_attention_triton(
+            q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+        )
     return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
-
-
-_ = use_triton  # re-exported for the Triton dispatch added in #3

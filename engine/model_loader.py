@@ -152,6 +152,6 @@ def load_state_dict(model_dir: Path, dtype: torch.dtype) -> dict[str, torch.Tens
     state: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as f:
-            for key in f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 state[key] = f.get_tensor(key).to(dtype)
     return state

@@ -1,0 +1,335 @@
+"""Paged KV block manager: which device/CPU blocks hold which request's KV. Torch-free.
+
+The device KV cache is ``num_blocks`` blocks of ``block_size`` token slots. A request owns an
+ordered *block table*; token ``i`` of the request lives in block ``table[i // block_size]``,
+slot ``i % block_size``::
+
+    request "a", 37 tokens, block_size 16          device pool (ref counts)
+    table = [7, 2, 9]                               [0]=0 [1]=0 [2]=1 [3]=0 ...
+      tokens  0..15 -> block 7  (full, hashed)      [7]=2  <- shared with "b" (same prefix)
+      tokens 16..31 -> block 2  (full, hashed)      [9]=1
+      tokens 32..36 -> block 9  (partial: written this step, never shared)
+
+Contract (the scheduler is the only caller; it is not thread-safe):
+
+- ``allocate_slots`` grows a request's table to cover ``num_computed + num_new`` tokens, or
+  returns False and changes nothing (then the scheduler preempts).
+- Prefix sharing: a *full* block is named by a hash chain ``hash((parent_hash, tokens))``.
+  A block enters the hash table only after its tokens were computed (``cache_blocks`` after
+  the step), so a cached block's KV is always valid. A new table may start with cached blocks
+  (ref count + 1) but always leaves at least the last token to compute, so the block being
+  written is never shared. Freed hashed blocks stay in an LRU: they count as free and keep
+  their KV until a fresh block is needed (LRU evicted first; unhashed free blocks go before).
+- Swap: ``swap_out`` moves a request's KV to the CPU pool (one CPU block per device block) and
+  frees the device blocks; ``swap_in`` does the reverse into fresh device blocks. The returned
+  copy lists are executed by the runner at the start of the next step: all swap-outs, then
+  all swap-ins, then the forward. That order makes it safe to hand a device block freed by a
+  swap-out to anyone in the same step. CPU blocks released by a swap-in are held back until
+  ``begin_step()`` so that a later swap-out in the same step cannot overwrite them before the
+  runner has copied them in.
+- Hash collisions: the chain uses Python's 64-bit tuple hash (exact on token content within a
+  block, chained by the parent's hash); a chain collision is ~2**-64 per lookup. Accepted.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+_ROOT_HASH = 0x5EED  # parent hash of a request's first block
+
+
+def block_hash(parent: int, tokens: Sequence[int]) -> int:
+    return hash((parent, tuple(tokens)))
+
+
+class BlockManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_cpu_blocks: int = 0,
+        enable_prefix_caching: bool = True,
+    ) -> None:
+        if num_blocks < 1 or block_size < 1 or num_cpu_blocks < 0:
+            raise ValueError("need num_blocks >= 1, block_size >= 1, num_cpu_blocks >= 0")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_cpu_blocks = num_cpu_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref = [0] * num_blocks
+        self._hash_of: list[int | None] = [None] * num_blocks
+        self._block_of_hash: dict[int, int] = {}
+        # Free device blocks: unhashed ones (reused first) and hashed ones in LRU order.
+        self._free_plain: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._free_cached: OrderedDict[int, None] = OrderedDict()
+        self._tables: dict[str, list[int]] = {}
+        self._hashes: dict[str, list[int]] = {}  # chain hashes of a request's computed full blocks
+        self._cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
+        self._cpu_pending: list[int] = []  # released by swap_in this step; see begin_step
+        self._cpu_tables: dict[str, list[int]] = {}
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    # ---- counts -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_plain) + len(self._free_cached)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        return len(self._cpu_free)
+
+    @property
+    def num_used_cpu_blocks(self) -> int:
+        return self.num_cpu_blocks - len(self._cpu_free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return cdiv(num_tokens, self.block_size)
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's device block table (empty if it has none). Do not mutate."""
+        return self._tables.get(request_id, [])
+
+    def num_device_blocks_of(self, request_id: str) -> int:
+        return len(self._tables.get(request_id, ()))
+
+    def num_cpu_blocks_of(self, request_id: str) -> int:
+        return len(self._cpu_tables.get(request_id, ()))
+
+    def has_blocks(self, request_id: str) -> bool:
+        return request_id in self._tables or request_id in self._cpu_tables
+
+    # ---- prefix cache -----------------------------------------------------------------
+    def match_prefix(self, token_ids: Sequence[int]) -> int:
+        """Number of leading tokens of ``token_ids`` whose KV is cached. Pure query.
+
+        A multiple of block_size and at most ``(len - 1) // block_size`` blocks: the last token
+        is always left to compute (its logits are needed, and its block is being written).
+        """
+        return len(self._match(token_ids)[0]) * self.block_size
+
+    def _match(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        blocks: list[int] = []
+        hashes: list[int] = []
+        if not self.enable_prefix_caching:
+            return blocks, hashes
+        bs = self.block_size
+        parent = _ROOT_HASH
+        for i in range((len(token_ids) - 1) // bs):
+            h = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
+            block = self._block_of_hash.get(h)
+            if block is None:
+                break
+            blocks.append(block)
+            hashes.append(h)
+            parent = h
+        return blocks, hashes
+
+    def cache_blocks(self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
+        """Register the request's full, computed blocks in the prefix cache (after a step).
+
+        A block whose hash is already cached (another request computed the same content) is
+        left unregistered; it is freed as a plain block.
+        """
+        if not self.enable_prefix_caching:
+            return
+        table = self._tables[request_id]
+        hashes = self._hashes[request_id]
+        bs = self.block_size
+        parent = hashes[-1] if hashes else _ROOT_HASH
+        for i in range(len(hashes), num_computed_tokens // bs):
+            h = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
+            hashes.append(h)
+            parent = h
+            block = table[i]
+            if h not in self._block_of_hash and self._hash_of[block] is None:
+                self._block_of_hash[h] = block
+                self._hash_of[block] = h
+
+    def num_cached_blocks_of(self, request_id: str) -> int:
+        """How many of the request's leading blocks have been hashed (see cache_blocks)."""
+        return len(self._hashes.get(request_id, ()))
+
+    # ---- allocation -------------------------------------------------------------------
+    def allocate_slots(
+        self,
+        request_id: str,
+        num_new_tokens: int,
+        num_computed_tokens: int = 0,
+        token_ids: Sequence[int] | None = None,
+    ) -> bool:
+        """Make the request's table cover ``num_computed_tokens + num_new_tokens`` tokens.
+
+        For a request without a table, ``token_ids`` (its full token list) enables prefix
+        reuse: ``num_computed_tokens`` must then equal ``match_prefix(token_ids)`` and those
+        leading blocks are shared instead of allocated. Returns False, changing nothing, when
+        there are not enough free blocks.
+        """
+        table = self._tables.get(request_id)
+        need = self.blocks_needed(num_computed_tokens + num_new_tokens)
+        if table is not None:
+            grow = need - len(table)
+            if grow <= 0:
+                return True
+            if grow > self.num_free_blocks:
+                return False
+            table.extend(self._pop_free() for _ in range(grow))
+            return True
+        if request_id in self._cpu_tables:
+            raise ValueError(f"request {request_id!r} is swapped out; swap_in first")
+        shared, hashes = self._match(token_ids) if token_ids is not None else ([], [])
+        if num_computed_tokens != len(shared) * self.block_size:
+            raise ValueError(
+                f"num_computed_tokens={num_computed_tokens} for a new table must equal the "
+                f"cached prefix ({len(shared) * self.block_size} tokens)"
+            )
+        # Cached blocks that are currently free are taken out of the free pool too.
+        revived = sum(1 for b in shared if self._ref[b] == 0)
+        if need - len(shared) > self.num_free_blocks - revived:
+            return False
+        for b in shared:
+            if self._ref[b] == 0:
+                del self._free_cached[b]
+            self._ref[b] += 1
+        new_table = list(shared)
+        new_table.extend(self._pop_free() for _ in range(need - len(shared)))
+        self._tables[request_id] = new_table
+        self._hashes[request_id] = hashes
+        if token_ids is not None:
+            self.prefix_query_tokens += len(token_ids)
+            self.prefix_hit_tokens += num_computed_tokens
+        return True
+
+    def _pop_free(self) -> int:
+        """A fresh block for writing: an unhashed free one, else evict the LRU cached one."""
+        if self._free_plain:
+            block = self._free_plain.pop()
+        else:
+            block, _ = self._free_cached.popitem(last=False)
+            h = self._hash_of[block]
+            assert h is not None
+            del self._block_of_hash[h]
+            self._hash_of[block] = None
+        self._ref[block] = 1
+        return block
+
+    def _release(self, blocks: list[int]) -> None:
+        # Reverse order: a request's tail blocks are the least likely to be shared, so they
+        # should be evicted first (they enter the LRU as its oldest entries).
+        for block in reversed(blocks):
+            self._ref[block] -= 1
+            if self._ref[block] == 0:
+                if self._hash_of[block] is None:
+                    self._free_plain.append(block)
+                else:
+                    self._free_cached[block] = None
+
+    def free(self, request_id: str) -> None:
+        """Drop the request's device and CPU blocks (no-op for an unknown id)."""
+        table = self._tables.pop(request_id, None)
+        if table is not None:
+            self._release(table)
+        self._hashes.pop(request_id, None)
+        cpu = self._cpu_tables.pop(request_id, None)
+        if cpu is not None:
+            self._cpu_free.extend(cpu)
+
+    # ---- swapping ---------------------------------------------------------------------
+    def swap_out(self, request_id: str) -> list[tuple[int, int]] | None:
+        """Move the request's KV to the CPU pool: ``[(device_block, cpu_block), ...]``.
+
+        None (nothing changed) if the CPU pool lacks room. The device blocks are released at
+        once (hashed ones stay cached: their content is still valid on the device).
+        """
+        table = self._tables.get(request_id)
+        if table is None:
+            raise ValueError(f"request {request_id!r} has no device blocks to swap out")
+        if len(table) > len(self._cpu_free):
+            return None
+        cpu = [self._cpu_free.pop() for _ in table]
+        self._cpu_tables[request_id] = cpu
+        mapping = list(zip(table, cpu))
+        del self._tables[request_id]
+        self._release(table)
+        return mapping
+
+    def swap_in(self, request_id: str) -> list[tuple[int, int]] | None:
+        """Move the request's KV back into fresh device blocks: ``[(cpu_block, device_block)]``.
+
+        None (nothing changed) if there are not enough free device blocks.
+        """
+        cpu = self._cpu_tables.get(request_id)
+        if cpu is None:
+            raise ValueError(f"request {request_id!r} is not swapped out")
+        if len(cpu) > self.num_free_blocks:
+            return None
+        table = [self._pop_free() for _ in cpu]
+        del self._cpu_tables[request_id]
+        self._cpu_pending.extend(cpu)
+        self._tables[request_id] = table
+        # Re-register the request's full computed blocks: their KV lands before the forward.
+        for i, h in enumerate(self._hashes.get(request_id, ())):
+            if h not in self._block_of_hash:
+                self._block_of_hash[h] = table[i]
+                self._hash_of[table[i]] = h
+        return list(zip(cpu, table))
+
+    def begin_step(self) -> None:
+        """Start of a schedule(): CPU blocks swapped in last step have been copied; reuse them."""
+        if self._cpu_pending:
+            self._cpu_free.extend(self._cpu_pending)
+            self._cpu_pending.clear()
+
+    # ---- checks -----------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Raise AssertionError describing the first broken invariant, if any."""
+        owners = [0] * self.num_blocks
+        for rid, table in self._tables.items():
+            assert len(set(table)) == len(table), f"{rid}: duplicate block in table {table}"
+            for b in table:
+                owners[b] += 1
+        free = self._free_plain + list(self._free_cached)
+        assert len(set(free)) == len(free), "a device block is on the free lists twice"
+        free_set = set(free)
+        for b in range(self.num_blocks):
+            ref = self._ref[b]
+            assert ref >= 0, f"block {b} has negative ref count {ref}"
+            assert ref == owners[b], f"block {b}: ref count {ref} != {owners[b]} owners"
+            assert (ref == 0) == (b in free_set), f"block {b}: ref {ref} but free={b in free_set}"
+        used = sum(1 for r in self._ref if r > 0)
+        assert len(free) + used == self.num_blocks, (
+            f"device: free {len(free)} + used {used} != {self.num_blocks}"
+        )
+        for b in self._free_plain:
+            assert self._hash_of[b] is None, f"plain free block {b} has a hash"
+        for b in self._free_cached:
+            assert self._hash_of[b] is not None, f"cached free block {b} has no hash"
+        for h, b in self._block_of_hash.items():
+            assert self._hash_of[b] == h, f"hash table maps to block {b} with another hash"
+        hashed = sum(1 for h in self._hash_of if h is not None)
+        assert hashed == len(self._block_of_hash), "block hashes and hash table disagree"
+        for rid, hashes in self._hashes.items():
+            if rid in self._tables:
+                assert len(hashes) <= len(self._tables[rid]), f"{rid}: more hashes than blocks"
+        self._check_cpu()
+
+    def _check_cpu(self) -> None:
+        cpu_used = [b for t in self._cpu_tables.values() for b in t]
+        everything = self._cpu_free + self._cpu_pending + cpu_used
+        assert len(set(everything)) == len(everything), "a CPU block is free and owned, or owned twice"
+        assert len(everything) == self.num_cpu_blocks, (
+            f"cpu: free {len(self._cpu_free)} + pending {len(self._cpu_pending)} + used "
+            f"{len(cpu_used)} != {self.num_cpu_blocks}"
+        )
+        both = set(self._tables) & set(self._cpu_tables)
+        assert not both, f"requests with both device and CPU blocks: {sorted(both)}"

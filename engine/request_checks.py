@@ -1,0 +1,48 @@
+"""Pure checks on a request: can it ever run, and did its last token finish it. Torch-free."""
+
+from __future__ import annotations
+
+from engine.block_manager import cdiv
+from engine.request import Request, RequestStatus
+
+
+def never_fits_reason(
+    req: Request,
+    *,
+    num_blocks: int,
+    block_size: int,
+    max_model_len: int | None,
+    max_num_batched_tokens: int,
+    chunked_prefill: bool,
+) -> str | None:
+    """Why the request's prompt can never be scheduled, or None if it can."""
+    n = req.num_prompt_tokens
+    if max_model_len is not None and n > max_model_len:
+        return f"prompt has {n} tokens, longer than max_model_len={max_model_len}"
+    need = cdiv(n, block_size)
+    if need > num_blocks:
+        return (
+            f"prompt has {n} tokens and needs {need} KV blocks, more than the whole cache "
+            f"({num_blocks} blocks of {block_size} tokens)"
+        )
+    if not chunked_prefill and n > max_num_batched_tokens:
+        return (
+            f"prompt has {n} tokens, more than max_num_batched_tokens={max_num_batched_tokens} "
+            "with chunked prefill disabled"
+        )
+    return None
+
+
+def stop_status(req: Request, token: int, max_model_len: int | None) -> RequestStatus | None:
+    """The finished status after ``token`` was appended, or None to keep going.
+
+    A stop token wins over a length limit reached by the same token.
+    """
+    params = req.sampling_params
+    if token in params.stop_token_ids or (token == req.eos_token_id and not params.ignore_eos):
+        return RequestStatus.FINISHED_STOPPED
+    if len(req.output_token_ids) >= params.max_tokens:
+        return RequestStatus.FINISHED_LENGTH
+    if max_model_len is not None and req.num_tokens >= max_model_len:
+        return RequestStatus.FINISHED_LENGTH
+    return None

@@ -1,0 +1,401 @@
+"""Token-level continuous-batching scheduler over the paged KV block manager. Torch-free.
+
+One step is ``out = schedule()``, the runner executes ``out`` (swap-outs, swap-ins, forward),
+then ``update_from_output(out, result)``. Progress is one counter per request:
+``num_computed_tokens`` catches up to ``num_tokens``; a chunk that reaches the end samples.
+
+``schedule()`` runs named phases:
+
+1. ``_schedule_running``: every running request gets one decode token or its next prefill
+   chunk under the token budget. If its blocks cannot grow, a victim chosen by
+   ``policies.preemption.choose_victim`` is preempted (possibly itself), in
+   ``preemption_mode`` (swap falls back to recompute when the CPU pool is full).
+2. ``_schedule_swapped``: swapped requests resume (swap-in) in (priority, arrival) order.
+3. ``_schedule_waiting``: waiting requests start in (priority, arrival) order, capped by the
+   batching admission policy, ``max_num_seqs``, free blocks and the token budget (a prompt
+   longer than the remaining budget is chunked).
+   In 2 and 3 a request blocked by blocks or by ``max_num_seqs`` preempts running requests of
+   strictly lower priority (never equal), if that can make room.
+Phases 2-3 are skipped in a step where phase 1 had to preempt (memory is short).
+
+Not thread-safe: call everything from the engine's step thread, never between ``schedule()``
+and the runner's execution of its output.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from engine.block_manager import BlockManager
+from engine.config import CacheConfig, SchedulerConfig
+from engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from engine.request import Request, RequestStatus
+from engine.request_checks import never_fits_reason, stop_status
+from engine.request_queue import RequestQueue
+from engine.stats import SchedulerStats
+from engine.step_plan import StepPlan, token_slice
+from policies.batching import AdmissionSnapshot, get_admission_policy
+from policies.preemption import VictimCandidate, choose_victim, may_preempt_for
+
+_OK, _NO_BUDGET, _NO_ROOM = "ok", "budget", "room"
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_blocks: int,
+        num_cpu_blocks: int,
+        max_model_len: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.cache_config = cache_config
+        self.max_model_len = max_model_len
+        self.clock = clock
+        self.block_manager = BlockManager(
+            num_blocks, cache_config.block_size, num_cpu_blocks, cache_config.enable_prefix_caching
+        )
+        self._admission = get_admission_policy(config.batching)
+        self._requests: dict[str, Request] = {}
+        self.waiting = RequestQueue()
+        self.swapped = RequestQueue()
+        self.running: dict[str, Request] = {}  # admission order
+        self._to_return: dict[str, Request] = {}  # finished between updates (abort, error)
+        self._finished_ids: list[str] = []  # for the next SchedulerOutput
+        self._batch_filling = False
+        self._last_tokens = 0
+        self._last_requests = 0
+        self._counts = {"steps": 0, "recompute": 0, "swap": 0, "aborts": 0, "errors": 0, "finished": 0}
+
+    # ---- public API -------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a request; one that can never fit finishes at once with FINISHED_ERROR."""
+        rid = request.request_id
+        if rid in self._requests:
+            raise ValueError(f"duplicate request id {rid!r}")
+        self._requests[rid] = request
+        error = self._never_fits(request)
+        if error is not None:
+            self._finish(request, RequestStatus.FINISHED_ERROR, error)
+            return
+        request.status = RequestStatus.WAITING
+        self.waiting.add(request)
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort in any state; frees device and CPU blocks now. Unknown/finished id: no-op.
+
+        The tokens produced so far stay on the request, which the next
+        ``update_from_output`` returns (finish reason "abort").
+        """
+        req = self._requests.get(request_id)
+        if req is None or req.is_finished:
+            return
+        self._counts["aborts"] += 1
+        self._finish(req, RequestStatus.FINISHED_ABORTED)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> None:
+        """Finish a request the caller decided is done (stop strings); frees its blocks.
+
+        The caller already handles its output, so it is *not* returned again by
+        ``update_from_output``; it is forgotten at once. Unknown/finished id: no-op.
+        """
+        if not status.is_finished:
+            raise ValueError(f"{status.name} is not a finished status")
+        req = self._requests.get(request_id)
+        if req is None or req.is_finished:
+            return
+        self._finish(req, status, returned=False)
+        self._requests.pop(request_id, None)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self._requests.get(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.waiting or self.swapped or self._to_return)
+
+    @property
+    def stats(self) -> SchedulerStats:
+        bm = self.block_manager
+        c = self._counts
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_swapped=len(self.swapped),
+            num_scheduled_tokens=self._last_tokens,
+            num_scheduled_requests=self._last_requests,
+            device_blocks_total=bm.num_blocks,
+            device_blocks_used=bm.num_used_blocks,
+            device_blocks_free=bm.num_free_blocks,
+            cpu_blocks_total=bm.num_cpu_blocks,
+            cpu_blocks_used=bm.num_used_cpu_blocks,
+            num_steps=c["steps"],
+            preemptions_recompute=c["recompute"],
+            preemptions_swap=c["swap"],
+            aborts=c["aborts"],
+            errors=c["errors"],
+            finished=c["finished"],
+            prefix_cache_queries=bm.prefix_query_tokens,
+            prefix_cache_hits=bm.prefix_hit_tokens,
+        )
+
+    # ---- schedule ---------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        self.block_manager.begin_step()
+        plan = StepPlan(budget=self.config.max_num_batched_tokens)
+        self._schedule_running(plan)
+        if not plan.memory_preempted:
+            self._schedule_swapped(plan)
+            self._schedule_waiting(plan)
+        out = plan.to_output(self._finished_ids)
+        self._finished_ids = []
+        self._counts["steps"] += 1
+        self._last_tokens = self.config.max_num_batched_tokens - plan.budget
+        self._last_requests = len(plan.scheduled)
+        return out
+
+    def _schedule_running(self, plan: StepPlan) -> None:
+        for req in list(self.running.values()):
+            if plan.budget <= 0:
+                break
+            if req.status != RequestStatus.RUNNING:
+                continue  # preempted or failed earlier in this step
+            num_new = self._chunk(req, req.num_computed_tokens, plan.budget)
+            if num_new and self._grow_or_preempt(req, num_new, plan):
+                self._add_scheduled(req, num_new, plan)
+
+    def _grow_or_preempt(self, req: Request, num_new: int, plan: StepPlan) -> bool:
+        bm = self.block_manager
+        while not bm.allocate_slots(req.request_id, num_new, req.num_computed_tokens):
+            need = bm.blocks_needed(req.num_computed_tokens + num_new)
+            if need > bm.num_blocks:
+                self._finish(
+                    req,
+                    RequestStatus.FINISHED_ERROR,
+                    f"KV cache capacity exceeded: {req.num_computed_tokens + num_new} tokens "
+                    f"need {need} blocks, the cache has {bm.num_blocks}",
+                )
+                return False
+            plan.memory_preempted = True
+            victim_id = choose_victim(self._candidates(lambda r: True, plan))
+            assert victim_id is not None  # req itself is always a candidate
+            self._preempt(self.running[victim_id], plan)
+            if victim_id == req.request_id:
+                return False
+        return True
+
+    def _schedule_swapped(self, plan: StepPlan) -> None:
+        bm = self.block_manager
+        for req in self.swapped:
+            num_new = self._chunk(req, req.num_computed_tokens, plan.budget)
+            need = max(
+                bm.num_cpu_blocks_of(req.request_id),
+                bm.blocks_needed(req.num_computed_tokens + num_new),
+            )
+            while num_new and not (
+                len(self.running) < self.config.max_num_seqs and bm.num_free_blocks >= need
+            ):
+                if not self._preempt_lower(req.priority, need, plan):
+                    num_new = 0
+            if not num_new:
+                plan.blocked_priority = req.priority
+                return
+            mapping = bm.swap_in(req.request_id)
+            assert mapping is not None
+            assert bm.allocate_slots(req.request_id, num_new, req.num_computed_tokens)
+            plan.swap_in.extend(mapping)
+            plan.swapped_in.add(req.request_id)
+            self.swapped.remove(req.request_id)
+            self._start_running(req, num_new, plan)
+
+    def _schedule_waiting(self, plan: StepPlan) -> None:
+        limit = self._admission(self._admission_snapshot())
+        admitted, reason = 0, "empty"
+        for req in self.waiting:
+            if plan.blocked_priority is not None and req.priority >= plan.blocked_priority:
+                reason = "swapped"
+                break  # a blocked swapped request goes first unless this one is more urgent
+            if req.request_id in plan.preempted or admitted >= limit:
+                reason = "limit"
+                break
+            reason = self._admit(req, plan)
+            if reason != _OK:
+                break
+            admitted += 1
+        # A batch cut short only by the token budget keeps filling on the next steps.
+        started = limit > 0 and admitted > 0
+        self._batch_filling = reason == _NO_BUDGET and (started or self._batch_filling)
+
+    def _admit(self, req: Request, plan: StepPlan) -> str:
+        """Try to start one waiting request; returns _OK, _NO_BUDGET or _NO_ROOM."""
+        bm = self.block_manager
+        tokens = req.all_token_ids
+        computed = bm.match_prefix(tokens)
+        num_new = self._chunk(req, computed, plan.budget)
+        if not num_new:
+            return _NO_BUDGET
+        fresh = bm.blocks_needed(computed + num_new) - computed // bm.block_size
+        while not (
+            len(self.running) < self.config.max_num_seqs
+            and bm.allocate_slots(req.request_id, num_new, computed, tokens)
+        ):
+            if not self._preempt_lower(req.priority, fresh, plan):
+                return _NO_ROOM
+        self.waiting.remove(req.request_id)
+        req.num_computed_tokens = computed
+        self._start_running(req, num_new, plan)
+        return _OK
+
+    def _preempt_lower(self, priority: int, need_blocks: int, plan: StepPlan) -> bool:
+        """Preempt one running request of strictly lower priority, but only if preempting
+        all of them would give a seat and ``need_blocks`` free blocks (else waste no work)."""
+        bm = self.block_manager
+        lower = self._candidates(lambda r: may_preempt_for(priority, r.priority), plan)
+        if not lower:
+            return False
+        freeable = bm.num_free_blocks + sum(bm.num_device_blocks_of(c.request_id) for c in lower)
+        if len(self.running) - len(lower) >= self.config.max_num_seqs or freeable < need_blocks:
+            return False
+        victim_id = choose_victim(lower)
+        assert victim_id is not None
+        self._preempt(self.running[victim_id], plan)
+        return True
+
+    # ---- mechanism --------------------------------------------------------------------
+    def _chunk(self, req: Request, computed: int, budget: int) -> int:
+        """Tokens to compute now: all remaining, or a chunk if chunked prefill allows."""
+        remaining = req.num_tokens - computed
+        if remaining <= budget:
+            return remaining
+        return budget if self.config.enable_chunked_prefill and budget > 0 else 0
+
+    def _candidates(
+        self, eligible: Callable[[Request], bool], plan: StepPlan
+    ) -> list[VictimCandidate]:
+        return [
+            VictimCandidate(r.request_id, r.priority, r.arrival_time)
+            for r in self.running.values()
+            if r.request_id not in plan.swapped_in and eligible(r)
+        ]
+
+    def _preempt(self, req: Request, plan: StepPlan) -> None:
+        """Evict a running request: swap it to the CPU pool, or drop its KV (recompute)."""
+        rid = req.request_id
+        plan.unschedule(rid)
+        del self.running[rid]
+        mapping = None
+        if self.config.preemption_mode == "swap":
+            mapping = self.block_manager.swap_out(rid)
+        if mapping is not None:
+            plan.swap_out.extend(mapping)
+            req.status = RequestStatus.SWAPPED
+            self.swapped.add(req)
+            self._counts["swap"] += 1
+        else:
+            self.block_manager.free(rid)
+            req.num_computed_tokens = 0
+            req.status = RequestStatus.PREEMPTED
+            self.waiting.add(req)
+            self._counts["recompute"] += 1
+        req.num_preemptions += 1
+        plan.preempted_ids.append(rid)
+        plan.preempted.add(rid)
+
+    def _start_running(self, req: Request, num_new: int, plan: StepPlan) -> None:
+        req.status = RequestStatus.RUNNING
+        self.running[req.request_id] = req
+        self._add_scheduled(req, num_new, plan)
+
+    def _add_scheduled(self, req: Request, num_new: int, plan: StepPlan) -> None:
+        start = req.num_computed_tokens
+        end = start + num_new
+        plan.add(
+            ScheduledRequest(
+                request_id=req.request_id,
+                token_ids=token_slice(req, start, end),
+                start_pos=start,
+                block_ids=list(self.block_manager.get_block_ids(req.request_id)),
+                sample=end == req.num_tokens,
+                sampling_params=req.sampling_params,
+                output_index=len(req.output_token_ids),
+            )
+        )
+        if req.times.first_scheduled is None:
+            req.times.first_scheduled = self.clock()
+
+    def _admission_snapshot(self) -> AdmissionSnapshot:
+        return AdmissionSnapshot(
+            now=self.clock(),
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            oldest_waiting_arrival=self.waiting.oldest_arrival(),
+            max_num_seqs=self.config.max_num_seqs,
+            max_wait_ms=self.config.max_wait_ms,
+            batch_filling=self._batch_filling,
+        )
+
+    def _never_fits(self, req: Request) -> str | None:
+        bm = self.block_manager
+        return never_fits_reason(
+            req,
+            num_blocks=bm.num_blocks,
+            block_size=bm.block_size,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            chunked_prefill=self.config.enable_chunked_prefill,
+        )
+
+    def _finish(
+        self, req: Request, status: RequestStatus, error: str | None = None, returned: bool = True
+    ) -> None:
+        rid = req.request_id
+        self.running.pop(rid, None)
+        self.waiting.remove(rid)
+        self.swapped.remove(rid)
+        self.block_manager.free(rid)
+        req.status = status
+        if error is not None:
+            req.error = error
+            self._counts["errors"] += 1
+        req.times.finished = self.clock()
+        self._counts["finished"] += 1
+        self._finished_ids.append(rid)
+        if returned:
+            self._to_return[rid] = req
+
+    # ---- update -----------------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
+        """Apply a step's results; return every request that got a token or finished since
+        the last update (aborts and errors between steps included)."""
+        changed = self._to_return
+        self._to_return = {}
+        bm = self.block_manager
+        block_size = bm.block_size
+        for sched in out.scheduled:
+            rid = sched.request_id
+            req = self._requests.get(rid)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue  # aborted/finished after schedule(): dropped at the step boundary
+            computed = sched.start_pos + len(sched.token_ids)
+            req.num_computed_tokens = computed
+            if bm.enable_prefix_caching and computed // block_size > bm.num_cached_blocks_of(rid):
+                bm.cache_blocks(rid, req.all_token_ids, computed)
+            if not sched.sample:
+                continue
+            try:
+                token = result.sampled[rid]
+            except KeyError:
+                raise KeyError(f"runner returned no sampled token for {rid!r}") from None
+            req.output_token_ids.append(token)
+            if req.times.first_token is None:
+                req.times.first_token = self.clock()
+            changed[rid] = req
+            status = stop_status(req, token, self.max_model_len)
+            if status is not None:
+                self._finish(req, status, returned=False)
+        for rid, req in changed.items():
+            if req.is_finished:
+                self._requests.pop(rid, None)
+        return list(changed.values())

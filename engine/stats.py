@@ -1,0 +1,43 @@
+"""Scheduler statistics: a frozen snapshot per read (``Scheduler.stats``). Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """Gauges describe the state after the last ``schedule()``; counters are cumulative."""
+
+    # gauges
+    num_running: int = 0
+    num_waiting: int = 0
+    num_swapped: int = 0
+    num_scheduled_tokens: int = 0  # tokens in the last step's batch
+    num_scheduled_requests: int = 0
+    device_blocks_total: int = 0
+    device_blocks_used: int = 0
+    device_blocks_free: int = 0
+    cpu_blocks_total: int = 0
+    cpu_blocks_used: int = 0
+    # counters
+    num_steps: int = 0
+    preemptions_recompute: int = 0
+    preemptions_swap: int = 0
+    aborts: int = 0
+    errors: int = 0
+    finished: int = 0  # every finish, aborts and errors included
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of which served from cached blocks
+
+    @property
+    def kv_usage(self) -> float:
+        return self.device_blocks_used / self.device_blocks_total if self.device_blocks_total else 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+    @property
+    def preemptions(self) -> int:
+        return self.preemptions_recompute + self.preemptions_swap

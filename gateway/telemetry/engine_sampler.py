@@ -1,0 +1,74 @@
+"""Engine and queue snapshots -> metrics.
+
+The scheduler keeps cumulative counters (preemptions, prefix-cache tokens) and per-step gauges
+(batch size, tokens) in ``SchedulerStats``; the sampler turns counter deltas into Prometheus
+counter increments and observes each new step's batch once. It runs on the event loop from the
+worker's per-step callback; the snapshot may be a step or two behind the engine thread, so
+per-step histograms are a sample of steps under load, not every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from engine.protocol import EngineLoad
+from engine.stats import SchedulerStats
+from gateway.telemetry.metrics import Metrics
+
+
+class EngineSampler:
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+        self._last: SchedulerStats | None = None
+
+    def sample(self, stats: SchedulerStats, step_seconds: float | None = None) -> None:
+        """Record one snapshot of the scheduler's stats."""
+        m = self._metrics
+        m.engine_requests.labels("running").set(stats.num_running)
+        m.engine_requests.labels("waiting").set(stats.num_waiting)
+        m.engine_requests.labels("swapped").set(stats.num_swapped)
+        m.kv_blocks.labels("used").set(stats.device_blocks_used)
+        m.kv_blocks.labels("free").set(stats.device_blocks_free)
+        last = self._last if self._last is not None else SchedulerStats()
+        if stats.num_steps < last.num_steps:  # a new engine (restart): counters start again
+            last = SchedulerStats()
+        if stats.num_steps > last.num_steps and stats.num_scheduled_requests > 0:
+            m.batch_size.observe(stats.num_scheduled_requests)
+            m.step_tokens.observe(stats.num_scheduled_tokens)
+            if step_seconds is not None:
+                m.step_seconds.observe(step_seconds)
+        _inc(m.preemptions.labels("recompute"), stats.preemptions_recompute,
+             last.preemptions_recompute)
+        _inc(m.preemptions.labels("swap"), stats.preemptions_swap, last.preemptions_swap)
+        _inc(m.prefix_cache_hits, stats.prefix_cache_hits, last.prefix_cache_hits)
+        _inc(m.prefix_cache_queries, stats.prefix_cache_queries, last.prefix_cache_queries)
+        self._last = stats
+
+    def sample_load(self, load: EngineLoad) -> None:
+        """For engines without scheduler stats (the echo engine): the load snapshot only."""
+        m = self._metrics
+        m.engine_requests.labels("running").set(load.num_running)
+        m.engine_requests.labels("waiting").set(load.num_waiting)
+        m.engine_requests.labels("swapped").set(load.num_swapped)
+        m.kv_blocks.labels("used").set(load.num_total_blocks - load.num_free_blocks)
+        m.kv_blocks.labels("free").set(load.num_free_blocks)
+
+    def sample_engine(self, engine: Any) -> None:
+        """Whatever ``engine`` (an ``EngineClient``) offers: the real ``AsyncEngine`` exposes
+        its ``LLMEngine`` (stats and last step time); others only ``load()``."""
+        inner = getattr(engine, "engine", None)
+        stats = getattr(inner, "stats", None)
+        if isinstance(stats, SchedulerStats):
+            self.sample(stats, getattr(inner, "last_step_seconds", None))
+        else:
+            self.sample_load(engine.load())
+
+    def sample_queues(self, depths: Mapping[str, int]) -> None:
+        for tier, depth in depths.items():
+            self._metrics.queue_depth.labels(tier).set(depth)
+
+
+def _inc(counter: Any, now: int, before: int) -> None:
+    if now > before:
+        counter.inc(now - before)

@@ -13,6 +13,7 @@ import os
 import torch
 
 _force_triton: bool | None = None
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def set_use_triton(value: bool | None) -> None:
@@ -22,8 +23,10 @@ def set_use_triton(value: bool | None) -> None:
 
 
 def use_triton(t: torch.Tensor) -> bool:
+    """Forced either way by set_use_triton / CARPOOL_FORCE_TRITON=1; otherwise Triton for CUDA
+    tensors in a dtype the kernels take (float64 stays on the reference)."""
     if _force_triton is not None:
         return _force_triton
     if os.environ.get("CARPOOL_FORCE_TRITON") == "1":
         return True
-    return t.is_cuda
+    return t.is_cuda and t.dtype in _TRITON_DTYPES

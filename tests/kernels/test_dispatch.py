@@ -75,3 +75,4 @@ def test_set_use_triton_false_beats_the_env(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("CARPOOL_FORCE_TRITON", "1")
     set_use_triton(False)
     assert not use_triton(torch.zeros(1))
+

@@ -19,7 +19,7 @@ def _batch() -> PagedBatch:
 
 
 def _attn(**overrides: Any) -> Callable[[], Any]:
-    args = dict(zip(["q", "k_cache", "v_cache", "block_tables", "seq_lens", "query_start_loc",
+    args: dict[str, Any] = dict(zip(["q", "k_cache", "v_cache", "block_tables", "seq_lens", "query_start_loc",
                      "scale"], _batch().args()))
     args.update(overrides)
     return lambda: kernels.paged_attention(**args)
@@ -53,7 +53,7 @@ def test_paged_attention_rejects(message: str) -> None:
 
 
 def test_paged_attention_rejects_non_tensor() -> None:
-    args = list(_batch().args())
+    args: list[Any] = list(_batch().args())
     args[4] = [5, 20]
     with pytest.raises(ValueError, match="seq_lens must be a torch.Tensor"):
         kernels.paged_attention(*args)

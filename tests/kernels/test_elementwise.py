@@ -3,6 +3,8 @@ through the public functions, run by the interpreter) vs their torch references.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -14,7 +16,7 @@ from kernels.rotary import rotary_embedding_ref
 
 DTYPES = [torch.float32, torch.float16]
 # fp16 references round after every op; the kernels compute in fp32 and round once.
-TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.float16: {"atol": 5e-3, "rtol": 5e-3}}
+TOL: dict[torch.dtype, dict[str, Any]] = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.float16: {"atol": 5e-3, "rtol": 5e-3}}
 pytestmark = pytest.mark.usefixtures("force_triton")
 
 

@@ -18,7 +18,7 @@ from engine.sampling_params import SamplingParams
 # steps mix prefill chunks with decodes.
 PROMPTS = [list(range(100, 105)), list(range(200, 223)), list(range(300, 340))]
 PARAMS = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
-ENGINE = {"dtype": "float32", "block_size": 16, "num_blocks": 32, "num_cpu_blocks": 0,
+ENGINE: dict[str, Any] = {"dtype": "float32", "block_size": 16, "num_blocks": 32, "num_cpu_blocks": 0,
           "max_num_batched_tokens": 24}
 
 

@@ -3,6 +3,8 @@ textbook float64 implementation."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ from kernels.paged_attention import paged_attention_ref, paged_attention_triton
 from tests.kernels.factories import make_paged_batch, naive_attention
 
 # Tolerances that also hold on a GPU (fp16 there multiplies P in fp16 on tensor cores).
-TOL = {torch.float32: {"atol": 1e-4, "rtol": 1e-4}, torch.float16: {"atol": 1e-2, "rtol": 1e-2}}
+TOL: dict[torch.dtype, dict[str, Any]] = {torch.float32: {"atol": 1e-4, "rtol": 1e-4}, torch.float16: {"atol": 1e-2, "rtol": 1e-2}}
 
 # (q_lens, ctx_lens): a decode batch; and a mixed batch with a whole prompt, a decode, an idle
 # request and a chunked prefill whose chunk starts mid-block.

@@ -1,0 +1,109 @@
+"""The Starlette app, assembled explicitly: routes, pure-ASGI auth middleware, error handlers,
+and a lifespan that creates the Redis client, the services and (``--role all``) the engine and
+its worker, all kept on ``app.state``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway import openai_api as api
+from gateway.admin import ADMIN_ROUTES
+from gateway.auth import AuthMiddleware
+from gateway.config import GatewayConfig
+from gateway.errors import APIError, error_response
+from gateway.events import GatewayEvents
+from gateway.model_info import ModelInfo, build_engine, load_model_info
+from gateway.services import Services
+from gateway.tenants import TenantStore, load_tenants_file
+from gateway.worker import Worker
+
+ROUTES = [
+    Route("/healthz", api.healthz, methods=["GET"]),
+    Route("/readyz", api.readyz, methods=["GET"]),
+    Route("/v1/models", api.list_models, methods=["GET"]),
+    Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+    Route("/v1/completions", api.completions, methods=["POST"]),
+    Route("/v1/requests/{request_id}", api.get_request, methods=["GET"]),
+    Route("/v1/requests/{request_id}/cancel", api.cancel_request, methods=["POST"]),
+    *ADMIN_ROUTES,
+]
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return error_response(APIError(exc.status_code, str(exc.detail)))
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return error_response(APIError(500, "internal server error", code="internal_error"))
+
+
+def redis_client(url: str) -> Any:
+    import redis.asyncio as aioredis
+
+    return aioredis.Redis.from_url(url, health_check_interval=30)
+
+
+async def load_tenants(store: TenantStore, path: str) -> int:
+    tenants = load_tenants_file(path)
+    for tenant in tenants:
+        await store.put(tenant)
+    return len(tenants)
+
+
+def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
+               engine: Any = None, model: ModelInfo | None = None,
+               events: GatewayEvents | None = None) -> Starlette:
+    """The gateway app. With ``config.role == "all"`` it also runs a worker driving ``engine``
+    (built from the config when not given); with ``"gateway"`` it only serves HTTP."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        redis = redis_client(redis_url)
+        eng = engine
+        if config.role == "all" and eng is None:
+            eng = await asyncio.to_thread(build_engine, config, model)
+        info = model or (ModelInfo.from_engine(eng) if eng is not None
+                         else await asyncio.to_thread(load_model_info, config))
+        svc = Services.create(config, redis, secret, info, events or GatewayEvents())
+        if config.tenants_file:
+            await load_tenants(svc.store, config.tenants_file)
+        if config.admin_key:
+            await svc.store.add_admin_key(config.admin_key)
+        if config.role == "all":
+            svc.engine = eng
+            svc.worker = Worker(redis, eng, config, svc.events)
+            await svc.worker.start()
+        app.state.services = svc
+        try:
+            yield
+        finally:
+            if svc.worker is not None:
+                await svc.worker.stop()
+            if eng is not None and engine is None:
+                await eng.shutdown()
+            await redis.aclose()
+
+    return Starlette(
+        routes=ROUTES,
+        middleware=[Middleware(AuthMiddleware)],
+        exception_handlers={APIError: _api_error, HTTPException: _http_error,
+                            Exception: _server_error},
+        lifespan=lifespan,
+    )

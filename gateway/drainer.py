@@ -1,0 +1,61 @@
+"""The drainer: moves envelopes from the tier streams into the engine, one at a time.
+
+It pulls only when the engine can take work at a tier's priority (``has_capacity``: a free
+seat and blocks, or lower-priority running work it may preempt). Among the tiers that have a
+backlog and room, smooth weighted round-robin (``policies.wrr``) picks which one; when every
+tier is empty it blocks on all of them at once, so an idle worker reacts within a round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+
+from engine.protocol import EngineClient
+from gateway.queues import Envelope, TierQueues
+from policies.tiers import tier_priority
+from policies.wrr import smooth_wrr_pick
+
+IDLE_BLOCK_MS = 200
+NO_ROOM_WAIT_S = 0.05
+
+
+class Drainer:
+    def __init__(self, queues: TierQueues, engine: EngineClient, consumer: str,
+                 weights: Mapping[str, int], start: Callable[[Envelope], Awaitable[None]]) -> None:
+        self.queues = queues
+        self.engine = engine
+        self.consumer = consumer
+        self.weights = {t: w for t, w in weights.items() if t in queues.tiers}
+        self.start = start
+        self.scores: dict[str, int] = {}
+        self.room = asyncio.Event()  # set by the worker after each engine step
+        self.paused = False  # tests hold the drainer to build a backlog
+
+    async def run(self) -> None:
+        while True:
+            if self.paused:
+                await asyncio.sleep(0.01)
+                continue
+            open_tiers = [t for t in self.weights if self.engine.has_capacity(tier_priority(t))]
+            if not open_tiers:
+                await self._wait_for_room()
+                continue
+            for env in await self._pull(open_tiers):
+                await self.start(env)
+
+    async def _pull(self, open_tiers: list[str]) -> list[Envelope]:
+        backlog = await self.queues.backlogs()
+        eligible = [t for t in open_tiers if backlog.get(t, 0) > 0 and self.weights[t] > 0]
+        if not eligible:
+            return await self.queues.read(open_tiers, self.consumer, block_ms=IDLE_BLOCK_MS)
+        tier, self.scores = smooth_wrr_pick(self.weights, self.scores, eligible)
+        assert tier is not None
+        return await self.queues.read([tier], self.consumer, block_ms=None)
+
+    async def _wait_for_room(self) -> None:
+        self.room.clear()
+        try:
+            await asyncio.wait_for(self.room.wait(), NO_ROOM_WAIT_S)
+        except TimeoutError:
+            pass

@@ -1,0 +1,57 @@
+"""OpenAI-style errors. Every failure the API returns has the body
+``{"error": {"message", "type", "param", "code"}}``; bad input is always a 4xx, never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.responses import Response
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    502: "server_error",
+    503: "server_error",
+    504: "timeout_error",
+}
+
+
+class APIError(Exception):
+    """Raised anywhere in request handling; turned into a response by ``error_response``."""
+
+    def __init__(self, status: int, message: str, code: str | None = None,
+                 param: str | None = None, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "error"),
+                          "param": self.param, "code": self.code}}
+
+
+def error_response(err: APIError) -> Response:
+    headers = {}
+    if err.retry_after is not None:
+        headers["Retry-After"] = str(err.retry_after)
+    return Response(json.dumps(err.body()), status_code=err.status, headers=headers,
+                    media_type="application/json")
+
+
+def error_bytes(err: APIError) -> bytes:
+    return json.dumps(err.body()).encode()
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, code=code, param=param)

@@ -1,0 +1,56 @@
+"""What the gateway needs to know about the served model: name, context length, tokenizer.
+
+In one process (``--role all``) it comes from the engine; a gateway-only process loads just
+the tokenizer and config from the same model folder (no weights).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import GatewayConfig
+
+ECHO_MODEL_NAME = "echo"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    max_model_len: int
+    tokenizer: Any
+    vocab_size: int
+
+    @classmethod
+    def from_engine(cls, engine: Any) -> ModelInfo:
+        return cls(engine.model_name, engine.max_model_len, engine.tokenizer, len(engine.tokenizer))
+
+
+def load_model_info(config: GatewayConfig) -> ModelInfo:
+    """Tokenizer and limits from the model folder (the bundled SmolLM2 when ``model`` is None)."""
+    from engine.model_loader import load_tokenizer, model_name, resolve_model_dir
+
+    model_dir = resolve_model_dir(config.model)
+    tokenizer = load_tokenizer(model_dir)
+    hf = json.loads((model_dir / "config.json").read_text())
+    max_len = int(hf.get("max_position_embeddings", 2048))
+    cap = config.engine_options.get("max_model_len")
+    if cap:
+        max_len = min(max_len, int(cap))
+    name = ECHO_MODEL_NAME if config.engine == "echo" else model_name(model_dir)
+    return ModelInfo(name, max_len, tokenizer, len(tokenizer))
+
+
+def build_engine(config: GatewayConfig, info: ModelInfo | None = None) -> Any:
+    """The engine a worker drives: the real ``AsyncEngine`` or the fake echo engine."""
+    if config.engine == "echo":
+        from gateway.echo_engine import FakeEchoEngine
+
+        info = info or load_model_info(config)
+        return FakeEchoEngine(info.tokenizer, ECHO_MODEL_NAME, info.max_model_len,
+                              step_ms=config.echo_step_ms)
+    from engine.async_engine import AsyncEngine
+    from engine.config import EngineConfig
+
+    return AsyncEngine(EngineConfig.from_kwargs(model=config.model, **dict(config.engine_options)))

@@ -1,0 +1,74 @@
+"""OpenAI response bodies and stream chunks for chat and text completions."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+class Formatter:
+    """Builds bodies for one request (chat or completion)."""
+
+    def __init__(self, kind: str, request_id: str, model: str, created: int,
+                 service_tier: str) -> None:
+        self.kind = kind
+        self.request_id = request_id
+        self.model = model
+        self.created = created
+        self.tier = service_tier
+
+    def _base(self, obj: str) -> dict[str, Any]:
+        return {"id": self.request_id, "object": obj, "created": self.created,
+                "model": self.model, "service_tier": self.tier}
+
+    def full(self, text: str, finish_reason: str, prompt_tokens: int,
+             completion_tokens: int) -> dict[str, Any]:
+        reason = FINISH_REASONS.get(finish_reason, finish_reason)
+        if self.kind == "chat":
+            body = self._base("chat.completion")
+            body["choices"] = [{"index": 0, "finish_reason": reason, "logprobs": None,
+                                "message": {"role": "assistant", "content": text}}]
+        else:
+            body = self._base("text_completion")
+            body["choices"] = [{"index": 0, "text": text, "finish_reason": reason,
+                                "logprobs": None}]
+        body["usage"] = usage(prompt_tokens, completion_tokens)
+        return body
+
+    def chunk(self, text: str | None, finish_reason: str | None = None,
+              first: bool = False) -> bytes:
+        reason = FINISH_REASONS.get(finish_reason, finish_reason) if finish_reason else None
+        if self.kind == "chat":
+            body = self._base("chat.completion.chunk")
+            delta: dict[str, Any] = {}
+            if first:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            body["choices"] = [{"index": 0, "delta": delta, "finish_reason": reason,
+                                "logprobs": None}]
+        else:
+            body = self._base("text_completion")
+            body["choices"] = [{"index": 0, "text": text or "", "finish_reason": reason,
+                                "logprobs": None}]
+        return sse(body)
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        body = self._base("chat.completion.chunk" if self.kind == "chat" else "text_completion")
+        body["choices"] = []
+        body["usage"] = usage(prompt_tokens, completion_tokens)
+        return sse(body)
+
+
+def sse(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"

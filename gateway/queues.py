@@ -1,0 +1,117 @@
+"""Tier queues: one Redis Stream per tier, consumed by the worker group ``workers``.
+
+Life of an entry: a gateway XADDs it (inside the admission script, ``quota.py``); a worker
+XREADGROUPs it, which makes it *pending* for that worker; the worker ``claim``s the request
+(state queued -> running) and runs it; when the request has finished the entry is XACKed and
+XDELed, so ``XLEN`` is always queued + running. A worker keeps its pending entries fresh with
+an idle-resetting XCLAIM heartbeat; entries of a worker that went silent for the visibility
+timeout are taken over by another worker with XAUTOCLAIM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.messages import MessageError, SubmitMsg, decode
+from gateway.redis_keys import GROUP, RedisKeys
+
+# KEYS: req, out;  ARGV: consumer, reclaim (0/1)
+# Returns: run | lost (reclaimed with tokens already sent) | cancelled | finished | gone
+CLAIM_LUA = """
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return 'gone' end
+if redis.call('HGET', KEYS[1], 'cancel') then return 'cancelled' end
+if st == 'queued' or (st == 'running' and ARGV[2] == '1') then
+  redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1])
+  if st == 'running' and redis.call('EXISTS', KEYS[2]) == 1 then return 'lost' end
+  return 'run'
+end
+return st
+"""
+
+
+@dataclass(frozen=True)
+class Envelope:
+    tier: str
+    entry_id: str
+    msg: SubmitMsg | None  # None: the entry was deleted (cancelled) or unreadable
+
+
+class TierQueues:
+    def __init__(self, redis: Any, keys: RedisKeys, tiers: Iterable[str]) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.tiers = tuple(tiers)
+        self._claim = redis.register_script(CLAIM_LUA)
+
+    async def ensure_groups(self) -> None:
+        for tier in self.tiers:
+            try:
+                await self.redis.xgroup_create(self.keys.queue(tier), GROUP, id="0", mkstream=True)
+            except Exception as exc:  # BUSYGROUP: another process made it first
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    async def backlogs(self) -> dict[str, int]:
+        """Entries not yet delivered to any worker, per tier (XLEN minus pending)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for tier in self.tiers:
+            pipe.xlen(self.keys.queue(tier))
+            pipe.xpending(self.keys.queue(tier), GROUP)
+        res = await pipe.execute()
+        out = {}
+        for i, tier in enumerate(self.tiers):
+            pending = res[2 * i + 1]["pending"] if res[2 * i + 1] else 0
+            out[tier] = max(0, int(res[2 * i]) - int(pending))
+        return out
+
+    async def read(self, tiers: Iterable[str], consumer: str, block_ms: int | None) -> list[Envelope]:
+        """Up to one new entry from each of ``tiers`` (blocking up to ``block_ms`` if given)."""
+        streams = {self.keys.queue(t): ">" for t in tiers}
+        if not streams:
+            return []
+        res = await self.redis.xreadgroup(GROUP, consumer, streams, count=1, block=block_ms)
+        return [self._envelope(key, eid, fields) for key, entries in res or [] for eid, fields in entries]
+
+    async def claim(self, request_id: str, consumer: str, reclaim: bool) -> str:
+        res = await self._claim(
+            keys=[self.keys.req(request_id), self.keys.out(request_id)],
+            args=[consumer, 1 if reclaim else 0],
+        )
+        return res.decode() if isinstance(res, bytes) else str(res)
+
+    async def heartbeat(self, tier: str, consumer: str, entry_ids: list[str]) -> None:
+        """Reset the idle time of our pending entries so nobody reclaims live work."""
+        if entry_ids:
+            await self.redis.xclaim(self.keys.queue(tier), GROUP, consumer, 0, entry_ids,
+                                    justid=True)
+
+    async def autoclaim(self, tier: str, consumer: str, min_idle_ms: int, count: int = 16) -> list[Envelope]:
+        """Take over entries idle for ``min_idle_ms`` (their worker died)."""
+        key = self.keys.queue(tier)
+        res = await self.redis.xautoclaim(key, GROUP, consumer, min_idle_ms, "0-0", count=count)
+        entries = res[1] if res else []
+        return [self._envelope(key, eid, fields) for eid, fields in entries]
+
+    async def done(self, tier: str, entry_id: str, pipe: Any = None) -> None:
+        """Acknowledge and delete a finished entry (in ``pipe`` when given)."""
+        target = pipe if pipe is not None else self.redis.pipeline(transaction=False)
+        target.xack(self.keys.queue(tier), GROUP, entry_id)
+        target.xdel(self.keys.queue(tier), entry_id)
+        if pipe is None:
+            await target.execute()
+
+    def _envelope(self, key: Any, entry_id: Any, fields: Any) -> Envelope:
+        key_s = key.decode() if isinstance(key, bytes) else str(key)
+        tier = key_s.rsplit(":", 1)[1]
+        eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        msg: SubmitMsg | None = None
+        if fields:
+            try:
+                decoded = decode(fields)
+                msg = decoded if isinstance(decoded, SubmitMsg) else None
+            except MessageError:
+                msg = None
+        return Envelope(tier, eid, msg)

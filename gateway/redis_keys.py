@@ -1,0 +1,66 @@
+"""Every Redis key name Carpool uses, in one place, under a namespace prefix.
+
+    {ns}:q:{tier}            stream  queued/running SubmitMsg envelopes (group "workers")
+    {ns}:out:{request}       stream  TokenMsg... FinishMsg; expires; deleted by its reader
+    {ns}:req:{request}       hash    owner tenant, tier, state, queue entry id (BOLA checks)
+    {ns}:cancel              channel CancelMsg to every worker
+    {ns}:tenants             set     tenant ids
+    {ns}:tenant:{id}         hash    quota fields
+    {ns}:apikey:{digest}     hash    tenant, key id; the key itself is never stored
+    {ns}:tenant_keys:{id}    hash    key id -> digest (list/revoke)
+    {ns}:admin_keys          set     digests of admin keys
+    {ns}:rl:{id}:{kind}      hash    token bucket {level, ts} for rpm / tpm
+    {ns}:conc:{id}           zset    in-flight request ids scored by lease expiry (ms)
+    {ns}:stats               hash    counters (admitted, rejected:*, completed, aborted...)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GROUP = "workers"
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    ns: str = "carpool"
+
+    def queue(self, tier: str) -> str:
+        return f"{self.ns}:q:{tier}"
+
+    def out(self, request_id: str) -> str:
+        return f"{self.ns}:out:{request_id}"
+
+    def req(self, request_id: str) -> str:
+        return f"{self.ns}:req:{request_id}"
+
+    @property
+    def cancel_channel(self) -> str:
+        return f"{self.ns}:cancel"
+
+    @property
+    def tenants(self) -> str:
+        return f"{self.ns}:tenants"
+
+    def tenant(self, tenant_id: str) -> str:
+        return f"{self.ns}:tenant:{tenant_id}"
+
+    def apikey(self, digest: str) -> str:
+        return f"{self.ns}:apikey:{digest}"
+
+    def tenant_keys(self, tenant_id: str) -> str:
+        return f"{self.ns}:tenant_keys:{tenant_id}"
+
+    @property
+    def admin_keys(self) -> str:
+        return f"{self.ns}:admin_keys"
+
+    def bucket(self, tenant_id: str, kind: str) -> str:
+        return f"{self.ns}:rl:{tenant_id}:{kind}"
+
+    def concurrency(self, tenant_id: str) -> str:
+        return f"{self.ns}:conc:{tenant_id}"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.ns}:stats"

@@ -1,0 +1,212 @@
+"""Relays one admitted request's output stream (``out:{id}``) to its HTTP client.
+
+The response is an ASGI callable that runs two tasks: the relay (XREAD the output stream,
+write SSE chunks or collect the full body) and a watcher on the ASGI receive channel for
+``http.disconnect``. Whichever ends first decides: a finished relay answers; a disconnect, the
+request's deadline, or a client that stops reading (a send blocked past the stall timeout)
+cancels the request end to end. In every case the quota reservation is settled exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from gateway.cancel import wait_for_disconnect
+from gateway.errors import APIError, error_bytes
+from gateway.messages import FinishMsg, TokenMsg, decode
+from gateway.openai_format import SSE_DONE, Formatter, sse
+from gateway.tenants import Tenant
+
+XREAD_BLOCK_MS = 1000
+XREAD_COUNT = 1024
+
+
+class Stalled(Exception):
+    """The client stopped reading: a send did not complete within the stall timeout."""
+
+
+@dataclass
+class RelayState:
+    text: list[str] = field(default_factory=list)
+    completion_tokens: int = 0
+    finish: FinishMsg | None = None
+    headers_sent: bool = False
+    first_token_at: float | None = None
+
+
+@dataclass(frozen=True)
+class RelayContext:
+    request_id: str
+    tenant: Tenant
+    tier: str
+    prompt_tokens: int
+    reserved_tokens: int
+    stream: bool
+    include_usage: bool
+    formatter: Formatter
+    started: float  # loop time at arrival
+    deadline: float  # loop time
+
+
+class RelayResponse:
+    def __init__(self, services: Any, ctx: RelayContext) -> None:
+        self.services = services
+        self.ctx = ctx
+        self.state = RelayState()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx, svc, state = self.ctx, self.services, self.state
+        loop = asyncio.get_running_loop()
+        watcher = asyncio.create_task(wait_for_disconnect(receive))
+        work = asyncio.create_task(self._stream(send) if ctx.stream else self._collect())
+        outcome = "completed"
+        try:
+            done, _ = await asyncio.wait({watcher, work}, timeout=max(0.0, ctx.deadline - loop.time()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if work in done and isinstance(work.exception(), Stalled):
+                outcome = await self._cancel("stalled")
+            elif work in done:
+                work.result()  # re-raise unexpected errors
+                if not ctx.stream:
+                    await self._send_full(send)
+                outcome = _outcome(state.finish)
+            elif watcher in done:
+                outcome = await self._cancel("disconnect")
+            else:
+                outcome = await self._cancel("deadline")
+                await self._send_timeout(send)
+        finally:
+            for task in (watcher, work):
+                task.cancel()
+            for task in (watcher, work):
+                with contextlib.suppress(BaseException):
+                    await task
+            await self._settle(outcome)
+
+    async def _messages(self) -> Any:
+        key, last = self.services.keys.out(self.ctx.request_id), "0-0"
+        redis = self.services.redis
+        while True:
+            res = await redis.xread({key: last}, count=XREAD_COUNT, block=XREAD_BLOCK_MS)
+            for _key, entries in res or []:
+                for entry_id, fields in entries:
+                    last = entry_id
+                    yield decode(fields)
+
+    async def _collect(self) -> None:
+        async for msg in self._messages():
+            if isinstance(msg, TokenMsg):
+                self._on_tokens(msg)
+            elif isinstance(msg, FinishMsg):
+                self.state.finish = msg
+                return
+
+    async def _stream(self, send: Send) -> None:
+        ctx, fmt = self.ctx, self.ctx.formatter
+        await self._send(send, {"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+            (b"x-request-id", ctx.request_id.encode())]})
+        self.state.headers_sent = True
+        if fmt.kind == "chat":
+            await self._body(send, fmt.chunk("", first=True))
+        async for msg in self._messages():
+            if isinstance(msg, TokenMsg):
+                self._on_tokens(msg)
+                if msg.text:
+                    await self._body(send, fmt.chunk(msg.text))
+            elif isinstance(msg, FinishMsg):
+                self.state.finish = msg
+                if msg.finish_reason == "error":
+                    await self._body(send, sse(_finish_error(msg).body()))
+                else:
+                    await self._body(send, fmt.chunk(None, msg.finish_reason))
+                    if ctx.include_usage:
+                        await self._body(send, fmt.usage_chunk(ctx.prompt_tokens,
+                                                               self.state.completion_tokens))
+                await self._body(send, SSE_DONE, more=False)
+                return
+
+    def _on_tokens(self, msg: TokenMsg) -> None:
+        state = self.state
+        if state.first_token_at is None and msg.token_ids:
+            state.first_token_at = time.monotonic()
+            self.services.events.first_token(self.ctx.request_id, self.ctx.tier,
+                                             asyncio.get_running_loop().time() - self.ctx.started)
+        state.completion_tokens += len(msg.token_ids)
+        state.text.append(msg.text)
+
+    async def _send(self, send: Send, message: dict[str, Any]) -> None:
+        try:
+            async with asyncio.timeout(self.services.config.stall_timeout_s):
+                await send(message)
+        except TimeoutError as exc:
+            raise Stalled() from exc
+
+    async def _body(self, send: Send, data: bytes, more: bool = True) -> None:
+        if data or not more:
+            await self._send(send, {"type": "http.response.body", "body": data, "more_body": more})
+
+    async def _send_full(self, send: Send) -> None:
+        finish, ctx = self.state.finish, self.ctx
+        assert finish is not None
+        if finish.finish_reason == "error":
+            err = _finish_error(finish)
+            status, body = err.status, error_bytes(err)
+        else:
+            status = 200
+            body = json.dumps(ctx.formatter.full("".join(self.state.text), finish.finish_reason,
+                                                 ctx.prompt_tokens, finish.completion_tokens
+                                                 or self.state.completion_tokens)).encode()
+        await self._send(send, {"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"x-request-id", ctx.request_id.encode())]})
+        await self._send(send, {"type": "http.response.body", "body": body})
+
+    async def _send_timeout(self, send: Send) -> None:
+        err = APIError(504, f"request exceeded the server deadline of "
+                            f"{self.services.config.request_timeout_s:g}s", code="timeout")
+        with contextlib.suppress(Exception, Stalled):
+            if self.state.headers_sent:
+                await self._body(send, sse(err.body()))
+                await self._body(send, SSE_DONE, more=False)
+            else:
+                await self._send(send, {"type": "http.response.start", "status": 504,
+                                        "headers": [(b"content-type", b"application/json")]})
+                await self._send(send, {"type": "http.response.body", "body": error_bytes(err)})
+
+    async def _cancel(self, source: str) -> str:
+        svc = self.services
+        await svc.canceller.cancel(self.ctx.request_id, reader_gone=True, reason=source)
+        await svc.redis.delete(svc.keys.out(self.ctx.request_id))
+        svc.events.request_cancelled(self.ctx.request_id, source)
+        return "aborted"
+
+    async def _settle(self, outcome: str) -> None:
+        svc, ctx = self.services, self.ctx
+        used = self.state.completion_tokens
+        if self.state.finish is not None:
+            used = max(used, self.state.finish.completion_tokens)
+            await svc.redis.delete(svc.keys.out(ctx.request_id))
+        await svc.quota.settle(ctx.tenant, ctx.request_id, ctx.reserved_tokens,
+                               ctx.prompt_tokens + used, f"settled:{outcome}")
+        svc.events.request_finished(ctx.tenant.id, ctx.tier, ctx.request_id, outcome,
+                                    ctx.prompt_tokens, used,
+                                    asyncio.get_running_loop().time() - ctx.started)
+
+
+def _outcome(finish: FinishMsg | None) -> str:
+    if finish is None:
+        return "errored"
+    return {"abort": "aborted", "error": "errored"}.get(finish.finish_reason, "completed")
+
+
+def _finish_error(finish: FinishMsg) -> APIError:
+    text = finish.error or "the engine failed this request"
+    status = 503 if "worker lost" in text else 500
+    return APIError(status, text, code="worker_lost" if status == 503 else "engine_error")

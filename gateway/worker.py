@@ -1,0 +1,158 @@
+"""The worker: drains tier queues into an engine and streams its outputs back through Redis.
+
+One worker per engine (per GPU). Tasks on the event loop:
+  drainer      tier choice by WRR, pull when the engine has room (``drainer.py``)
+  writer       one pipelined write per engine step (``output_writer.py``)
+  cancels      CancelMsg from any gateway -> ``engine.abort(id)`` (KV freed at the next step)
+  maintenance  heartbeat our pending entries; XAUTOCLAIM entries of dead workers
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+from engine.outputs import RequestOutput
+from engine.protocol import EngineClient
+from gateway.config import GatewayConfig
+from gateway.drainer import Drainer
+from gateway.events import GatewayEvents
+from gateway.messages import CancelMsg, MessageError, SubmitMsg, decode_payload
+from gateway.output_writer import Inflight, OutputWriter
+from gateway.queues import Envelope, TierQueues
+from gateway.redis_keys import RedisKeys
+from policies.tiers import TIERS
+
+LOST_ERROR = "worker lost mid-generation; partial output was already streamed"
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    def __init__(self, redis: Any, engine: EngineClient, config: GatewayConfig,
+                 events: GatewayEvents | None = None) -> None:
+        self.redis = redis
+        self.engine = engine
+        self.config = config
+        self.events = events or GatewayEvents()
+        self.keys = RedisKeys(config.namespace)
+        self.consumer = config.worker_id or default_worker_id()
+        self.queues = TierQueues(redis, self.keys, TIERS)
+        self.writer = OutputWriter(redis, self.keys, self.queues, config.stream_ttl_s)
+        self.drainer = Drainer(self.queues, engine, self.consumer, config.tier_weights, self._start)
+        self.inflight: dict[str, Inflight] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pubsub: Any = None
+
+    async def start(self) -> None:
+        await self.queues.ensure_groups()
+        await self.engine.start()
+        self.engine.add_step_callback(self._on_step)
+        self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        await self._pubsub.subscribe(self.keys.cancel_channel)
+        for coro, name in ((self.writer.run(), "writer"), (self.drainer.run(), "drainer"),
+                           (self._cancels(), "cancels"), (self._maintenance(), "maintenance")):
+            self._tasks.append(asyncio.create_task(coro, name=f"worker-{name}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
+
+    # -- engine side ----------------------------------------------------------------------
+
+    def _on_step(self, outputs: list[RequestOutput]) -> None:
+        items = []
+        for out in outputs:
+            rec = self.inflight.get(out.request_id)
+            if rec is None:
+                continue
+            items.append((rec, out))
+            if out.finished:
+                del self.inflight[out.request_id]
+        self.writer.submit(items)
+        self.drainer.room.set()
+        self.events.engine_step(len(outputs), self.engine.load())
+
+    async def _start(self, env: Envelope, reclaim: bool = False) -> None:
+        """Run one envelope, or drop it (cancelled, past deadline, lost) and ack it."""
+        msg = env.msg
+        if msg is None:  # deleted by a cancel before we read it
+            await self.queues.done(env.tier, env.entry_id)
+            return
+        rid = msg.request_id
+        if rid in self.inflight:
+            return  # our own entry (reclaim raced our heartbeat)
+        status = await self.queues.claim(rid, self.consumer, reclaim)
+        rec = Inflight(rid, env.tier, env.entry_id)
+        if status == "run" and time.time() > msg.deadline_unix > 0:
+            self._finish_now(rec, msg, "error", "deadline exceeded before the request started")
+        elif status == "run":
+            self._run(rec, msg)
+            mark = await self.redis.hget(self.keys.req(rid), "cancel")
+            if mark is not None:  # a cancel raced our claim: its publish found no owner
+                self._cancel(CancelMsg(rid, reader_gone=mark == b"gone"))
+        elif status == "lost":
+            self._finish_now(rec, msg, "error", LOST_ERROR)
+        else:  # cancelled / finished / gone: whoever cancelled it told the reader
+            await self.queues.done(env.tier, env.entry_id)
+            self.events.dropped(rid, status)
+
+    def _run(self, rec: Inflight, msg: SubmitMsg) -> None:
+        self.inflight[rec.request_id] = rec
+        self.engine.add_request(rec.request_id, msg.prompt_token_ids, msg.sampling_params(),
+                                msg.priority)
+        wait = max(0.0, time.time() - msg.arrival_unix) if msg.arrival_unix else 0.0
+        self.events.dispatched(rec.tier, rec.request_id, wait)
+
+    def _finish_now(self, rec: Inflight, msg: SubmitMsg, reason: str, error: str) -> None:
+        out = RequestOutput(rec.request_id, [], "", True, reason, len(msg.prompt_token_ids), 0,
+                            error=error)
+        self.writer.submit([(rec, out)])
+        self.events.dropped(rec.request_id, error)
+
+    # -- cancellation ---------------------------------------------------------------------
+
+    async def _cancels(self) -> None:
+        async for message in self._pubsub.listen():
+            try:
+                msg = decode_payload(message["data"])
+            except MessageError:
+                continue
+            if isinstance(msg, CancelMsg):
+                self._cancel(msg)
+
+    def _cancel(self, msg: CancelMsg) -> None:
+        rec = self.inflight.get(msg.request_id)
+        if rec is not None:
+            rec.reader_gone = rec.reader_gone or msg.reader_gone
+            self.engine.abort(msg.request_id)
+
+    # -- liveness -------------------------------------------------------------------------
+
+    async def _maintenance(self) -> None:
+        period = self.config.visibility_timeout_s / 3
+        min_idle_ms = int(self.config.visibility_timeout_s * 1000)
+        while True:
+            await asyncio.sleep(period)
+            by_tier: dict[str, list[str]] = {}
+            for rec in list(self.inflight.values()):
+                by_tier.setdefault(rec.tier, []).append(rec.entry_id)
+            for tier, ids in by_tier.items():
+                await self.queues.heartbeat(tier, self.consumer, ids)
+            for tier in self.queues.tiers:
+                for env in await self.queues.autoclaim(tier, self.consumer, min_idle_ms):
+                    await self._start(env, reclaim=True)

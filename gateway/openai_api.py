@@ -111,12 +111,14 @@ async def _completion(request: Request, kind: str) -> Response:
         prompt_token_ids=parsed.prompt_token_ids, max_tokens=max_tokens,
         temperature=parsed.temperature, top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop,
         arrival_unix=now, deadline_unix=now + timeout,
-        traceparent=request.headers.get("traceparent"),
+        traceparent=svc.events.request_started(
+            rid, tenant.id, tier, svc.model.name, len(parsed.prompt_token_ids), max_tokens,
+            parsed.stream, request.headers.get("traceparent")),
     )
     n_prompt = len(parsed.prompt_token_ids)
     admission = await svc.quota.admit(tenant, msg, n_prompt + max_tokens)
     if not admission.ok:
-        svc.events.request_rejected(tenant.id, 429, admission.reason)
+        svc.events.request_rejected(tenant.id, 429, admission.reason, request_id=rid)
         raise APIError(429, admission.message, code=admission.reason,
                        retry_after=admission.retry_after_s)
     svc.events.request_admitted(tenant.id, tier, rid, n_prompt, msg.traceparent)

@@ -141,6 +141,7 @@ class RelayResponse:
                                              asyncio.get_running_loop().time() - self.ctx.started)
         state.completion_tokens += len(msg.token_ids)
         state.text.append(msg.text)
+        self.services.events.tokens(self.ctx.request_id, len(msg.token_ids))
 
     async def _send(self, send: Send, message: dict[str, Any]) -> None:
         try:
@@ -195,9 +196,11 @@ class RelayResponse:
             await svc.redis.delete(svc.keys.out(ctx.request_id))
         await svc.quota.settle(ctx.tenant, ctx.request_id, ctx.reserved_tokens,
                                ctx.prompt_tokens + used, f"settled:{outcome}")
+        finish = self.state.finish
         svc.events.request_finished(ctx.tenant.id, ctx.tier, ctx.request_id, outcome,
                                     ctx.prompt_tokens, used,
-                                    asyncio.get_running_loop().time() - ctx.started)
+                                    asyncio.get_running_loop().time() - ctx.started,
+                                    engine_finish_reason=finish.finish_reason if finish else None)
 
 
 def _outcome(finish: FinishMsg | None) -> str:

@@ -85,7 +85,7 @@ class Worker:
                 del self.inflight[out.request_id]
         self.writer.submit(items)
         self.drainer.room.set()
-        self.events.engine_step(len(outputs), self.engine.load())
+        self.events.engine_step(len(outputs), self.engine.load(), outputs)
 
     async def _start(self, env: Envelope, reclaim: bool = False) -> None:
         """Run one envelope, or drop it (cancelled, past deadline, lost) and ack it."""
@@ -116,7 +116,7 @@ class Worker:
         self.engine.add_request(rec.request_id, msg.prompt_token_ids, msg.sampling_params(),
                                 msg.priority)
         wait = max(0.0, time.time() - msg.arrival_unix) if msg.arrival_unix else 0.0
-        self.events.dispatched(rec.tier, rec.request_id, wait)
+        self.events.dispatched(rec.tier, rec.request_id, wait, traceparent=msg.traceparent)
 
     def _finish_now(self, rec: Inflight, msg: SubmitMsg, reason: str, error: str) -> None:
         out = RequestOutput(rec.request_id, [], "", True, reason, len(msg.prompt_token_ids), 0,

@@ -73,8 +73,10 @@ def _find_request(qsl_ptr, pid, n_requests, BLOCK_Q: tl.constexpr):
     """Largest r with qsl[r] // BLOCK_Q + r <= pid: the request whose query blocks hold pid.
     Request r's blocks start at qsl[r] // BLOCK_Q + r, which leaves room for its
     cdiv(q_len, BLOCK_Q) blocks, so the grid bound T // BLOCK_Q + R needs no host sync."""
-    lo = 0
-    hi = n_requests
+    # Scalar tensors, not Python ints: n_requests == 1 is specialised to a constexpr, and a
+    # loop-carried value must keep one type.
+    lo = tl.full([], 0, tl.int32)
+    hi = tl.full([], 0, tl.int32) + n_requests
     while lo < hi:
         mid = (lo + hi) // 2
         start = tl.load(qsl_ptr + mid)

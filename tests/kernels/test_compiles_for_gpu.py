@@ -15,7 +15,7 @@ def test_kernels_compile_for_sm90() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # silences Triton 3.9's default-change warning
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.sm90_compile"], cwd=ROOT, env=env,
+        [sys.executable, "-m", "tests.kernels.sm90_compile"], check=False, cwd=ROOT, env=env,
         capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -7,6 +7,7 @@ Its query token i sits at position ``seq_lens[r] - q_len + i`` and attends causa
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -256,19 +257,19 @@ def _validate_values(
         raise ValueError(f"{name}: block_tables reference blocks outside [0, {n_blocks})")
 
 
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _pick_splits(q: torch.Tensor, n_programs: int, max_tiles: int) -> int:
-    """Split along KV (flash-decoding) only when the grid would leave SMs idle; the
-    interpreter runs programs one by one, so there it never pays."""
-    if not q.is_cuda:
+def pick_splits(num_sms: int | None, n_programs: int, max_tiles: int) -> int:
+    """Split along KV (flash-decoding) only when the grid would leave SMs idle (few requests,
+    long contexts). num_sms None = the interpreter, which runs programs one by one: never."""
+    if num_sms is None:
         return 1
-    target = 2 * _num_sms(q.device)
-    splits = triton.cdiv(target, max(n_programs, 1))
-    # Keep >= 4 tiles of keys per split so the combine pass stays cheap.
-    return max(1, min(splits, max_tiles // 4, 32))
+    splits = triton.cdiv(4 * num_sms, max(n_programs, 1))
+    # Keep >= 2 tiles of keys per split so each program still streams a while.
+    return max(1, min(splits, max_tiles // 2, 64))
 
 
 def paged_attention_triton(
@@ -294,8 +295,10 @@ def paged_attention_triton(
     block_q = block_m // g_pad
     tile = tile_n or (64 if d_pad <= 128 else 32)
     max_tiles = triton.cdiv(block_tables.shape[1] * block_size, tile)
-    n_qblocks = n_tokens // block_q + n_requests
-    splits = num_splits or _pick_splits(q, n_qblocks * n_kv_heads, max_tiles)
+    n_qblocks = n_tokens // block_q + n_requests  # grid bound; surplus programs exit at once
+    busy = n_requests if n_tokens <= n_requests else n_qblocks
+    sms = _num_sms(q.device.index or 0) if q.is_cuda else None
+    splits = num_splits or pick_splits(sms, busy * n_kv_heads, max_tiles)
     if splits > 1:
         part_acc = torch.empty((splits, n_tokens, n_heads, head_dim), dtype=torch.float32,
                                device=q.device)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.paged_attention import paged_attention_ref, paged_attention_triton
+from kernels.paged_attention import paged_attention_ref, paged_attention_triton, pick_splits
 from tests.kernels.factories import make_paged_batch, naive_attention
 
 # Tolerances that also hold on a GPU (fp16 there multiplies P in fp16 on tensor cores).
@@ -85,3 +85,13 @@ def test_kernel_matches_textbook_attention() -> None:
     batch = make_paged_batch([3, 1], [20, 33], num_heads=6, num_kv_heads=3, head_dim=16)
     torch.testing.assert_close(paged_attention_triton(*batch.args(), num_splits=2).double(),
                                naive_attention(batch), atol=1e-5, rtol=1e-5)
+
+
+def test_split_heuristic() -> None:
+    # H200-like: 132 SMs. One SmolLM2 request (3 KV heads) at 4096 tokens = 64 tiles: split.
+    assert pick_splits(132, n_programs=3, max_tiles=64) == 32
+    # A short context caps the splits at 2 tiles each.
+    assert pick_splits(132, n_programs=3, max_tiles=8) == 4
+    # 256 requests x 3 KV heads already fill the GPU: no split, no combine pass.
+    assert pick_splits(132, n_programs=768, max_tiles=64) == 1
+    assert pick_splits(None, n_programs=1, max_tiles=64) == 1  # interpreter

@@ -91,7 +91,8 @@ class BlockManager:
 
     @property
     def num_used_cpu_blocks(self) -> int:
-        return self.num_cpu_blocks - len(self._cpu_free)
+        """CPU blocks owned by swapped requests (blocks awaiting ``begin_step`` are not)."""
+        return self.num_cpu_blocks - len(self._cpu_free) - len(self._cpu_pending)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)
@@ -176,11 +177,11 @@ class BlockManager:
         there are not enough free blocks.
         """
         table = self._tables.get(request_id)
-        need = self.blocks_needed(num_computed_tokens + num_new_tokens)
+        need = -(-(num_computed_tokens + num_new_tokens) // self.block_size)
         if table is not None:
             grow = need - len(table)
             if grow <= 0:
-                return True
+                return True  # the hot path: a decode token inside the last block
             if grow > self.num_free_blocks:
                 return False
             table.extend(self._pop_free() for _ in range(grow))

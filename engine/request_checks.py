@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 from engine.block_manager import cdiv
+from engine.config import SchedulerConfig
 from engine.request import Request, RequestStatus
 
 
 def never_fits_reason(
     req: Request,
-    *,
     num_blocks: int,
     block_size: int,
     max_model_len: int | None,
-    max_num_batched_tokens: int,
-    chunked_prefill: bool,
+    config: SchedulerConfig,
 ) -> str | None:
     """Why the request's prompt can never be scheduled, or None if it can."""
     n = req.num_prompt_tokens
+    max_num_batched_tokens = config.max_num_batched_tokens
     if max_model_len is not None and n > max_model_len:
         return f"prompt has {n} tokens, longer than max_model_len={max_model_len}"
     need = cdiv(n, block_size)
@@ -25,7 +25,7 @@ def never_fits_reason(
             f"prompt has {n} tokens and needs {need} KV blocks, more than the whole cache "
             f"({num_blocks} blocks of {block_size} tokens)"
         )
-    if not chunked_prefill and n > max_num_batched_tokens:
+    if not config.enable_chunked_prefill and n > max_num_batched_tokens:
         return (
             f"prompt has {n} tokens, more than max_num_batched_tokens={max_num_batched_tokens} "
             "with chunked prefill disabled"

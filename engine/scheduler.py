@@ -24,16 +24,17 @@ and the runner's execution of its output.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
 from engine.block_manager import BlockManager
-from engine.config import CacheConfig, SchedulerConfig
+from engine.config import CacheConfig, PreemptionMode, SchedulerConfig
 from engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.request import Request, RequestStatus
 from engine.request_checks import never_fits_reason, stop_status
 from engine.request_queue import RequestQueue
-from engine.stats import SchedulerStats
+from engine.stats import SchedulerCounters, SchedulerStats
 from engine.step_plan import StepPlan, token_slice
 from policies.batching import AdmissionSnapshot, get_admission_policy
 from policies.preemption import VictimCandidate, choose_victim, may_preempt_for
@@ -66,9 +67,8 @@ class Scheduler:
         self._to_return: dict[str, Request] = {}  # finished between updates (abort, error)
         self._finished_ids: list[str] = []  # for the next SchedulerOutput
         self._batch_filling = False
-        self._last_tokens = 0
-        self._last_requests = 0
-        self._counts = {"steps": 0, "recompute": 0, "swap": 0, "aborts": 0, "errors": 0, "finished": 0}
+        self._between_steps = StepPlan(budget=0)  # preemptions made outside schedule()
+        self._counts = SchedulerCounters()
 
     # ---- public API -------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -77,7 +77,8 @@ class Scheduler:
         if rid in self._requests:
             raise ValueError(f"duplicate request id {rid!r}")
         self._requests[rid] = request
-        error = self._never_fits(request)
+        bm = self.block_manager
+        error = never_fits_reason(request, bm.num_blocks, bm.block_size, self.max_model_len, self.config)
         if error is not None:
             self._finish(request, RequestStatus.FINISHED_ERROR, error)
             return
@@ -93,7 +94,7 @@ class Scheduler:
         req = self._requests.get(request_id)
         if req is None or req.is_finished:
             return
-        self._counts["aborts"] += 1
+        self._counts.aborts += 1
         self._finish(req, RequestStatus.FINISHED_ABORTED)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> None:
@@ -110,6 +111,17 @@ class Scheduler:
         self._finish(req, status, returned=False)
         self._requests.pop(request_id, None)
 
+    def preempt_request(self, request_id: str, mode: PreemptionMode | None = None) -> bool:
+        """Preempt a running request now (tests, operator tools); False if it is not running.
+
+        Its swap-out copies (if any) go out with the next ``schedule()``'s output.
+        """
+        req = self.running.get(request_id)
+        if req is None:
+            return False
+        self._preempt(req, self._between_steps, mode)
+        return True
+
     def get_request(self, request_id: str) -> Request | None:
         return self._requests.get(request_id)
 
@@ -119,64 +131,60 @@ class Scheduler:
     @property
     def stats(self) -> SchedulerStats:
         bm = self.block_manager
-        c = self._counts
         return SchedulerStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
             num_swapped=len(self.swapped),
-            num_scheduled_tokens=self._last_tokens,
-            num_scheduled_requests=self._last_requests,
+            lowest_running_priority=max((r.priority for r in self.running.values()), default=None),
             device_blocks_total=bm.num_blocks,
             device_blocks_used=bm.num_used_blocks,
             device_blocks_free=bm.num_free_blocks,
             cpu_blocks_total=bm.num_cpu_blocks,
             cpu_blocks_used=bm.num_used_cpu_blocks,
-            num_steps=c["steps"],
-            preemptions_recompute=c["recompute"],
-            preemptions_swap=c["swap"],
-            aborts=c["aborts"],
-            errors=c["errors"],
-            finished=c["finished"],
             prefix_cache_queries=bm.prefix_query_tokens,
             prefix_cache_hits=bm.prefix_hit_tokens,
+            **dataclasses.asdict(self._counts),
         )
 
     # ---- schedule ---------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         self.block_manager.begin_step()
         plan = StepPlan(budget=self.config.max_num_batched_tokens)
+        carried, self._between_steps = self._between_steps, StepPlan(budget=0)
+        plan.swap_out.extend(carried.swap_out)
+        plan.preempted_ids.extend(carried.preempted_ids)
         self._schedule_running(plan)
         if not plan.memory_preempted:
             self._schedule_swapped(plan)
             self._schedule_waiting(plan)
         out = plan.to_output(self._finished_ids)
         self._finished_ids = []
-        self._counts["steps"] += 1
-        self._last_tokens = self.config.max_num_batched_tokens - plan.budget
-        self._last_requests = len(plan.scheduled)
+        self._counts.num_steps += 1
+        self._counts.num_scheduled_tokens = self.config.max_num_batched_tokens - plan.budget
+        self._counts.num_scheduled_requests = len(plan.scheduled)
         return out
 
     def _schedule_running(self, plan: StepPlan) -> None:
+        running = RequestStatus.RUNNING
         for req in list(self.running.values()):
-            if plan.budget <= 0:
+            budget = plan.budget
+            if budget <= 0:
                 break
-            if req.status != RequestStatus.RUNNING:
+            if req.status != running:
                 continue  # preempted or failed earlier in this step
-            num_new = self._chunk(req, req.num_computed_tokens, plan.budget)
-            if num_new and self._grow_or_preempt(req, num_new, plan):
+            # The common case inline: this loop is the per-step hot path (256+ decodes).
+            num_new = req.num_tokens - req.num_computed_tokens
+            if num_new > budget:
+                num_new = self._chunk(req, req.num_computed_tokens, budget)
+                if not num_new:
+                    continue
+            if self._grow_or_preempt(req, num_new, plan):
                 self._add_scheduled(req, num_new, plan)
 
     def _grow_or_preempt(self, req: Request, num_new: int, plan: StepPlan) -> bool:
         bm = self.block_manager
         while not bm.allocate_slots(req.request_id, num_new, req.num_computed_tokens):
-            need = bm.blocks_needed(req.num_computed_tokens + num_new)
-            if need > bm.num_blocks:
-                self._finish(
-                    req,
-                    RequestStatus.FINISHED_ERROR,
-                    f"KV cache capacity exceeded: {req.num_computed_tokens + num_new} tokens "
-                    f"need {need} blocks, the cache has {bm.num_blocks}",
-                )
+            if self._fail_if_outgrown(req, req.num_computed_tokens + num_new):
                 return False
             plan.memory_preempted = True
             victim_id = choose_victim(self._candidates(lambda r: True, plan))
@@ -189,6 +197,8 @@ class Scheduler:
     def _schedule_swapped(self, plan: StepPlan) -> None:
         bm = self.block_manager
         for req in self.swapped:
+            if self._fail_if_outgrown(req, req.num_tokens):
+                continue
             num_new = self._chunk(req, req.num_computed_tokens, plan.budget)
             need = max(
                 bm.num_cpu_blocks_of(req.request_id),
@@ -203,8 +213,8 @@ class Scheduler:
                 plan.blocked_priority = req.priority
                 return
             mapping = bm.swap_in(req.request_id)
-            assert mapping is not None
-            assert bm.allocate_slots(req.request_id, num_new, req.num_computed_tokens)
+            grown = bm.allocate_slots(req.request_id, num_new, req.num_computed_tokens)
+            assert mapping is not None and grown  # room was checked above
             plan.swap_in.extend(mapping)
             plan.swapped_in.add(req.request_id)
             self.swapped.remove(req.request_id)
@@ -220,6 +230,8 @@ class Scheduler:
             if req.request_id in plan.preempted or admitted >= limit:
                 reason = "limit"
                 break
+            if self._fail_if_outgrown(req, req.num_tokens):
+                continue
             reason = self._admit(req, plan)
             if reason != _OK:
                 break
@@ -265,11 +277,32 @@ class Scheduler:
 
     # ---- mechanism --------------------------------------------------------------------
     def _chunk(self, req: Request, computed: int, budget: int) -> int:
-        """Tokens to compute now: all remaining, or a chunk if chunked prefill allows."""
+        """Tokens to compute now: all remaining, or a chunk of the budget, or 0 (wait).
+
+        Without chunked prefill a chunk is still cut when the remainder could never fit in
+        one step (a preempted request re-prefilling prompt + output): else it would hang.
+        """
         remaining = req.num_tokens - computed
         if remaining <= budget:
             return remaining
-        return budget if self.config.enable_chunked_prefill and budget > 0 else 0
+        if self.config.enable_chunked_prefill or remaining > self.config.max_num_batched_tokens:
+            return max(budget, 0)
+        return 0
+
+    def _fail_if_outgrown(self, req: Request, num_tokens: int) -> bool:
+        """Finish with FINISHED_ERROR a request whose KV can no longer fit the whole cache
+        (else, as the only running request, or after a preemption, it would hang)."""
+        bm = self.block_manager
+        need = bm.blocks_needed(num_tokens)
+        if need <= bm.num_blocks:
+            return False
+        self._finish(
+            req,
+            RequestStatus.FINISHED_ERROR,
+            f"KV cache capacity exceeded: {num_tokens} tokens need {need} blocks, the cache "
+            f"has {bm.num_blocks} blocks of {bm.block_size}",
+        )
+        return True
 
     def _candidates(
         self, eligible: Callable[[Request], bool], plan: StepPlan
@@ -280,25 +313,25 @@ class Scheduler:
             if r.request_id not in plan.swapped_in and eligible(r)
         ]
 
-    def _preempt(self, req: Request, plan: StepPlan) -> None:
+    def _preempt(self, req: Request, plan: StepPlan, mode: PreemptionMode | None = None) -> None:
         """Evict a running request: swap it to the CPU pool, or drop its KV (recompute)."""
         rid = req.request_id
         plan.unschedule(rid)
         del self.running[rid]
         mapping = None
-        if self.config.preemption_mode == "swap":
+        if (mode or self.config.preemption_mode) == "swap":
             mapping = self.block_manager.swap_out(rid)
         if mapping is not None:
             plan.swap_out.extend(mapping)
             req.status = RequestStatus.SWAPPED
             self.swapped.add(req)
-            self._counts["swap"] += 1
+            self._counts.preemptions_swap += 1
         else:
             self.block_manager.free(rid)
             req.num_computed_tokens = 0
             req.status = RequestStatus.PREEMPTED
             self.waiting.add(req)
-            self._counts["recompute"] += 1
+            self._counts.preemptions_recompute += 1
         req.num_preemptions += 1
         plan.preempted_ids.append(rid)
         plan.preempted.add(rid)
@@ -311,15 +344,16 @@ class Scheduler:
     def _add_scheduled(self, req: Request, num_new: int, plan: StepPlan) -> None:
         start = req.num_computed_tokens
         end = start + num_new
+        rid = req.request_id
         plan.add(
             ScheduledRequest(
-                request_id=req.request_id,
-                token_ids=token_slice(req, start, end),
-                start_pos=start,
-                block_ids=list(self.block_manager.get_block_ids(req.request_id)),
-                sample=end == req.num_tokens,
-                sampling_params=req.sampling_params,
-                output_index=len(req.output_token_ids),
+                rid,
+                token_slice(req, start, end),
+                start,
+                list(self.block_manager.get_block_ids(rid)),  # a copy: the table keeps growing
+                end == req.num_tokens,
+                req.sampling_params,
+                len(req.output_token_ids),
             )
         )
         if req.times.first_scheduled is None:
@@ -336,17 +370,6 @@ class Scheduler:
             batch_filling=self._batch_filling,
         )
 
-    def _never_fits(self, req: Request) -> str | None:
-        bm = self.block_manager
-        return never_fits_reason(
-            req,
-            num_blocks=bm.num_blocks,
-            block_size=bm.block_size,
-            max_model_len=self.max_model_len,
-            max_num_batched_tokens=self.config.max_num_batched_tokens,
-            chunked_prefill=self.config.enable_chunked_prefill,
-        )
-
     def _finish(
         self, req: Request, status: RequestStatus, error: str | None = None, returned: bool = True
     ) -> None:
@@ -358,9 +381,9 @@ class Scheduler:
         req.status = status
         if error is not None:
             req.error = error
-            self._counts["errors"] += 1
+            self._counts.errors += 1
         req.times.finished = self.clock()
-        self._counts["finished"] += 1
+        self._counts.finished += 1
         self._finished_ids.append(rid)
         if returned:
             self._to_return[rid] = req

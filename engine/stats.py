@@ -15,6 +15,7 @@ class SchedulerStats:
     num_swapped: int = 0
     num_scheduled_tokens: int = 0  # tokens in the last step's batch
     num_scheduled_requests: int = 0
+    lowest_running_priority: int | None = None  # largest priority number running; None if idle
     device_blocks_total: int = 0
     device_blocks_used: int = 0
     device_blocks_free: int = 0
@@ -31,6 +32,14 @@ class SchedulerStats:
     prefix_cache_hits: int = 0  # of which served from cached blocks
 
     @property
+    def num_free_blocks(self) -> int:
+        return self.device_blocks_free
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.device_blocks_total
+
+    @property
     def kv_usage(self) -> float:
         return self.device_blocks_used / self.device_blocks_total if self.device_blocks_total else 0.0
 
@@ -41,3 +50,17 @@ class SchedulerStats:
     @property
     def preemptions(self) -> int:
         return self.preemptions_recompute + self.preemptions_swap
+
+
+@dataclass
+class SchedulerCounters:
+    """The scheduler's own mutable tallies; copied into each SchedulerStats snapshot."""
+
+    num_scheduled_tokens: int = 0
+    num_scheduled_requests: int = 0
+    num_steps: int = 0
+    preemptions_recompute: int = 0
+    preemptions_swap: int = 0
+    aborts: int = 0
+    errors: int = 0
+    finished: int = 0

@@ -154,3 +154,16 @@ def run_to_completion(
         if check:
             sched.block_manager.check_integrity()
     raise AssertionError(f"not idle after {max_steps} steps: {sched.stats}")
+
+
+def step(sched: Scheduler, runner: FakeRunner) -> tuple[SchedulerOutput, list[Request]]:
+    """One engine step; checks block integrity afterwards."""
+    out = sched.schedule()
+    changed = sched.update_from_output(out, runner.execute(out))
+    sched.block_manager.check_integrity()
+    return out, changed
+
+
+def shares(out: SchedulerOutput) -> dict[str, int]:
+    """request id -> tokens scheduled in this step."""
+    return {s.request_id: len(s.token_ids) for s in out.scheduled}

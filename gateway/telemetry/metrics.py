@@ -74,8 +74,16 @@ class Metrics:
             "carpool_aborts", "Requests cut short, by cause", ["tier", "cause"], registry=r,
         )
         self.quota_rejections = Counter(
-            "carpool_quota_rejections", "Requests refused by a tenant limit (429/403/400)",
-            ["limit"], registry=r,
+            "carpool_quota_rejections", "Requests refused with 429 by a limit (rpm, tpm, "
+            "concurrency, queue), by limit", ["limit"], registry=r,
+        )
+        self.rejections = Counter(
+            "carpool_rejections", "Requests refused before admission, by status and code",
+            ["status", "code"], registry=r,
+        )
+        self.dropped = Counter(
+            "carpool_dropped", "Envelopes a worker took but did not run, by reason",
+            ["reason"], registry=r,
         )
 
     def _queue_metrics(self) -> None:

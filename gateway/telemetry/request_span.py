@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gateway.telemetry import names
@@ -59,6 +60,7 @@ class RequestRecorder:
     def __init__(
         self, tracer: trace.Tracer, metrics: Metrics, info: RequestInfo,
         *, tenant_labels: bool = True, started_at: float | None = None,
+        parent: Context | None = None,
     ) -> None:
         """``started_at``: when the request arrived (``time.monotonic()``), if earlier than
         now (the handler may open the recorder after parsing and tokenizing)."""
@@ -74,7 +76,7 @@ class RequestRecorder:
         self.summary: RequestSummary | None = None
         self.span = tracer.start_span(
             f"{info.operation} {info.model}", kind=SpanKind.SERVER, attributes=_attrs(info),
-            start_time=monotonic_to_epoch_ns(self._start),
+            start_time=monotonic_to_epoch_ns(self._start), context=parent,
         )
 
     @property

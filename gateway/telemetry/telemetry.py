@@ -18,7 +18,7 @@ from gateway.telemetry.config import TelemetryConfig
 from gateway.telemetry.engine_sampler import EngineSampler
 from gateway.telemetry.metrics import CONTENT_TYPE, Metrics
 from gateway.telemetry.request_span import RequestInfo, RequestRecorder
-from gateway.telemetry.tracing import build_tracer_provider
+from gateway.telemetry.tracing import build_tracer_provider, extract_context, now_ns
 from gateway.telemetry.worker_trace import WorkerRequestTrace
 
 
@@ -37,13 +37,15 @@ class Telemetry:
     # -- gateway ---------------------------------------------------------------------------
 
     def start_request(
-        self, info: RequestInfo, started_at: float | None = None
+        self, info: RequestInfo, started_at: float | None = None,
+        parent_traceparent: str | None = None,
     ) -> RequestRecorder:
-        """Open the request's root span; finish the returned recorder (later calls are
+        """Open the request's root span (a child of the caller's own trace when the HTTP
+        request carried a ``traceparent``); finish the returned recorder (later calls are
         no-ops). ``started_at``: the request's arrival, ``time.monotonic()``."""
         return RequestRecorder(
-            self.tracer, self.metrics, info,
-            tenant_labels=self.config.tenant_labels, started_at=started_at,
+            self.tracer, self.metrics, info, tenant_labels=self.config.tenant_labels,
+            started_at=started_at, parent=extract_context(parent_traceparent),
         )
 
     def quota_rejected(self, limit: str) -> None:
@@ -54,14 +56,22 @@ class Telemetry:
 
     def worker_trace(
         self, *, request_id: str, tier: str, traceparent: str | None,
-        arrival_unix: float | None, preemption_mode: str = "recompute",
+        queue_wait_s: float | None = None, arrival_unix: float | None = None,
+        preemption_mode: str = "recompute",
     ) -> WorkerRequestTrace:
-        """Child spans for a request a worker has just taken from its queue.
-        ``arrival_unix``: the envelope's enqueue time (seconds since the epoch; 0 = unknown)."""
-        enqueued = int(arrival_unix * 1e9) if arrival_unix else None
+        """Child spans for a request a worker has just taken from its queue. The queue span
+        starts ``queue_wait_s`` ago, or at ``arrival_unix`` (the envelope's enqueue time,
+        seconds since the epoch); with neither it has no length."""
+        taken = now_ns()
+        enqueued = None
+        if queue_wait_s is not None:
+            enqueued = taken - int(queue_wait_s * 1e9)
+        elif arrival_unix:
+            enqueued = int(arrival_unix * 1e9)
         return WorkerRequestTrace(
             self.tracer, self.metrics, request_id=request_id, tier=tier,
             traceparent=traceparent, enqueued_ns=enqueued, preemption_mode=preemption_mode,
+            taken_ns=taken,
         )
 
     def serve_metrics(self, port: int, host: str = "127.0.0.1") -> None:

@@ -1,0 +1,159 @@
+"""``TelemetryEvents``: the gateway's observability hooks (``gateway.events.GatewayEvents``)
+implemented with this package's spans and metrics.
+
+The same object serves the gateway side (request spans, latency histograms, rejections) and the
+worker side (queue/prefill/decode child spans, engine and queue sampling); in ``--role all``
+one instance does both, in split roles each process has its own. Hooks never raise into the
+request path: a telemetry bug must not fail a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from engine.outputs import RequestOutput
+from engine.protocol import EngineLoad
+from gateway.events import GatewayEvents
+from gateway.telemetry import names
+from gateway.telemetry.request_span import RequestInfo, RequestRecorder
+from gateway.telemetry.telemetry import Telemetry
+from gateway.telemetry.worker_trace import WorkerRequestTrace
+
+log = logging.getLogger("carpool.telemetry")
+
+# The gateway's cancel sources -> the abort causes operators see.
+CAUSES = {"disconnect": "client_gone", "explicit": "cancel", "deadline": "timeout",
+          "stalled": "client_stalled"}
+# The worker's drop statuses we label by; anything else (free-text errors) is "other".
+DROP_REASONS = ("cancelled", "finished", "gone", "lost", "deadline")
+SAMPLE_INTERVAL_S = 1.0
+
+
+class TelemetryEvents(GatewayEvents):
+    def __init__(self, telemetry: Telemetry, *, preemption_mode: str = "recompute") -> None:
+        self.telemetry = telemetry
+        self.preemption_mode = preemption_mode
+        self._recorders: dict[str, RequestRecorder] = {}
+        self._causes: dict[str, str] = {}
+        self._traces: dict[str, WorkerRequestTrace] = {}
+        self._engine: Any = None
+        self._sampler: asyncio.Task[None] | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self, services: Any) -> None:
+        """Bind to the process's services: sample its engine and queues while it runs."""
+        self._engine = getattr(services, "engine", None)
+        worker = getattr(services, "worker", None)
+        queues = getattr(worker, "queues", None)
+        if self._engine is not None:
+            mode = getattr(getattr(getattr(self._engine, "engine", None), "config", None),
+                           "scheduler", None)
+            self.preemption_mode = getattr(mode, "preemption_mode", self.preemption_mode)
+        if queues is not None or self._engine is not None:
+            self._sampler = asyncio.create_task(self._sample_forever(queues), name="telemetry")
+
+    async def stop(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampler
+            self._sampler = None
+        for rid in list(self._recorders):
+            self._recorders.pop(rid).finish(names.ABORT_REASON, abort_cause="shutdown")
+        self._traces.clear()
+
+    async def _sample_forever(self, queues: Any) -> None:
+        sampler = self.telemetry.engine_sampler
+        while True:
+            try:
+                if queues is not None:
+                    sampler.sample_queues(await queues.backlogs())
+                if self._engine is not None:
+                    sampler.sample_engine(self._engine)
+            except Exception:  # Redis hiccup: keep the last values, try again
+                log.debug("telemetry sampling failed", exc_info=True)
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    # -- gateway side -----------------------------------------------------------------------
+
+    def request_started(
+        self, request_id: str, tenant_id: str, tier: str, model: str, prompt_tokens: int,
+        max_tokens: int | None, stream: bool, incoming_traceparent: str | None,
+    ) -> str | None:
+        info = RequestInfo(
+            request_id=request_id, tenant_id=tenant_id, tier=tier, model=model,
+            prompt_tokens=prompt_tokens, max_tokens=max_tokens, stream=stream,
+            operation="chat" if request_id.startswith("chatcmpl") else "text_completion",
+        )
+        rec = self.telemetry.start_request(info, parent_traceparent=incoming_traceparent)
+        self._recorders[request_id] = rec
+        return rec.traceparent
+
+    def request_rejected(self, tenant_id: str | None, status: int, reason: str,
+                         request_id: str | None = None) -> None:
+        if status == 429:
+            self.telemetry.quota_rejected(reason)
+        else:
+            self.telemetry.metrics.rejections.labels(str(status), reason).inc()
+        rec = self._recorders.pop(request_id, None) if request_id else None
+        if rec is not None:
+            rec.finish("rejected", completion_tokens=0, error=f"{status} {reason}")
+
+    def tokens(self, request_id: str, count: int) -> None:
+        rec = self._recorders.get(request_id)
+        if rec is not None:
+            rec.on_tokens(count)
+
+    def request_cancelled(self, request_id: str, source: str) -> None:
+        self._causes[request_id] = CAUSES.get(source, source)
+        if len(self._causes) > 10_000:  # cancels for requests relayed elsewhere never finish here
+            self._causes.clear()
+
+    def request_finished(self, tenant_id: str, tier: str, request_id: str, finish_reason: str,
+                         prompt_tokens: int, completion_tokens: int, total_s: float,
+                         engine_finish_reason: str | None = None) -> None:
+        """``finish_reason`` here is the relay's outcome (completed | aborted | errored);
+        ``engine_finish_reason`` the engine's own (stop | length | abort | error) if known."""
+        rec = self._recorders.pop(request_id, None)
+        cause = self._causes.pop(request_id, None)
+        if rec is None:
+            return
+        reason = engine_finish_reason or {"aborted": "abort", "errored": "error"}.get(
+            finish_reason, "stop")
+        if cause is not None and reason != "error":
+            reason = names.ABORT_REASON
+        rec.finish(reason, completion_tokens=completion_tokens, prompt_tokens=prompt_tokens,
+                   abort_cause=(cause or "cancel") if reason == names.ABORT_REASON else None)
+
+    # -- worker side ------------------------------------------------------------------------
+
+    def dispatched(self, tier: str, request_id: str, queue_wait_s: float,
+                   traceparent: str | None = None) -> None:
+        self._traces[request_id] = self.telemetry.worker_trace(
+            request_id=request_id, tier=tier, traceparent=traceparent,
+            queue_wait_s=queue_wait_s, preemption_mode=self.preemption_mode,
+        )
+
+    def dropped(self, request_id: str, reason: str) -> None:
+        label = next((r for r in DROP_REASONS if r in reason), "other")
+        self.telemetry.metrics.dropped.labels(label).inc()
+        trace = self._traces.pop(request_id, None)
+        if trace is not None:
+            trace.abort(label)
+
+    def engine_step(self, num_outputs: int, load: EngineLoad,
+                    outputs: Sequence[RequestOutput] = ()) -> None:
+        for out in outputs:
+            trace = self._traces.get(out.request_id)
+            if trace is None:
+                continue
+            if out.finished and out.finish_reason == names.ABORT_REASON:
+                trace.abort("engine_abort")
+            trace.on_output(out)
+            if out.finished:
+                del self._traces[out.request_id]

@@ -1,0 +1,140 @@
+"""Telemetry through the real gateway: uvicorn, embedded Redis, the engine on a tiny random
+model; spans read from an in-memory exporter, metrics from the process's registry."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.telemetry import names
+from gateway.telemetry.gateway_events import TelemetryEvents
+from tests.gateway.harness import RunningGateway, make_config, make_tenant, run_gateway
+from tests.gateway.telemetry_factories import make_telemetry, sample_value
+
+ENGINE = {"num_blocks": 256, "num_cpu_blocks": 32, "max_num_seqs": 8, "block_size": 16}
+
+
+@pytest.fixture(scope="module")
+def served(redis_url: str, tiny_model_dir: Path) -> Iterator[tuple[RunningGateway, Any, Any, str]]:
+    telemetry, exporter = make_telemetry()
+    events = TelemetryEvents(telemetry)
+    config = make_config(engine="real", model=str(tiny_model_dir), engine_options=ENGINE)
+    with run_gateway(config, redis_url, events=events) as gw:
+        key = make_tenant(redis_url, config.namespace, "acme")
+        yield gw, telemetry, exporter, key
+    telemetry.shutdown()
+
+
+def _stream(gw: RunningGateway, key: str, max_tokens: int) -> tuple[str, dict[str, Any], str]:
+    """One streamed chat request; returns (request id, usage, finish reason)."""
+    body = {"model": gw.services.model.name, "messages": [{"role": "user", "content": "Tell me about rivers."}],
+            "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
+            "service_tier": "interactive"}
+    usage: dict[str, Any] = {}
+    finish = ""
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json=body, headers=headers,
+                      timeout=60) as resp:
+        assert resp.status_code == 200, resp.read()
+        rid = resp.headers["x-request-id"]
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            usage = event.get("usage") or usage
+            for choice in event.get("choices", []):
+                finish = choice.get("finish_reason") or finish
+    return rid, usage, finish
+
+
+def _trace_of(exporter: Any, rid: str, timeout: float = 10.0) -> list[Any]:
+    """Every finished span of the trace whose root carries ``rid`` (waits for the root)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        spans = exporter.get_finished_spans()
+        roots = [s for s in spans if (s.attributes or {}).get(names.RESPONSE_ID) == rid]
+        if roots:
+            trace_id = roots[0].context.trace_id
+            return [s for s in spans if s.context.trace_id == trace_id]
+        time.sleep(0.02)
+    raise AssertionError(f"no root span for {rid}")
+
+
+def test_streamed_request_is_one_connected_trace(served: Any) -> None:
+    gw, telemetry, exporter, key = served
+    rid, usage, finish = _stream(gw, key, max_tokens=12)
+    spans = _trace_of(exporter, rid)
+    root = next(s for s in spans if s.parent is None)
+    by_name = {s.name: s for s in spans}
+    for name in (names.SPAN_QUEUE, names.SPAN_PREFILL, names.SPAN_DECODE):
+        assert name in by_name, sorted(by_name)
+        assert by_name[name].parent.span_id == root.context.span_id
+    a = root.attributes or {}
+    assert a[names.TENANT_ID] == "acme" and a[names.TIER] == "interactive"
+    assert "cp-" not in json.dumps(dict(a))  # never the key
+    assert 0 < a[names.TTFT_MS] <= a[names.E2E_MS]
+    assert a[names.TPOT_MS] > 0
+    assert a[names.OUTPUT_TOKENS] == usage["completion_tokens"]
+    assert a[names.INPUT_TOKENS] == usage["prompt_tokens"]
+    assert tuple(a[names.FINISH_REASONS]) == (finish,)
+    decode = by_name[names.SPAN_DECODE]
+    assert (decode.attributes or {})[names.OUTPUT_TOKENS] == usage["completion_tokens"]
+    # the children lie inside the root's interval, in order (the envelope's enqueue stamp is
+    # taken a few microseconds before the root span opens: allow 1 ms)
+    assert root.start_time <= by_name[names.SPAN_QUEUE].start_time + 1_000_000
+    assert by_name[names.SPAN_PREFILL].end_time <= decode.start_time + 1
+    assert decode.end_time <= root.end_time
+    assert sample_value(telemetry, "gen_ai_server_time_to_first_token_seconds_count",
+                        tier="interactive") >= 1
+    assert sample_value(telemetry, "carpool_queue_wait_seconds_count", tier="interactive") >= 1
+
+
+def test_client_disconnect_ends_the_span_as_abort(served: Any) -> None:
+    gw, telemetry, exporter, key = served
+    before = sample_value(telemetry, "carpool_aborts_total", tier="batch", cause="client_gone")
+    body = {"model": gw.services.model.name, "messages": [{"role": "user", "content": "Go on forever."}],
+            "max_tokens": 1500, "stream": True, "service_tier": "batch"}
+    with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {key}"}, timeout=60) as resp:
+        rid = resp.headers["x-request-id"]
+        seen = 0
+        for line in resp.iter_lines():
+            seen += line.startswith("data: ")
+            if seen >= 4:
+                break  # leave mid-stream: the connection closes
+    spans = _trace_of(exporter, rid)
+    root = next(s for s in spans if s.parent is None)
+    a = root.attributes or {}
+    assert a[names.FINISH_REASON] == "abort"
+    assert a[names.ABORT_CAUSE] == "client_gone"
+    assert 0 < a[names.OUTPUT_TOKENS] < 1500
+    assert sample_value(telemetry, "carpool_aborts_total", tier="batch",
+                        cause="client_gone") == before + 1
+
+
+def test_metrics_text_parses_and_moves(served: Any) -> None:
+    gw, telemetry, _, key = served
+    before = sample_value(telemetry, "carpool_requests_total", tier="interactive",
+                          tenant="acme", finish_reason="length")
+    _stream(gw, key, max_tokens=3)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and sample_value(
+        telemetry, "carpool_requests_total", tier="interactive", tenant="acme",
+        finish_reason="length") == before:
+        time.sleep(0.02)
+    text = telemetry.metrics.render().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    requests = {tuple(sorted(s.labels.items())): s.value for s in families["carpool_requests"].samples
+                if s.name == "carpool_requests_total"}
+    key_ = (("finish_reason", "length"), ("tenant", "acme"), ("tier", "interactive"))
+    assert requests[key_] == before + 1
+    tokens = [s for s in families["carpool_tokens"].samples if s.name == "carpool_tokens_total"
+              and s.labels == {"tier": "interactive", "type": "completion"}]
+    assert tokens and tokens[0].value >= 3

@@ -13,6 +13,7 @@ import pytest
 import kernels
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from tests.model_factories import make_tiny_llama_dir
 
 # Lengths cross the 16-token block edge; a small token budget chunks the long prompts, so
 # steps mix prefill chunks with decodes.
@@ -39,8 +40,8 @@ def triton_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     kernels.set_use_triton(None)  # the engine sets the process-wide switch
 
 
-def _generate(model_dir: Path, use_triton: bool) -> list[list[int]]:
-    llm = LLM(model=str(model_dir), use_triton=use_triton, **ENGINE)
+def _generate(model_dir: Path, use_triton: bool, **overrides: Any) -> list[list[int]]:
+    llm = LLM(model=str(model_dir), use_triton=use_triton, **{**ENGINE, **overrides})
     return [out.token_ids for out in llm.generate(PROMPTS, PARAMS)]
 
 
@@ -56,3 +57,15 @@ def test_triton_path_matches_reference_greedy(
     assert set(triton_calls) == {"rms_norm", "fused_add_rms_norm", "rotary_embedding",
                                  "silu_and_mul", "write_kv_cache", "paged_attention"}
     assert triton_calls["paged_attention"] >= 2 * PARAMS.max_tokens
+
+
+def test_triton_path_matches_reference_gqa3_block32(
+    tmp_path: Path, smollm2_dir: Path, triton_calls: Counter[str]
+) -> None:
+    # Three query heads per KV head (SmolLM2's ratio) and 32-token blocks.
+    model_dir = make_tiny_llama_dir(tmp_path, num_layers=1, hidden=96, heads=6, kv_heads=2,
+                                    seed=1, tokenizer_dir=smollm2_dir)
+    expected = _generate(model_dir, use_triton=False, block_size=32, num_blocks=16)
+    got = _generate(model_dir, use_triton=True, block_size=32, num_blocks=16)
+    assert got == expected
+    assert triton_calls["paged_attention"] >= PARAMS.max_tokens

@@ -89,6 +89,47 @@ def _find_request(qsl_ptr, pid, n_requests, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _attend_tiles(
+    q, kc_ptr, vc_ptr, bt_row, kvh, q_pos, kv_len, t_begin, t_end, scale_log2e,
+    stride_cblock, stride_cslot, stride_chead, head_dim, block_size, max_blocks,
+    BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, TILE_N: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    """Online softmax of q [BLOCK_M, D] over key tiles [t_begin, t_end) of one request, read
+    through its block table row. Returns the running max (base 2), sum and unnormalised
+    output."""
+    d = tl.arange(0, D_PAD)
+    d_ok = d < head_dim
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    for t in range(t_begin, t_end):
+        n = t * TILE_N + tl.arange(0, TILE_N)
+        n_ok = (n < kv_len) & (n // block_size < max_blocks)
+        blk = tl.load(bt_row + n // block_size, mask=n_ok, other=0).to(tl.int64)
+        kv_off = blk * stride_cblock + (n % block_size) * stride_cslot + kvh * stride_chead
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(kc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(vc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if DOT_FP32:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        s = tl.where(visible, s * scale_log2e, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if DOT_FP32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
     part_acc_ptr, part_m_ptr, part_l_ptr,
@@ -131,35 +172,11 @@ def _paged_attention_kernel(
     t_begin = split * per_split
     t_end = tl.minimum(t_begin + per_split, n_tiles)
 
-    m_i = tl.full([BLOCK_Q * G_PAD], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_Q * G_PAD], tl.float32)
-    acc = tl.zeros([BLOCK_Q * G_PAD, D_PAD], tl.float32)
-    bt_row = bt_ptr + r.to(tl.int64) * stride_bt
-    for t in range(t_begin, t_end):
-        n = t * TILE_N + tl.arange(0, TILE_N)
-        n_ok = (n < kv_len) & (n // block_size < max_blocks)
-        blk = tl.load(bt_row + n // block_size, mask=n_ok, other=0).to(tl.int64)
-        kv_off = blk * stride_cblock + (n % block_size) * stride_cslot + kvh * stride_chead
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(kc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(vc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if DOT_FP32:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        visible = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
-        s = tl.where(visible, s * scale_log2e, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if DOT_FP32:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-
+    m_i, l_i, acc = _attend_tiles(
+        q, kc_ptr, vc_ptr, bt_ptr + r.to(tl.int64) * stride_bt, kvh, q_pos, kv_len,
+        t_begin, t_end, scale_log2e, stride_cblock, stride_cslot, stride_chead, head_dim,
+        block_size, max_blocks, BLOCK_Q * G_PAD, D_PAD, TILE_N, DOT_FP32,
+    )
     mask = row_ok[:, None] & d_ok[None, :]
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

@@ -3,6 +3,14 @@
 Request r owns query rows ``query_start_loc[r]:query_start_loc[r+1]`` of ``q`` and has
 ``seq_lens[r]`` tokens of context in the cache (including its new tokens, already written).
 Its query token i sits at position ``seq_lens[r] - q_len + i`` and attends causally.
+
+The Triton kernel is one kernel for prefill chunks and decode. Grid: (query blocks, KV heads,
+KV splits). A query block is up to BLOCK_Q tokens of one request times all the query heads
+that share one KV head, so each K/V tile is loaded once per GQA group and both products are
+``tl.dot`` on tensor cores (rows padded to >= 16). Programs find their request by binary
+search over ``query_start_loc``, so the launch needs no host sync. When few programs would be
+busy (small decode batches, long contexts) the keys are split across programs
+(flash-decoding) and a second kernel merges the partial softmaxes.
 """
 
 from __future__ import annotations

@@ -187,22 +187,33 @@ def test_stats_after_a_run() -> None:
     assert st.num_running == st.num_waiting == st.num_swapped == 0
 
 
-def test_static_admits_a_new_batch_only_when_the_last_one_is_done() -> None:
-    def run(batching: str) -> list[int]:
-        sched = make_scheduler(batching=batching, max_num_seqs=2)
-        for r in make_requests(4, prompt_len=3, max_tokens=[2, 8]):
-            sched.add_request(r)
-        runner = FakeRunner(sched)
-        running = []
-        while sched.has_unfinished_requests():
-            step(sched, runner)
-            running.append(sched.stats.num_running)
-        return running
+def _admissions(batching: str) -> list[tuple[int, int]]:
+    """(running before the step, requests started in it) for every step of a 6-request run."""
+    sched = make_scheduler(batching=batching, max_num_seqs=2)
+    reqs = make_requests(6, prompt_len=3, max_tokens=[2, 8])
+    for r in reqs:
+        sched.add_request(r)
+    runner = FakeRunner(sched)
+    rows = []
+    while sched.has_unfinished_requests():
+        before = sched.stats.num_running
+        started = sum(r.times.first_scheduled is None for r in reqs)
+        step(sched, runner)
+        started -= sum(r.times.first_scheduled is None for r in reqs)
+        rows.append((before, started))
+    for r in reqs:
+        assert r.output_token_ids == reference_tokens(r)
+    return rows
 
-    cont, stat = run("continuous"), run("static")
-    # static: after the short request finishes its seat stays empty until the long one ends
-    assert 1 in stat[:8] and stat.count(1) > cont.count(1)
-    assert len(stat) > len(cont)
+
+def test_static_admits_a_new_batch_only_when_the_last_one_is_done() -> None:
+    static = _admissions("static")
+    assert [started for _, started in static if started] == [2, 2, 2]
+    assert all(before == 0 for before, started in static if started)
+    continuous = _admissions("continuous")
+    # continuous refills the seat of the short request while the long one still runs
+    assert any(before > 0 for before, started in continuous if started)
+    assert len(continuous) < len(static)
 
 
 def test_static_batch_fills_across_steps_when_the_budget_is_short() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine.request import RequestStatus
@@ -269,3 +271,26 @@ def test_preempted_request_that_outgrew_the_cache_errors_instead_of_hanging(mode
     assert req.status == RequestStatus.FINISHED_ERROR
     assert req.error is not None and "KV cache capacity exceeded" in req.error
     assert req.output_token_ids == reference_tokens(req)[:1]
+
+
+def test_swapped_requests_resume_before_waiting_ones_in_priority_order() -> None:
+    sched = make_scheduler(preemption_mode="swap")
+    runner = FakeRunner(sched)
+    a, b, c = make_requests(3, prompt_len=3, max_tokens=12, priority=[1, 1, 0])
+    for r in (a, b, c):
+        sched.add_request(r)
+    step(sched, runner)
+    sched.config = dataclasses.replace(sched.config, max_num_batched_tokens=2)
+    assert sched.preempt_request(b.request_id) and sched.preempt_request(c.request_id)
+    (waiting,) = make_requests(1, prompt_len=1, max_tokens=2, priority=1, start_time=3.0)
+    sched.add_request(waiting)
+    out, _ = step(sched, runner)
+    # a's decode leaves budget for one more: the more urgent swapped request (c) resumes;
+    # b stays swapped and the equal-priority waiting request may not jump ahead of it.
+    assert set(shares(out)) == {a.request_id, c.request_id}
+    assert c.status == RequestStatus.RUNNING and b.status == RequestStatus.SWAPPED
+    assert waiting.status == RequestStatus.WAITING
+    assert [d for _, d in out.swap_in] == sched.block_manager.get_block_ids(c.request_id)
+    run_to_completion(sched, runner)
+    for r in (a, b, c, waiting):
+        assert r.output_token_ids == reference_tokens(r)

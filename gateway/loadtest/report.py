@@ -134,12 +134,12 @@ def plot(records: Sequence[dict[str, Any]], out_dir: Path, t0: float) -> list[Pa
     written = []
     for metric, title in (("ttft_ms", "Time to first token"), ("tpot_ms", "Time per output token")):
         fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-        for tier in sorted({str(r["tier"]) for r in records}):
+        for i, tier in enumerate(_plot_tiers(records)):
             pts = [(r["start"] - t0, r[metric]) for r in records
                    if r["tier"] == tier and r.get("ok") and r.get(metric) is not None]
             if pts:
                 xs, ys = zip(*pts, strict=True)
-                ax.scatter(xs, ys, s=10, alpha=0.7, label=f"{tier} (n={len(pts)})")
+                ax.scatter(xs, ys, s=10, alpha=0.7, color=f"C{i}", label=f"{tier} (n={len(pts)})")
         ax.set_xlabel("request start (s since test start)")
         ax.set_ylabel(f"{metric.split('_')[0].upper()} (ms)")
         ax.set_title(title + " by tier")
@@ -152,6 +152,11 @@ def plot(records: Sequence[dict[str, Any]], out_dir: Path, t0: float) -> list[Pa
         plt.close(fig)
         written.append(path)
     return written
+
+
+def _plot_tiers(records: Sequence[dict[str, Any]]) -> list[str]:
+    """Every tier in a fixed order, so a tier keeps its colour across plots and runs."""
+    return list(TIERS) + sorted({str(r["tier"]) for r in records} - set(TIERS))
 
 
 def write_report(

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from engine.outputs import RequestOutput
 from engine.protocol import EngineLoad
 from gateway.events import GatewayEvents
 from gateway.telemetry import names
+from gateway.telemetry.config import TelemetryConfig
 from gateway.telemetry.request_span import RequestInfo, RequestRecorder
 from gateway.telemetry.telemetry import Telemetry
 from gateway.telemetry.worker_trace import WorkerRequestTrace
@@ -32,10 +34,35 @@ CAUSES = {"disconnect": "client_gone", "explicit": "cancel", "deadline": "timeou
 DROP_REASONS = ("cancelled", "finished", "gone", "lost", "deadline")
 SAMPLE_INTERVAL_S = 1.0
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _safe(hook: F) -> F:
+    """Hooks run inside the request path and the engine's step callback: log, never raise."""
+
+    @functools.wraps(hook)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return hook(*args, **kwargs)
+        except Exception:
+            log.exception("telemetry hook %s failed", hook.__name__)
+            return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def events_for(role: str, *, trace_console: bool = False) -> TelemetryEvents:
+    """The events a serving process uses by default: its own Telemetry (OTLP export only when
+    the standard OTEL_EXPORTER_OTLP_* variables say so), shut down with the process."""
+    config = TelemetryConfig.from_env(service_name=f"carpool-{role}", console=trace_console)
+    return TelemetryEvents(Telemetry(config), owns_telemetry=True)
+
 
 class TelemetryEvents(GatewayEvents):
-    def __init__(self, telemetry: Telemetry, *, preemption_mode: str = "recompute") -> None:
+    def __init__(self, telemetry: Telemetry, *, preemption_mode: str = "recompute",
+                 owns_telemetry: bool = False) -> None:
         self.telemetry = telemetry
+        self._owns_telemetry = owns_telemetry  # then stop() flushes and shuts it down
         self.preemption_mode = preemption_mode
         self._recorders: dict[str, RequestRecorder] = {}
         self._causes: dict[str, str] = {}
@@ -66,6 +93,8 @@ class TelemetryEvents(GatewayEvents):
         for rid in list(self._recorders):
             self._recorders.pop(rid).finish(names.ABORT_REASON, abort_cause="shutdown")
         self._traces.clear()
+        if self._owns_telemetry:
+            self.telemetry.shutdown()
 
     async def _sample_forever(self, queues: Any) -> None:
         sampler = self.telemetry.engine_sampler
@@ -90,10 +119,15 @@ class TelemetryEvents(GatewayEvents):
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, stream=stream,
             operation="chat" if request_id.startswith("chatcmpl") else "text_completion",
         )
-        rec = self.telemetry.start_request(info, parent_traceparent=incoming_traceparent)
+        try:
+            rec = self.telemetry.start_request(info, parent_traceparent=incoming_traceparent)
+        except Exception:  # never fail a request over telemetry: pass the client's through
+            log.exception("telemetry hook request_started failed")
+            return incoming_traceparent
         self._recorders[request_id] = rec
         return rec.traceparent
 
+    @_safe
     def request_rejected(self, tenant_id: str | None, status: int, reason: str,
                          request_id: str | None = None) -> None:
         if status == 429:
@@ -104,16 +138,19 @@ class TelemetryEvents(GatewayEvents):
         if rec is not None:
             rec.finish("rejected", completion_tokens=0, error=f"{status} {reason}")
 
+    @_safe
     def tokens(self, request_id: str, count: int) -> None:
         rec = self._recorders.get(request_id)
         if rec is not None:
             rec.on_tokens(count)
 
+    @_safe
     def request_cancelled(self, request_id: str, source: str) -> None:
         self._causes[request_id] = CAUSES.get(source, source)
         if len(self._causes) > 10_000:  # cancels for requests relayed elsewhere never finish here
             self._causes.clear()
 
+    @_safe
     def request_finished(self, tenant_id: str, tier: str, request_id: str, finish_reason: str,
                          prompt_tokens: int, completion_tokens: int, total_s: float,
                          engine_finish_reason: str | None = None) -> None:
@@ -132,6 +169,7 @@ class TelemetryEvents(GatewayEvents):
 
     # -- worker side ------------------------------------------------------------------------
 
+    @_safe
     def dispatched(self, tier: str, request_id: str, queue_wait_s: float,
                    traceparent: str | None = None) -> None:
         self._traces[request_id] = self.telemetry.worker_trace(
@@ -139,6 +177,7 @@ class TelemetryEvents(GatewayEvents):
             queue_wait_s=queue_wait_s, preemption_mode=self.preemption_mode,
         )
 
+    @_safe
     def dropped(self, request_id: str, reason: str) -> None:
         label = next((r for r in DROP_REASONS if r in reason), "other")
         self.telemetry.metrics.dropped.labels(label).inc()
@@ -146,6 +185,7 @@ class TelemetryEvents(GatewayEvents):
         if trace is not None:
             trace.abort(label)
 
+    @_safe
     def engine_step(self, num_outputs: int, load: EngineLoad,
                     outputs: Sequence[RequestOutput] = ()) -> None:
         for out in outputs:

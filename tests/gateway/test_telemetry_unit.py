@@ -209,3 +209,16 @@ def test_config_reads_only_whether_otlp_is_set() -> None:
 def test_stream_id_gives_the_enqueue_time() -> None:
     assert stream_id_to_epoch_ns(b"1700000000123-4") == 1_700_000_000_123_000_000
     assert stream_id_to_epoch_ns("*") is None
+
+
+def test_hooks_never_raise_into_the_request_path(caplog: pytest.LogCaptureFixture) -> None:
+    from engine.protocol import EngineLoad
+    from gateway.telemetry.gateway_events import TelemetryEvents
+
+    tel, _ = make_telemetry()
+    events = TelemetryEvents(tel)
+    events.dispatched("batch", "r1", 0.01, traceparent=None)
+    load = EngineLoad(0, 0, 0, 10, 10, 4, None)
+    events.engine_step(1, load, [object()])  # type: ignore[list-item]
+    assert "telemetry hook engine_step failed" in caplog.text
+    assert events.request_started("cmpl-1", "t", "batch", "m", 3, 4, False, "bad") is not None

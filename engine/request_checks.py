@@ -19,18 +19,25 @@ def never_fits_reason(
     max_num_batched_tokens = config.max_num_batched_tokens
     if max_model_len is not None and n > max_model_len:
         return f"prompt has {n} tokens, longer than max_model_len={max_model_len}"
-    need = cdiv(n, block_size)
-    if need > num_blocks:
-        return (
-            f"prompt has {n} tokens and needs {need} KV blocks, more than the whole cache "
-            f"({num_blocks} blocks of {block_size} tokens)"
-        )
+    if cdiv(n, block_size) > num_blocks:
+        return f"prompt does not fit: {outgrown_reason(n, num_blocks, block_size)}"
     if not config.enable_chunked_prefill and n > max_num_batched_tokens:
         return (
             f"prompt has {n} tokens, more than max_num_batched_tokens={max_num_batched_tokens} "
             "with chunked prefill disabled"
         )
     return None
+
+
+def outgrown_reason(num_tokens: int, num_blocks: int, block_size: int) -> str | None:
+    """Why ``num_tokens`` tokens of KV can never fit the whole cache, or None if they can."""
+    need = cdiv(num_tokens, block_size)
+    if need <= num_blocks:
+        return None
+    return (
+        f"KV cache capacity exceeded: {num_tokens} tokens need {need} blocks, more than "
+        f"the whole cache ({num_blocks} blocks of {block_size} tokens)"
+    )
 
 
 def stop_status(req: Request, token: int, max_model_len: int | None) -> RequestStatus | None:

@@ -15,8 +15,12 @@ then ``update_from_output(out, result)``. Progress is one counter per request:
    batching admission policy, ``max_num_seqs``, free blocks and the token budget (a prompt
    longer than the remaining budget is chunked).
    In 2 and 3 a request blocked by blocks or by ``max_num_seqs`` preempts running requests of
-   strictly lower priority (never equal), if that can make room.
+   strictly lower priority (never equal), if that can make room. A blocked swapped request
+   stops phase 2 and lets only strictly more urgent waiting requests start in phase 3; a
+   blocked waiting request stops phase 3 (FCFS within a priority).
 Phases 2-3 are skipped in a step where phase 1 had to preempt (memory is short).
+Failures never hang: a prompt that can never fit finishes in ``add_request``, and a request
+whose prompt + output outgrows the whole cache finishes, both with FINISHED_ERROR.
 
 Not thread-safe: call everything from the engine's step thread, never between ``schedule()``
 and the runner's execution of its output.
@@ -30,12 +34,12 @@ from collections.abc import Callable
 
 from engine.block_manager import BlockManager
 from engine.config import CacheConfig, PreemptionMode, SchedulerConfig
-from engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from engine.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.request import Request, RequestStatus
-from engine.request_checks import never_fits_reason, stop_status
+from engine.request_checks import never_fits_reason, outgrown_reason, stop_status
 from engine.request_queue import RequestQueue
 from engine.stats import SchedulerCounters, SchedulerStats
-from engine.step_plan import StepPlan, token_slice
+from engine.step_plan import StepPlan
 from policies.batching import AdmissionSnapshot, get_admission_policy
 from policies.preemption import VictimCandidate, choose_victim, may_preempt_for
 
@@ -293,16 +297,10 @@ class Scheduler:
         """Finish with FINISHED_ERROR a request whose KV can no longer fit the whole cache
         (else, as the only running request, or after a preemption, it would hang)."""
         bm = self.block_manager
-        need = bm.blocks_needed(num_tokens)
-        if need <= bm.num_blocks:
-            return False
-        self._finish(
-            req,
-            RequestStatus.FINISHED_ERROR,
-            f"KV cache capacity exceeded: {num_tokens} tokens need {need} blocks, the cache "
-            f"has {bm.num_blocks} blocks of {bm.block_size}",
-        )
-        return True
+        error = outgrown_reason(num_tokens, bm.num_blocks, bm.block_size)
+        if error is not None:
+            self._finish(req, RequestStatus.FINISHED_ERROR, error)
+        return error is not None
 
     def _candidates(
         self, eligible: Callable[[Request], bool], plan: StepPlan
@@ -342,20 +340,7 @@ class Scheduler:
         self._add_scheduled(req, num_new, plan)
 
     def _add_scheduled(self, req: Request, num_new: int, plan: StepPlan) -> None:
-        start = req.num_computed_tokens
-        end = start + num_new
-        rid = req.request_id
-        plan.add(
-            ScheduledRequest(
-                rid,
-                token_slice(req, start, end),
-                start,
-                list(self.block_manager.get_block_ids(rid)),  # a copy: the table keeps growing
-                end == req.num_tokens,
-                req.sampling_params,
-                len(req.output_token_ids),
-            )
-        )
+        plan.add(req, num_new, self.block_manager.get_block_ids(req.request_id))
         if req.times.first_scheduled is None:
             req.times.first_scheduled = self.clock()
 

@@ -33,9 +33,20 @@ class StepPlan:
     memory_preempted: bool = False  # running phase ran out of blocks
     blocked_priority: int | None = None  # a swapped request of this priority could not resume
 
-    def add(self, sched: ScheduledRequest) -> None:
-        self.scheduled[sched.request_id] = sched
-        self.budget -= len(sched.token_ids)
+    def add(self, req: Request, num_new: int, block_ids: list[int]) -> None:
+        """Schedule ``num_new`` tokens of ``req`` from its ``num_computed_tokens`` on."""
+        start = req.num_computed_tokens
+        end = start + num_new
+        self.scheduled[req.request_id] = ScheduledRequest(
+            req.request_id,
+            token_slice(req, start, end),
+            start,
+            list(block_ids),  # a copy: the block table keeps growing after this step
+            end == req.num_tokens,  # sample only when this chunk reaches the known end
+            req.sampling_params,
+            len(req.output_token_ids),
+        )
+        self.budget -= num_new
 
     def unschedule(self, request_id: str) -> None:
         """Take a request's share back out (it was preempted later in the same step)."""

@@ -79,8 +79,10 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
         eng = engine
         if config.role == "all" and eng is None:
             eng = await asyncio.to_thread(build_engine, config, model)
-        info = model or (ModelInfo.from_engine(eng) if eng is not None
-                         else await asyncio.to_thread(load_model_info, config))
+        if eng is not None:  # the engine's own limits win (e.g. a capped max_model_len)
+            info = ModelInfo.from_engine(eng)
+        else:
+            info = model or await asyncio.to_thread(load_model_info, config)
         svc = Services.create(config, redis, secret, info, events or GatewayEvents())
         if config.tenants_file:
             await load_tenants(svc.store, config.tenants_file)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -27,6 +28,8 @@ from gateway.output_writer import Inflight, OutputWriter
 from gateway.queues import Envelope, TierQueues
 from gateway.redis_keys import RedisKeys
 from policies.tiers import TIERS
+
+log = logging.getLogger("carpool.worker")
 
 LOST_ERROR = "worker lost mid-generation; partial output was already streamed"
 
@@ -59,7 +62,9 @@ class Worker:
         await self._pubsub.subscribe(self.keys.cancel_channel)
         for coro, name in ((self.writer.run(), "writer"), (self.drainer.run(), "drainer"),
                            (self._cancels(), "cancels"), (self._maintenance(), "maintenance")):
-            self._tasks.append(asyncio.create_task(coro, name=f"worker-{name}"))
+            task = asyncio.create_task(coro, name=f"worker-{name}")
+            task.add_done_callback(_report_crash)
+            self._tasks.append(task)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -156,3 +161,8 @@ class Worker:
             for tier in self.queues.tiers:
                 for env in await self.queues.autoclaim(tier, self.consumer, min_idle_ms):
                     await self._start(env, reclaim=True)
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("worker task %s crashed", task.get_name(), exc_info=task.exception())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,3 +19,17 @@ def redis_url() -> Iterator[str]:
         yield url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_gateway(redis_url: str, tiny_model_dir: Path) -> Iterator[Any]:
+    """The whole stack in one process: uvicorn + gateway + worker + the real AsyncEngine on
+    the tiny random Llama (64 KV blocks of 16 tokens, so leaks show up)."""
+    from tests.gateway.harness import make_config, run_gateway
+
+    config = make_config(engine="real", model=str(tiny_model_dir), engine_options=TINY_ENGINE)
+    with run_gateway(config, redis_url) as gw:
+        yield gw
+
+
+TINY_ENGINE = {"num_blocks": 64, "block_size": 16, "max_num_seqs": 16, "max_model_len": 512}

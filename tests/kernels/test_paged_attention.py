@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kernels
 from kernels.paged_attention import paged_attention_ref, paged_attention_triton, pick_splits
@@ -95,3 +97,30 @@ def test_split_heuristic() -> None:
     # 256 requests x 3 KV heads already fill the GPU: no split, no combine pass.
     assert pick_splits(132, n_programs=768, max_tiles=64) == 1
     assert pick_splits(None, n_programs=1, max_tiles=64) == 1  # interpreter
+
+
+def test_int64_metadata() -> None:
+    batch = make_paged_batch(*MIXED, num_heads=4, num_kv_heads=2)
+    args = list(batch.args())
+    for i in (3, 4, 5):  # block_tables, seq_lens, query_start_loc
+        args[i] = args[i].long()
+    torch.testing.assert_close(paged_attention_triton(*args), paged_attention_ref(*batch.args()),
+                               **TOL[torch.float32])
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    requests=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 40)), min_size=1, max_size=4),
+    group=st.sampled_from([1, 2, 3]),
+    block_size=st.sampled_from([16, 32]),
+    num_splits=st.sampled_from([None, 2, 3]),
+)
+def test_random_ragged_batches(requests: list[tuple[int, int]], group: int, block_size: int,
+                               num_splits: int | None) -> None:
+    # Each request: q_len new tokens on top of `extra` cached ones (ctx >= 1).
+    q_lens = [q for q, _ in requests]
+    ctx_lens = [max(1, q + extra) for q, extra in requests]
+    batch = make_paged_batch(q_lens, ctx_lens, num_heads=2 * group, num_kv_heads=2,
+                             head_dim=16, block_size=block_size)
+    out = paged_attention_triton(*batch.args(), num_splits=num_splits, tile_n=16)
+    torch.testing.assert_close(out, paged_attention_ref(*batch.args()), **TOL[torch.float32])

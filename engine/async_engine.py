@@ -22,6 +22,7 @@ from engine.protocol import EngineLoad, StepCallback
 from engine.sampling_params import SamplingParams
 
 _IDLE_WAIT_S = 0.05
+_HOLD_WAIT_S = 0.002
 
 
 class AsyncEngine:
@@ -129,6 +130,10 @@ class AsyncEngine:
                 outputs = self.engine.step()
                 if outputs:
                     self._publish(outputs)
+                elif self.engine.stats.num_scheduled_tokens == 0:
+                    # e.g. dynamic batching holding requests for max_wait_ms: don't spin
+                    self._wake.wait(_HOLD_WAIT_S)
+                    self._wake.clear()
         except BaseException as exc:  # surface to callers instead of hanging them
             self.step_error = exc
             self._fail_all(exc)

@@ -1,0 +1,62 @@
+"""Checks shared by the cancellation tests: nothing of a request is left anywhere."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gateway.redis_keys import GROUP, RedisKeys
+from policies.tiers import TIERS
+from tests.gateway.harness import redis_sync
+
+
+def wait_engine_idle(gw: Any, timeout: float = 20.0) -> Any:
+    """Wait until the engine runs nothing and every KV block is free again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        load = gw.engine.load()
+        if (load.num_running == 0 and load.num_waiting == 0 and load.num_swapped == 0
+                and load.num_free_blocks == load.num_total_blocks):
+            return load
+        if time.monotonic() > deadline:
+            raise AssertionError(f"engine not idle: {load}")
+        time.sleep(0.02)
+
+
+def leftovers(redis_url: str, namespace: str) -> dict[str, Any]:
+    """Output streams, queue entries, pending entries and concurrency leases still in Redis."""
+    r = redis_sync(redis_url)
+    keys = RedisKeys(namespace)
+    try:
+        out = {
+            "out_streams": sorted(k.decode() for k in r.scan_iter(f"{namespace}:out:*")),
+            "queued": {t: r.xlen(keys.queue(t)) for t in TIERS if r.exists(keys.queue(t))},
+            "pending": {t: r.xpending(keys.queue(t), GROUP)["pending"] for t in TIERS
+                        if r.exists(keys.queue(t))},
+            "leases": {k.decode(): r.zcard(k) for k in r.scan_iter(f"{namespace}:conc:*")},
+        }
+    finally:
+        r.close()
+    out["queued"] = {t: n for t, n in out["queued"].items() if n}
+    out["pending"] = {t: n for t, n in out["pending"].items() if n}
+    out["leases"] = {k: n for k, n in out["leases"].items() if n}
+    return out
+
+
+def wait_clean(redis_url: str, namespace: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = leftovers(redis_url, namespace)
+        if not any(left.values()):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"left in Redis: {left}")
+        time.sleep(0.05)
+
+
+def stat(redis_url: str, namespace: str, name: str) -> int:
+    r = redis_sync(redis_url)
+    try:
+        return int(r.hget(RedisKeys(namespace).stats, name) or 0)
+    finally:
+        r.close()

@@ -33,3 +33,14 @@ def tiny_gateway(redis_url: str, tiny_model_dir: Path) -> Iterator[Any]:
 
 
 TINY_ENGINE = {"num_blocks": 64, "block_size": 16, "max_num_seqs": 16, "max_model_len": 512}
+
+
+@pytest.fixture(scope="module")
+def echo_gateway(redis_url: str, tiny_model_dir: Path) -> Iterator[Any]:
+    """The stack with the FAKE echo engine (2 ms per step): for gateway-only mechanics
+    (quotas, queues, WRR) where a model would only add time."""
+    from tests.gateway.harness import make_config, run_gateway
+
+    config = make_config(engine="echo", model=str(tiny_model_dir), echo_step_ms=2.0)
+    with run_gateway(config, redis_url) as gw:
+        yield gw

@@ -73,9 +73,12 @@ class TelemetryEvents(GatewayEvents):
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self, services: Any) -> None:
-        """Bind to the process's services: sample its engine and queues while it runs."""
-        self._engine = getattr(services, "engine", None)
+        """Bind to the process's ``Services`` (or, in a worker-only process, its ``Worker``):
+        sample its engine and queues while it runs."""
         worker = getattr(services, "worker", None)
+        if worker is None and hasattr(services, "queues"):
+            worker = services
+        self._engine = getattr(services, "engine", None) or getattr(worker, "engine", None)
         queues = getattr(worker, "queues", None)
         if self._engine is not None:
             mode = getattr(getattr(getattr(self._engine, "engine", None), "config", None),

@@ -95,5 +95,7 @@ class Telemetry:
 
 async def metrics_endpoint(request: Request) -> Response:
     """``GET /metrics``: the process's registry in Prometheus text format."""
-    telemetry: Telemetry = request.app.state.telemetry
+    telemetry: Telemetry | None = getattr(request.app.state, "telemetry", None)
+    if telemetry is None:  # an app assembled with events that keep no metrics
+        return Response("no metrics in this process\n", status_code=404)
     return Response(telemetry.metrics.render(), media_type=CONTENT_TYPE)

@@ -44,6 +44,8 @@ class GatewayConfig:
     auth_cache_s: float = 0.5  # key->tenant cache; revocation is visible within this
     worker_id: str | None = None  # consumer name; None = host-pid-random
     echo_step_ms: float = 0.0  # fake engine: delay per step
+    trace_console: bool = False  # print finished spans to stdout (OTLP export: OTEL_* env vars)
+    metrics_port: int = 0  # worker-only processes: serve /metrics on this port (0 = off)
     engine_options: Mapping[str, Any] = field(default_factory=dict)  # EngineConfig.from_kwargs
 
     def __post_init__(self) -> None:

@@ -48,33 +48,71 @@ def paged_attention_ref(
     """q: [T, Hq, D]; caches: [N, B, Hk, D]; block_tables: [R, max_blocks] int32;
     seq_lens: [R]; query_start_loc: [R+1]. Returns [T, Hq, D]."""
     out = torch.empty_like(q)
-    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    block_size = k_cache.shape[1]
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
+    q_lens = [starts[r + 1] - starts[r] for r in range(len(lens))]
+    # Decode rows (one query token) go through one batched gather + matmul: a per-request
+    # loop costs ~30 small kernels per layer per request on CPU.
+    decode = [r for r, n in enumerate(q_lens) if n == 1]
+    if decode:
+        rows = torch.tensor(decode, dtype=torch.long, device=q.device)
+        token_rows = query_start_loc.long()[rows]
+        out[token_rows] = _decode_batched(
+            q[token_rows], k_cache, v_cache, block_tables[rows], seq_lens[rows], scale
+        )
     for r, ctx in enumerate(lens):
-        s, e = starts[r], starts[r + 1]
-        q_len = e - s
-        if q_len == 0:
-            continue
-        nb = (ctx + block_size - 1) // block_size
-        blocks = block_tables[r, :nb].long()
-        k = k_cache[blocks].reshape(-1, num_kv_heads, k_cache.shape[-1])[:ctx]
-        v = v_cache[blocks].reshape(-1, num_kv_heads, v_cache.shape[-1])[:ctx]
-        # [H, q_len, D] x [H, ctx, D]; GQA by repeating KV heads
-        qh = q[s:e].transpose(0, 1)
-        kh = k.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)
-        vh = v.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)
-        mask = None
-        if q_len > 1:
-            # query i (position ctx - q_len + i) sees keys 0..ctx - q_len + i
-            qpos = torch.arange(ctx - q_len, ctx).unsqueeze(1)
-            kpos = torch.arange(ctx).unsqueeze(0)
-            mask = kpos <= qpos
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
-        out[s:e] = o.transpose(0, 1)
+        if q_lens[r] > 1:
+            s, e = starts[r], starts[r + 1]
+            out[s:e] = _attend_one(q[s:e], k_cache, v_cache, block_tables[r], ctx, scale)
     return out
+
+
+def _gather(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
+    """[..., nb] block ids -> [..., length, Hk, D] tokens."""
+    g = cache[blocks]
+    return g.reshape(*blocks.shape[:-1], -1, *cache.shape[2:])[..., :length, :, :]
+
+
+def _attend_one(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+    ctx: int, scale: float,
+) -> torch.Tensor:
+    """One request's q_len query tokens (the last q_len positions of ctx), causal."""
+    q_len, num_heads = q.shape[0], q.shape[1]
+    group = num_heads // k_cache.shape[2]
+    nb = (ctx + k_cache.shape[1] - 1) // k_cache.shape[1]
+    blocks = table[:nb].long()
+    k, v = _gather(k_cache, blocks, ctx), _gather(v_cache, blocks, ctx)
+    # [H, q_len, D] x [H, ctx, D]; GQA by repeating KV heads
+    qh = q.transpose(0, 1)
+    kh = k.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)
+    vh = v.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)
+    # query i (position ctx - q_len + i) sees keys 0..ctx - q_len + i
+    qpos = torch.arange(ctx - q_len, ctx, device=q.device).unsqueeze(1)
+    mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= qpos
+    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    return o.transpose(0, 1)
+
+
+def _decode_batched(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
+    ctx: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    """R decode queries [R, Hq, D], each attending to its own ctx[r] cached tokens."""
+    num_rows, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    length = int(ctx.max())
+    nb = (length + k_cache.shape[1] - 1) // k_cache.shape[1]
+    blocks = tables[:, :nb].long()
+    k = _gather(k_cache, blocks, length).to(q.dtype)  # [R, L, Hk, D]
+    v = _gather(v_cache, blocks, length).to(q.dtype)
+    qg = q.view(num_rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * scale  # [R, Hk, G, L]
+    pad = torch.arange(length, device=q.device) >= ctx.to(q.device).unsqueeze(1)
+    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    o = torch.matmul(probs, v.permute(0, 2, 1, 3))  # [R, Hk, G, D]
+    return o.reshape(num_rows, num_heads, head_dim)
 
 
 @triton.jit

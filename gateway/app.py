@@ -25,12 +25,15 @@ from gateway.errors import APIError, error_response
 from gateway.events import GatewayEvents
 from gateway.model_info import ModelInfo, build_engine, load_model_info
 from gateway.services import Services
+from gateway.telemetry.gateway_events import events_for
+from gateway.telemetry.telemetry import metrics_endpoint
 from gateway.tenants import TenantStore, load_tenants_file
 from gateway.worker import Worker
 
 ROUTES = [
     Route("/healthz", api.healthz, methods=["GET"]),
     Route("/readyz", api.readyz, methods=["GET"]),
+    Route("/metrics", metrics_endpoint, methods=["GET"]),
     Route("/v1/models", api.list_models, methods=["GET"]),
     Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
     Route("/v1/completions", api.completions, methods=["POST"]),
@@ -83,7 +86,8 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
             info = ModelInfo.from_engine(eng)
         else:
             info = model or await asyncio.to_thread(load_model_info, config)
-        svc = Services.create(config, redis, secret, info, events or GatewayEvents())
+        svc = Services.create(config, redis, secret, info, events or events_for(
+            config.role, trace_console=config.trace_console))
         if config.tenants_file:
             await load_tenants(svc.store, config.tenants_file)
         if config.admin_key:
@@ -93,11 +97,14 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
             svc.worker = Worker(redis, eng, config, svc.events)
             await svc.worker.start()
         app.state.services = svc
+        app.state.telemetry = getattr(svc.events, "telemetry", None)
+        await svc.events.start(svc)
         try:
             yield
         finally:
             if svc.worker is not None:
                 await svc.worker.stop()
+            await svc.events.stop()
             if eng is not None and engine is None:
                 await eng.shutdown()
             await redis.aclose()

@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import APIError, error_response
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})  # metrics: for the scraper
 
 
 def bearer_key(scope: Scope) -> str | None:

@@ -138,3 +138,50 @@ def test_metrics_text_parses_and_moves(served: Any) -> None:
     tokens = [s for s in families["carpool_tokens"].samples if s.name == "carpool_tokens_total"
               and s.labels == {"tier": "interactive", "type": "completion"}]
     assert tokens and tokens[0].value >= 3
+
+
+def _families(url: str) -> dict[str, Any]:
+    resp = httpx.get(f"{url}/metrics", timeout=10)  # no key: scrapers have none
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/plain")
+    return {f.name: f for f in text_string_to_metric_families(resp.text)}
+
+
+def _value(families: dict[str, Any], family: str, sample: str, **labels: str) -> float:
+    for s in families[family].samples:
+        if s.name == sample and s.labels == labels:
+            return float(s.value)
+    return 0.0
+
+
+def test_default_app_serves_prometheus_metrics(redis_url: str) -> None:
+    config = make_config()  # echo engine: the default telemetry, no test wiring
+    with run_gateway(config, redis_url) as gw:
+        key = make_tenant(redis_url, config.namespace, "acme", rpm=1)
+        before = _families(gw.url)
+        headers = {"Authorization": f"Bearer {key}"}
+        body = {"model": "echo", "prompt": "one two three", "max_tokens": 4}
+        assert httpx.post(f"{gw.url}/v1/completions", json=body, headers=headers,
+                          timeout=30).status_code == 200
+        assert httpx.post(f"{gw.url}/v1/completions", json=body, headers=headers,
+                          timeout=30).status_code == 429
+        deadline = time.monotonic() + 5
+        while True:
+            after = _families(gw.url)
+            done = _value(after, "carpool_requests", "carpool_requests_total", tier="interactive",
+                          tenant="acme", finish_reason="length")
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert done == 1
+        assert _value(after, "carpool_quota_rejections", "carpool_quota_rejections_total",
+                      limit="rpm") == 1 + _value(before, "carpool_quota_rejections",
+                                                 "carpool_quota_rejections_total", limit="rpm")
+        assert _value(after, "gen_ai_server_time_to_first_token_seconds",
+                      "gen_ai_server_time_to_first_token_seconds_count", tier="interactive") == 1
+        time.sleep(1.2)  # the sampler's period: queue depth and engine gauges appear
+        sampled = _families(gw.url)
+        assert {s.labels["tier"] for s in sampled["carpool_queue_depth"].samples} == {
+            "interactive", "batch", "best-effort"}
+        assert {s.labels["state"] for s in sampled["carpool_engine_requests"].samples} >= {
+            "running", "waiting", "swapped"}

@@ -28,6 +28,10 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--no-demo", dest="create_demo_tenant", action="store_const", const=False,
                    default=None, help="do not create the demo tenant on a fresh Redis")
     p.add_argument("--echo-step-ms", type=float, default=None)
+    p.add_argument("--trace-console", action="store_const", const=True, default=None,
+                   help="print finished spans to stdout (OTLP: set OTEL_EXPORTER_OTLP_ENDPOINT)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="--role worker: serve /metrics on this port")
     g = p.add_argument_group("engine options (passed to EngineConfig.from_kwargs)")
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-num-seqs", type=int, default=None)
@@ -44,7 +48,7 @@ def _add_serve(sub: Any) -> None:
 ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                 "num_blocks", "block_size", "kv_cache_memory_gb", "preemption_mode", "device")
 CONFIG_FLAGS = ("host", "port", "role", "engine", "model", "tenants_file", "namespace",
-                "create_demo_tenant", "echo_step_ms")
+                "create_demo_tenant", "echo_step_ms", "trace_console", "metrics_port")
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -73,13 +77,14 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gateway import cli_generate, cli_tenants
+    from gateway import cli_generate, cli_loadtest, cli_tenants
 
     parser = argparse.ArgumentParser(prog="carpool", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     cli_tenants.add_parser(sub)
     cli_generate.add_parser(sub)
+    cli_loadtest.add_parser(sub)
     _add_bench(sub)
     return parser
 

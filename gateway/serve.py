@@ -116,20 +116,26 @@ async def run_worker(config: GatewayConfig, redis_url: str, secret: bytes) -> No
     """A worker process: no HTTP, just the drainer/engine loop until SIGTERM/SIGINT."""
     from gateway.app import redis_client
     from gateway.model_info import build_engine
+    from gateway.telemetry.gateway_events import events_for
     from gateway.worker import Worker
 
     redis = redis_client(redis_url)
     engine: Any = await asyncio.to_thread(build_engine, config)
-    worker = Worker(redis, engine, config)
+    events = events_for("worker", trace_console=config.trace_console)
+    worker = Worker(redis, engine, config, events)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await worker.start()
+    await events.start(worker)
+    if config.metrics_port:
+        events.telemetry.serve_metrics(config.metrics_port, config.host)
     print(f"worker {worker.consumer} ready", flush=True)
     try:
         await stop.wait()
     finally:
         await worker.stop()
+        await events.stop()
         await engine.shutdown()
         await redis.aclose()

@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from engine.config import CacheConfig, ModelConfig
+from engine.config import CacheConfig, DType, ModelConfig
 from engine.model_runner import ModelRunner
 from engine.outputs import ScheduledRequest, SchedulerOutput
 from engine.sampling_params import SamplingParams
@@ -20,7 +20,9 @@ def make_runner(model_dir: Path | None, dtype: str = "float64", **overrides: Any
     cache: dict[str, Any] = {"block_size": 4, "num_blocks": 64, "num_cpu_blocks": 16}
     fields = {f.name for f in dataclasses.fields(CacheConfig)}
     cache.update({k: overrides.pop(k) for k in list(overrides) if k in fields})
-    model = ModelConfig(model=None if model_dir is None else str(model_dir), dtype=dtype)
+    model = ModelConfig(
+        model=None if model_dir is None else str(model_dir), dtype=cast(DType, dtype)
+    )
     return ModelRunner(model, CacheConfig(**cache), **overrides)  # type: ignore[arg-type]
 
 

@@ -4,7 +4,9 @@ The scheduler keeps cumulative counters (preemptions, prefix-cache tokens) and p
 (batch size, tokens) in ``SchedulerStats``; the sampler turns counter deltas into Prometheus
 counter increments and observes each new step's batch once. It runs on the event loop from the
 worker's per-step callback; the snapshot may be a step or two behind the engine thread, so
-per-step histograms are a sample of steps under load, not every step.
+per-step histograms are a sample of steps under load, not every step. The snapshot is read
+from the loop thread while the engine thread runs (the scheduler has no lock), so a read can
+fail now and then; callers catch that and skip the sample.
 """
 
 from __future__ import annotations

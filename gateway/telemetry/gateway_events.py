@@ -200,3 +200,5 @@ class TelemetryEvents(GatewayEvents):
             trace.on_output(out)
             if out.finished:
                 del self._traces[out.request_id]
+        if self._engine is not None:  # per-step histograms: sample on every step we hear of
+            self.telemetry.engine_sampler.sample_engine(self._engine)

@@ -94,6 +94,11 @@ def test_streamed_request_is_one_connected_trace(served: Any) -> None:
     assert sample_value(telemetry, "gen_ai_server_time_to_first_token_seconds_count",
                         tier="interactive") >= 1
     assert sample_value(telemetry, "carpool_queue_wait_seconds_count", tier="interactive") >= 1
+    # engine steps were sampled as they happened (a 12-token request takes >= 12 steps; the
+    # snapshot can lag the engine thread by a step, so not every step is seen)
+    steps = sample_value(telemetry, "carpool_engine_batch_size_count")
+    assert steps >= 6
+    assert sample_value(telemetry, "carpool_engine_step_tokens_sum") >= steps
 
 
 def test_client_disconnect_ends_the_span_as_abort(served: Any) -> None:

@@ -39,7 +39,8 @@ def test_seeded_draws_do_not_depend_on_batch_or_row_position() -> None:
     params = SamplingParams(temperature=1.0, seed=1234)
     alone = [Sampler(0).sample(mine[None], [params], [i])[0] for i in range(20)]
     assert len(set(alone)) > 5  # token i's draw depends on i
-    others = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.5, seed=7), GREEDY]
+    others = [SamplingParams(temperature=1.0, top_k=20, top_p=0.9),
+              SamplingParams(temperature=0.5, seed=7), GREEDY]
     for trial in range(3):
         sampler = Sampler(trial)  # the unseeded neighbours get different noise each trial
         for i in range(20):
@@ -96,12 +97,33 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p() -> None:
 
 
 def test_filter_combines_top_k_then_top_p() -> None:
-    probs = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
-    assert filter_top_k_top_p(probs, 0, 1.0) is probs
-    kept = filter_top_k_top_p(probs, 3, 1.0)
-    assert kept.nonzero().flatten().tolist() == [0, 1, 2]
-    # after top-3 renormalization: 0.444, 0.333, 0.222 -> p=0.5 keeps two
-    kept = filter_top_k_top_p(probs, 3, 0.5)
-    assert kept.nonzero().flatten().tolist() == [0, 1]
-    kept = filter_top_k_top_p(probs, 0, 0.01)
-    assert kept.nonzero().flatten().tolist() == [0]  # the top token always survives
+    probs = torch.tensor([[0.4, 0.3, 0.2, 0.1]] * 5, dtype=torch.float64)
+    kept = filter_top_k_top_p(probs, [0, 3, 3, 0, 2], [1.0, 1.0, 0.5, 0.01, 0.9])
+    support = [row.nonzero().flatten().tolist() for row in kept]
+    # row 2: after top-3 renormalization 0.444, 0.333, 0.222 -> p=0.5 keeps two
+    assert support == [[0, 1, 2, 3], [0, 1, 2], [0, 1], [0], [0, 1]]
+    assert torch.equal(kept[0], probs[0])  # untouched rows keep their exact bits
+    torch.testing.assert_close(kept[1].sum(), torch.tensor(1.0, dtype=torch.float64))
+
+
+def _top_p_reference(row: torch.Tensor, p: float) -> set[int]:
+    values, order = row.sort(descending=True)
+    above = values.cumsum(0) - values
+    n = max(1, int((above < p).sum()))
+    return {int(t) for t in order[:n]} | {int(t) for t in (row == values[n - 1]).nonzero()}
+
+
+def test_top_p_matches_a_full_sort_reference_for_peaked_and_flat_rows() -> None:
+    vocab = 5000  # larger than the first look at the best tokens, so both paths run
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.stack([
+        torch.full((vocab,), 1.0 / vocab, dtype=torch.float64),  # all tied
+        torch.softmax(torch.linspace(0, 1, vocab, dtype=torch.float64), dim=-1),  # flat
+        torch.softmax(torch.randn(vocab, generator=gen, dtype=torch.float64) * 4, dim=-1),
+        torch.softmax(torch.randn(vocab, generator=gen, dtype=torch.float64) * 1, dim=-1),
+    ])
+    ps = [0.8, 0.8, 0.9, 0.5]
+    kept = filter_top_k_top_p(probs, [0] * 4, ps)
+    for row, p, got in zip(probs, ps, kept, strict=True):
+        assert set(got.nonzero().flatten().tolist()) == _top_p_reference(row, p)
+        assert torch.equal(got[got > 0], row[got > 0])

@@ -179,6 +179,9 @@ class TelemetryEvents(GatewayEvents):
             request_id=request_id, tier=tier, traceparent=traceparent,
             queue_wait_s=queue_wait_s, preemption_mode=self.preemption_mode,
         )
+        rec = self._recorders.get(request_id)
+        if rec is not None:  # gateway and worker in one process: the root span gets it too
+            rec.set_engine_info(queue_wait_s=queue_wait_s)
 
     @_safe
     def dropped(self, request_id: str, reason: str) -> None:
@@ -200,5 +203,8 @@ class TelemetryEvents(GatewayEvents):
             trace.on_output(out)
             if out.finished:
                 del self._traces[out.request_id]
+                rec = self._recorders.get(out.request_id)
+                if rec is not None:
+                    rec.set_engine_info(num_preemptions=trace.num_preemptions)
         if self._engine is not None:  # per-step histograms: sample on every step we hear of
             self.telemetry.engine_sampler.sample_engine(self._engine)

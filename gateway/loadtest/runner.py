@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.loadtest.report import TierReport, write_report
+from gateway.loadtest.report import TIERS, TierReport, write_report
 
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtests" / "locustfile.py"
 
@@ -37,8 +37,8 @@ class LoadTestOptions:
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.users < 1:
-            raise ValueError("users must be >= 1")
+        if self.users < len(TIERS):  # Locust spreads users over the classes, one per tier
+            raise ValueError(f"users must be >= {len(TIERS)}, so that every tier has one")
         if not self.locustfile.is_file():
             raise ValueError(f"locustfile not found: {self.locustfile}")
 

@@ -33,6 +33,7 @@ CAUSES = {"disconnect": "client_gone", "explicit": "cancel", "deadline": "timeou
 # The worker's drop statuses we label by; anything else (free-text errors) is "other".
 DROP_REASONS = ("cancelled", "finished", "gone", "lost", "deadline")
 SAMPLE_INTERVAL_S = 1.0
+MAX_OPEN = 50_000  # open request records kept; far above any real concurrency
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -128,6 +129,9 @@ class TelemetryEvents(GatewayEvents):
             log.exception("telemetry hook request_started failed")
             return incoming_traceparent
         self._recorders[request_id] = rec
+        if len(self._recorders) > MAX_OPEN:  # a path that never finished its request: end it
+            oldest = next(iter(self._recorders))
+            self._recorders.pop(oldest).finish("error", error="telemetry lost track")
         return rec.traceparent
 
     @_safe
@@ -179,6 +183,8 @@ class TelemetryEvents(GatewayEvents):
             request_id=request_id, tier=tier, traceparent=traceparent,
             queue_wait_s=queue_wait_s, preemption_mode=self.preemption_mode,
         )
+        if len(self._traces) > MAX_OPEN:
+            self._traces.pop(next(iter(self._traces))).abort("lost")
         rec = self._recorders.get(request_id)
         if rec is not None:  # gateway and worker in one process: the root span gets it too
             rec.set_engine_info(queue_wait_s=queue_wait_s)

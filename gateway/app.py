@@ -57,10 +57,16 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(APIError(500, "internal server error", code="internal_error"))
 
 
+# Each in-flight request holds one connection while it blocks on XREAD of its output stream.
+MAX_REDIS_CONNECTIONS = 4096
+
+
 def redis_client(url: str) -> Any:
     import redis.asyncio as aioredis
 
-    return aioredis.Redis.from_url(url, health_check_interval=30)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=MAX_REDIS_CONNECTIONS, timeout=30, health_check_interval=30)
+    return aioredis.Redis(connection_pool=pool)
 
 
 async def load_tenants(store: TenantStore, path: str) -> int:

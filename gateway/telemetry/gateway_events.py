@@ -205,7 +205,7 @@ class TelemetryEvents(GatewayEvents):
             if trace is None:
                 continue
             if out.finished and out.finish_reason == names.ABORT_REASON:
-                trace.abort("engine_abort")
+                trace.note_abort("cancelled")  # the engine aborts only on a cancel
             trace.on_output(out)
             if out.finished:
                 del self._traces[out.request_id]

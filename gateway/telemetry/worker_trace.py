@@ -76,13 +76,16 @@ class WorkerRequestTrace:
         if self._first_token_ns is None and out.first_token_time is not None:
             self._first_token_ns = monotonic_to_epoch_ns(out.first_token_time)
         if out.num_preemptions > self._preemptions:
-            # Only counted here when no step observer reported it (see on_preempted).
+            # Seen when the request next produces output, so stamped then (the engine's
+            # outputs carry the count, not the moment).
             for _ in range(out.num_preemptions - self._preemptions):
                 self.on_preempted(self._mode)
         if out.finished:
             end = monotonic_to_epoch_ns(out.finish_time) if out.finish_time else now_ns()
             self._finish(out.finish_reason or "stop", end, out.num_output_tokens, out.error)
 
+    # on_prefill_chunk / on_swap take per-step facts (which request got which prefill chunk,
+    # swap traffic); the engine's outputs do not carry them yet, so today nothing calls them.
     def on_prefill_chunk(self, start_pos: int, num_tokens: int, at_ns: int | None = None) -> None:
         self._add(names.EVENT_PREFILL_CHUNK, at_ns,
                   {names.CHUNK_START: start_pos, names.CHUNK_TOKENS: num_tokens})
@@ -98,9 +101,13 @@ class WorkerRequestTrace:
     def abort(self, cause: str, at_ns: int | None = None) -> None:
         """Record why the request was cut short. If it never reached the engine (dropped from
         the queue), this also ends the trace; otherwise the engine's final output does."""
-        self._add(names.EVENT_ABORT, at_ns, {names.ABORT_CAUSE: cause})
+        self.note_abort(cause, at_ns)
         if self._first_scheduled_ns is None and not self.done:
             self._finish(names.ABORT_REASON, at_ns or now_ns(), 0, None)
+
+    def note_abort(self, cause: str, at_ns: int | None = None) -> None:
+        """An abort event only; the final output that follows ends the spans."""
+        self._add(names.EVENT_ABORT, at_ns, {names.ABORT_CAUSE: cause})
 
     @property
     def num_preemptions(self) -> int:

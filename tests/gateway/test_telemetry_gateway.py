@@ -124,6 +124,16 @@ def test_client_disconnect_ends_the_span_as_abort(served: Any) -> None:
     assert a[names.FINISH_REASON] == "abort"
     assert a[names.ABORT_CAUSE] == "client_gone"
     assert 0 < a[names.OUTPUT_TOKENS] < 1500
+    # the worker's side ends too, once the abort reached the engine: decode ends as abort
+    deadline = time.monotonic() + 10
+    while True:
+        decode = [s for s in _trace_of(exporter, rid) if s.name == names.SPAN_DECODE]
+        if decode or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert decode, "the worker's decode span never ended"
+    assert (decode[0].attributes or {})[names.FINISH_REASON] == "abort"
+    assert names.EVENT_ABORT in [e.name for e in decode[0].events]
     assert sample_value(telemetry, "carpool_aborts_total", tier="batch",
                         cause="client_gone") == before + 1
 

@@ -1,0 +1,120 @@
+"""Separate processes against one Redis (``--role gateway`` / ``--role worker``): the
+concurrency cap holds across two gateways, and a worker killed mid-run loses no request:
+each completes or ends with a clear error event, none hangs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.redis_keys import GROUP, RedisKeys
+from policies.tiers import TIERS
+from tests.gateway.harness import make_tenant, redis_sync
+from tests.gateway.procs import spawn
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_concurrency_cap_across_two_gateways(redis_url: str, tiny_model_dir: Path,
+                                             tmp_path: Path) -> None:
+    ns = f"mp{uuid.uuid4().hex[:8]}"
+    key = make_tenant(redis_url, ns, "capped", max_concurrency=3)
+    with contextlib.ExitStack() as stack:
+        gws = [stack.enter_context(spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path))
+               for _ in range(2)]
+        stack.enter_context(spawn("worker", redis_url, ns, tiny_model_dir, tmp_path,
+                                  "--echo-step-ms", "20"))
+        peak, stop = [0], threading.Event()
+
+        def watch() -> None:
+            r = redis_sync(redis_url)
+            while not stop.is_set():
+                peak[0] = max(peak[0], r.zcard(RedisKeys(ns).concurrency("capped")))
+                time.sleep(0.005)
+            r.close()
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+
+        async def fire() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=60,
+                                         headers={"Authorization": f"Bearer {key}"}) as c:
+                body = {"model": "echo", "prompt": "a b", "max_tokens": 50}  # ~1 s each
+                return list(await asyncio.gather(*(
+                    c.post(gws[i % 2].url + "/v1/completions", json=body) for i in range(12))))
+
+        try:
+            res = asyncio.run(fire())
+        finally:
+            stop.set()
+            watcher.join()
+    codes = [r.status_code for r in res]
+    assert codes.count(200) == 3, codes
+    assert peak[0] <= 3
+    for r in res:
+        if r.status_code == 429:
+            assert r.json()["error"]["code"] == "concurrency" and r.headers["retry-after"]
+    assert {r.json()["usage"]["completion_tokens"] for r in res if r.status_code == 200} == {50}
+
+
+async def _stream(client: httpx.AsyncClient, url: str, i: int) -> tuple[str, int]:
+    """Returns ("done", tokens) or ("error", tokens); hangs are caught by the caller."""
+    body = {"model": "echo", "prompt": f"request {i} " * 3, "max_tokens": 60, "stream": True}
+    tokens = 0
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line == "data: [DONE]":
+                return "done", tokens
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                if "error" in event:
+                    assert event["error"]["message"], event
+                    return "error", tokens
+                if event["choices"] and event["choices"][0]["text"]:
+                    tokens += 1
+    return "eof", tokens
+
+
+def test_worker_killed_mid_run(redis_url: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    ns = f"mp{uuid.uuid4().hex[:8]}"
+    key = make_tenant(redis_url, ns, "t")
+    with contextlib.ExitStack() as stack:
+        gw = stack.enter_context(spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path))
+        doomed = stack.enter_context(spawn("worker", redis_url, ns, tiny_model_dir, tmp_path,
+                                           "--echo-step-ms", "30"))
+        stack.enter_context(spawn("worker", redis_url, ns, tiny_model_dir, tmp_path,
+                                  "--echo-step-ms", "30"))
+
+        async def run_all() -> list[tuple[str, int]]:
+            async with httpx.AsyncClient(timeout=60,
+                                         headers={"Authorization": f"Bearer {key}"}) as c:
+                tasks = [asyncio.create_task(_stream(c, gw.url, i)) for i in range(12)]
+                await asyncio.sleep(0.8)  # every request running (60 x 30 ms = 1.8 s each)
+                doomed.popen.kill()  # SIGKILL: no goodbye, its entries stay pending
+                return list(await asyncio.wait_for(asyncio.gather(*tasks), 30))
+
+        results = asyncio.run(run_all())
+    outcomes = [o for o, _ in results]
+    assert "eof" not in outcomes
+    assert outcomes.count("done") + outcomes.count("error") == 12
+    assert all(n == 60 for o, n in results if o == "done")
+    assert "error" in outcomes  # the killed worker held some of them mid-generation
+    r = redis_sync(redis_url)
+    try:
+        keys = RedisKeys(ns)
+        deadline = time.monotonic() + 10
+        while any(r.xpending(keys.queue(t), GROUP)["pending"] for t in TIERS):
+            assert time.monotonic() < deadline, "pending entries left behind"
+            time.sleep(0.1)
+    finally:
+        r.close()

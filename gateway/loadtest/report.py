@@ -96,6 +96,13 @@ _COLUMNS = (
 )
 
 
+_LEGEND = (
+    "TTFT: request start to first content token; TPOT: mean time per output token after the "
+    "first; E2E: start to end of stream (all client-side, successful requests only). "
+    "tokens/s: completion tokens of successful requests over the whole run."
+)
+
+
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
@@ -120,7 +127,13 @@ def to_markdown(rows: Sequence[TierReport], meta: dict[str, Any]) -> str:
     errors = [f"- {r.tier}: {e}" for r in rows if r.tier != "all" for e in r.error_samples]
     if errors:
         lines += ["", "Errors (samples):", *errors]
-    lines += ["", "Plots: ttft.png, tpot.png (per request, by tier, over the run).", ""]
+    lines += [
+        "",
+        _LEGEND,
+        "",
+        "Plots: ttft.png, tpot.png (per request, by tier, over the run).",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -213,4 +213,7 @@ class TelemetryEvents(GatewayEvents):
                 if rec is not None:
                     rec.set_engine_info(num_preemptions=trace.num_preemptions)
         if self._engine is not None:  # per-step histograms: sample on every step we hear of
-            self.telemetry.engine_sampler.sample_engine(self._engine)
+            try:
+                self.telemetry.engine_sampler.sample_engine(self._engine)
+            except RuntimeError:  # read raced the engine thread (see engine_sampler): skip
+                log.debug("engine stats sample skipped", exc_info=True)

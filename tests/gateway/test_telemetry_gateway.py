@@ -138,6 +138,32 @@ def test_client_disconnect_ends_the_span_as_abort(served: Any) -> None:
                         cause="client_gone") == before + 1
 
 
+def test_explicit_cancel_is_counted_as_cancel(served: Any) -> None:
+    gw, telemetry, exporter, key = served
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"model": gw.services.model.name, "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 1500, "stream": True, "service_tier": "interactive"}
+    finish = None
+    with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json=body, headers=headers,
+                      timeout=60) as resp:
+        rid = resp.headers["x-request-id"]
+        cancelled = False
+        for line in resp.iter_lines():
+            if line.startswith("data: {") and not cancelled:
+                r = httpx.post(f"{gw.url}/v1/requests/{rid}/cancel", headers=headers, timeout=10)
+                assert r.status_code == 200
+                cancelled = True
+            elif line.startswith("data: {"):
+                for choice in json.loads(line[6:]).get("choices", []):
+                    finish = choice.get("finish_reason") or finish
+    assert finish == "abort"
+    root = next(s for s in _trace_of(exporter, rid) if s.parent is None)
+    a = root.attributes or {}
+    assert (a[names.FINISH_REASON], a[names.ABORT_CAUSE]) == ("abort", "cancel")
+    assert sample_value(telemetry, "carpool_aborts_total", tier="interactive",
+                        cause="cancel") >= 1
+
+
 def test_metrics_text_parses_and_moves(served: Any) -> None:
     gw, telemetry, _, key = served
     before = sample_value(telemetry, "carpool_requests_total", tier="interactive",

@@ -83,3 +83,38 @@ def test_state_dict_is_cast_to_the_requested_dtype(tiny_model_dir: Path) -> None
     state = load_state_dict(tiny_model_dir, torch.bfloat16)
     assert {t.dtype for t in state.values()} == {torch.bfloat16}
     assert "model.layers.0.self_attn.q_proj.weight" in state
+
+
+def test_conversion_is_atomic_and_a_lost_race_is_harmless(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """convert_gguf's file handling, with transformers' GGUF reader stubbed by the tiny model
+    (the real 15 s conversion runs once per machine through the smollm2_dir fixture)."""
+    import transformers
+
+    from engine.model_loader import convert_gguf
+
+    model = hf_model(tiny_model_dir, torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    calls: list[str] = []
+
+    def fake_model(src: str, gguf_file: str, **kw: object) -> object:
+        calls.append(gguf_file)
+        return model
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda *a, **kw: tokenizer)
+    target = tmp_path / "models" / "converted"
+    convert_gguf(tmp_path / "fake.gguf", target)
+    stamp = (target / "model.safetensors").stat().st_mtime_ns
+    convert_gguf(tmp_path / "fake.gguf", target)  # another process finished first
+    assert calls == ["fake.gguf", "fake.gguf"]
+    assert (target / "model.safetensors").stat().st_mtime_ns == stamp  # winner kept
+    assert sorted(p.name for p in target.parent.iterdir()) == ["converted"]  # no temp left
+    monkeypatch.undo()
+    prompt = [5, 17, 300, 4000, 9]
+    runner = make_runner(target)
+    (got,) = step_logits(runner, [chunk("r", prompt, 0, BlockTables(64, 4))])
+    torch.testing.assert_close(got, hf_logits(hf_model(tiny_model_dir), prompt), atol=1e-5,
+                               rtol=0)

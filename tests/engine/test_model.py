@@ -33,6 +33,10 @@ def arch_dirs(
                                        tokenizer_dir=smollm2_dir),
         "qwen2": make_tiny_llama_dir(root / "qwen2", arch="qwen2", seed=2, heads=4, kv_heads=1,
                                      tokenizer_dir=smollm2_dir),
+        # llama with every optional bias (q/k/v/o and MLP) and no GQA
+        "llama_bias": make_tiny_llama_dir(root / "llama_bias", seed=3, kv_heads=4,
+                                          attention_bias=True, mlp_bias=True,
+                                          tokenizer_dir=smollm2_dir),
     }
 
 
@@ -42,7 +46,7 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(3, 49152) for _ in range(length)] for length in lengths]
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "llama_bias"])
 def test_one_flattened_step_matches_transformers(arch: str, arch_dirs: dict[str, Path]) -> None:
     runner = make_runner(arch_dirs[arch])
     ref = hf_model(arch_dirs[arch])

@@ -180,17 +180,21 @@ def test_tiny_llama_prefix_shared_prompts(tiny_model_dir: Path) -> None:
 
 
 def test_alone_equals_inside_a_mixed_batch_of_32(tiny_model_dir: Path) -> None:
+    """Greedy and seeded-sampling requests give the same tokens alone and in a mixed batch."""
     target = _tiny_prompts(16, seed=3)[9]
     greedy = SamplingParams(max_tokens=TINY_MAX_TOKENS)
-    alone = _llm(tiny_model_dir).generate([target], greedy)[0].token_ids
-    others = _tiny_prompts(16, seed=4) + _tiny_prompts(15, seed=5)
+    seeded = SamplingParams(max_tokens=TINY_MAX_TOKENS, temperature=0.9, top_p=0.95, seed=42)
+    alone = _llm(tiny_model_dir).generate([target, target], [greedy, seeded])
+    assert alone[0].token_ids != alone[1].token_ids  # the seeded one really samples
+    others = _tiny_prompts(16, seed=4) + _tiny_prompts(14, seed=5)
     mixed_params = [
         SamplingParams(max_tokens=3 + i % 9, temperature=0.0 if i % 3 else 0.9,
                        top_k=0 if i % 2 else 20, seed=i if i % 4 == 0 else None)
         for i in range(len(others))
     ]
-    prompts = others[:13] + [target] + others[13:]
-    params = mixed_params[:13] + [greedy] + mixed_params[13:]
+    prompts = others[:13] + [target] + others[13:20] + [target] + others[20:]
+    params = mixed_params[:13] + [greedy] + mixed_params[13:20] + [seeded] + mixed_params[20:]
     assert len(prompts) == 32
     outs = _llm(tiny_model_dir, max_num_batched_tokens=64).generate(prompts, params)
-    assert outs[13].token_ids == alone
+    assert outs[13].token_ids == alone[0].token_ids
+    assert outs[21].token_ids == alone[1].token_ids

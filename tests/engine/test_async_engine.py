@@ -1,0 +1,100 @@
+"""The async front: incremental outputs, abort from the event loop, consumers that go away."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from engine.async_engine import AsyncEngine
+from engine.engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+
+def make_engine(model_dir: Path, **overrides: object) -> AsyncEngine:
+    kw: dict[str, object] = dict(model=str(model_dir), dtype="float32", num_blocks=64)
+    kw.update(overrides)
+    return AsyncEngine.from_kwargs(**kw)
+
+
+async def wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        load = engine.load()
+        if load.num_running == load.num_waiting == load.num_swapped == 0:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"engine not idle: {engine.load()}")
+
+
+async def test_generate_streams_the_same_tokens_as_the_offline_engine(tiny_model_dir: Path) -> None:
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    offline = LLMEngine.from_kwargs(model=str(tiny_model_dir), dtype="float32", num_blocks=64)
+    offline.add_request([5, 6, 7, 8], params, request_id="x")
+    expected: list[int] = []
+    while offline.has_unfinished_requests():
+        for out in offline.step():
+            expected += out.new_token_ids
+
+    engine = make_engine(tiny_model_dir)
+    await engine.start()
+    try:
+        outs = [o async for o in engine.generate("a", [5, 6, 7, 8], params)]
+    finally:
+        await engine.shutdown()
+    assert len(outs) >= 2  # incremental, not one final blob
+    assert [t for o in outs for t in o.new_token_ids] == expected
+    assert outs[-1].finished and outs[-1].finish_reason == "length"
+    assert all(not o.finished for o in outs[:-1])
+
+
+async def test_abort_mid_stream_frees_blocks_and_reports_abort(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    await engine.start()
+    seen = []
+    try:
+        params = SamplingParams(max_tokens=500, ignore_eos=True)
+        async for out in engine.generate("long", [1, 2, 3], params):
+            seen.append(out)
+            if len(seen) == 3:
+                engine.abort("long")
+        await wait_idle(engine)
+        assert engine.load().num_free_blocks == engine.load().num_total_blocks
+    finally:
+        await engine.shutdown()
+    assert seen[-1].finished and seen[-1].finish_reason == "abort"
+    assert 3 <= seen[-1].num_output_tokens < 500
+    engine.engine.scheduler.block_manager.check_integrity()
+
+
+async def test_consumer_that_goes_away_aborts_its_request(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    step_outputs: list[str] = []
+    engine.add_step_callback(lambda outs: step_outputs.extend(o.request_id for o in outs))
+    await engine.start()
+    try:
+        gen = engine.generate("gone", [4, 4, 4], SamplingParams(max_tokens=500, ignore_eos=True))
+        await gen.__anext__()
+        await gen.aclose()  # the client disconnected
+        await wait_idle(engine)
+        assert engine.load().num_free_blocks == engine.load().num_total_blocks
+        assert engine.engine.stats.aborts == 1
+    finally:
+        await engine.shutdown()
+    assert "gone" in step_outputs  # step callbacks saw the request's outputs
+
+
+async def test_never_fitting_request_fails_fast_with_error(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir, num_blocks=2, block_size=16)
+    await engine.start()
+    try:
+        params = SamplingParams(max_tokens=4)
+        outs = await asyncio.wait_for(
+            _collect(engine.generate("big", list(range(1, 100)), params)), timeout=10
+        )
+    finally:
+        await engine.shutdown()
+    assert outs[-1].finished and outs[-1].finish_reason == "error"
+    assert outs[-1].error
+
+
+async def _collect(gen):  # type: ignore[no-untyped-def]
+    return [o async for o in gen]

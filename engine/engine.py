@@ -9,6 +9,7 @@ then the output processor turns the changed requests into ``RequestOutput`` delt
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from typing import Any
@@ -58,10 +59,11 @@ class LLMEngine:
     ) -> str:
         token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        params = self._with_extra_eos(params or SamplingParams())
         request = Request(
             rid,
             token_ids,
-            params or SamplingParams(),
+            params,
             priority=priority,
             arrival_time=arrival_time,
             eos_token_id=self.runner.eos_token_id,
@@ -69,6 +71,13 @@ class LLMEngine:
         self.outputs.add(request)
         self.scheduler.add_request(request)
         return rid
+
+    def _with_extra_eos(self, params: SamplingParams) -> SamplingParams:
+        # Request knows one EOS id; models with several (Llama 3) stop on the rest as stop ids.
+        extra = [t for t in self.runner.eos_token_ids[1:] if t not in params.stop_token_ids]
+        if params.ignore_eos or not extra:
+            return params
+        return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + tuple(extra))
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

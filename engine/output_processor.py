@@ -45,6 +45,8 @@ class OutputProcessor:
             st.text += st.detok.add(new_tokens)
             stop_hit = self._find_stop(st, request.sampling_params.stop)
         finished = request.is_finished or stop_hit
+        if finished and st.stopped_at is None:
+            st.text += st.detok.flush()  # a trailing partial character, if any
         delta = self._take_text(st, request.sampling_params.stop, finished)
         out = RequestOutput(
             request_id=request.request_id,

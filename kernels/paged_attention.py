@@ -98,21 +98,28 @@ def _decode_batched(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
     ctx: torch.Tensor, scale: float,
 ) -> torch.Tensor:
-    """R decode queries [R, Hq, D], each attending to its own ctx[r] cached tokens."""
+    """R decode queries [R, Hq, D], each attending to its own ctx[r] cached tokens.
+
+    One row gather per token slot (padded to the longest context, masked), then per KV
+    head two batched matmuls on strided views: no permute copies of the gathered KV."""
     num_rows, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    group = num_heads // num_kv_heads
     length = int(ctx.max())
-    nb = (length + k_cache.shape[1] - 1) // k_cache.shape[1]
-    blocks = tables[:, :nb].long()
-    k = _gather(k_cache, blocks, length).to(q.dtype)  # [R, L, Hk, D]
-    v = _gather(v_cache, blocks, length).to(q.dtype)
-    qg = q.view(num_rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)) * scale  # [R, Hk, G, L]
-    pad = torch.arange(length, device=q.device) >= ctx.to(q.device).unsqueeze(1)
-    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    o = torch.matmul(probs, v.permute(0, 2, 1, 3))  # [R, Hk, G, D]
-    return o.reshape(num_rows, num_heads, head_dim)
+    pos = torch.arange(length, device=q.device)
+    slots = tables[:, pos // block_size].long() * block_size + pos % block_size  # [R, L]
+    width = num_kv_heads * head_dim
+    k = F.embedding(slots, k_cache.reshape(-1, width)).view(num_rows, length, num_kv_heads, head_dim)
+    v = F.embedding(slots, v_cache.reshape(-1, width)).view(num_rows, length, num_kv_heads, head_dim)
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    qg = q.view(num_rows, num_kv_heads, group, head_dim)
+    pad = (pos >= ctx.to(q.device).unsqueeze(1)).unsqueeze(1)  # [R, 1, L]
+    out = torch.empty(num_rows, num_kv_heads, group, head_dim, dtype=q.dtype, device=q.device)
+    for h in range(num_kv_heads):
+        scores = torch.bmm(qg[:, h], k[:, :, h].transpose(1, 2)) * scale  # [R, G, L]
+        scores.masked_fill_(pad, float("-inf"))
+        out[:, h] = torch.bmm(torch.softmax(scores, dim=-1), v[:, :, h])
+    return out.view(num_rows, num_heads, head_dim)
 
 
 @triton.jit

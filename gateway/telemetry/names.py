@@ -36,11 +36,10 @@ QUEUE_WAIT_MS = "carpool.queue_wait_ms"
 E2E_MS = "carpool.e2e_ms"
 NUM_PREEMPTIONS = "carpool.num_preemptions"
 PREEMPTION_MODE = "carpool.preemption.mode"  # "recompute" | "swap"
-ABORT_CAUSE = "carpool.abort.cause"  # "client_gone" | "cancel" | "timeout" | ...
+ABORT_CAUSE = "carpool.abort.cause"  # client_gone | cancel | timeout | client_stalled | ...
 CHUNK_TOKENS = "carpool.prefill.chunk_tokens"
 CHUNK_START = "carpool.prefill.chunk_start"
 NUM_BLOCKS = "carpool.kv.num_blocks"
-WORKER_ID = "carpool.worker.id"
 
 # -- span and event names (worker side: children of the gateway's request span) ----------------
 SPAN_QUEUE = "carpool.queue"  # enqueue -> taken by a worker
@@ -56,4 +55,3 @@ EVENT_FIRST_TOKEN = "gen_ai.first_token"
 
 # The OpenAI finish reason for every way a request can be cut short.
 ABORT_REASON = "abort"
-ABORT_CAUSES = ("client_gone", "cancel", "timeout", "dropped", "worker_lost", "shutdown")

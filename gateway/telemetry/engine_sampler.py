@@ -23,6 +23,8 @@ class EngineSampler:
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
         self._last: SchedulerStats | None = None
+        # Off when a StepObserver sees every step exactly (then it owns the step histograms).
+        self.observe_steps = True
 
     def sample(self, stats: SchedulerStats, step_seconds: float | None = None) -> None:
         """Record one snapshot of the scheduler's stats."""
@@ -35,7 +37,8 @@ class EngineSampler:
         last = self._last if self._last is not None else SchedulerStats()
         if stats.num_steps < last.num_steps:  # a new engine (restart): counters start again
             last = SchedulerStats()
-        if stats.num_steps > last.num_steps and stats.num_scheduled_requests > 0:
+        if (self.observe_steps and stats.num_steps > last.num_steps
+                and stats.num_scheduled_requests > 0):
             m.batch_size.observe(stats.num_scheduled_requests)
             m.step_tokens.observe(stats.num_scheduled_tokens)
             if step_seconds is not None:

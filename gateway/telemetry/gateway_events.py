@@ -22,6 +22,7 @@ from gateway.events import GatewayEvents
 from gateway.telemetry import names
 from gateway.telemetry.config import TelemetryConfig
 from gateway.telemetry.request_span import RequestInfo, RequestRecorder
+from gateway.telemetry.step_observer import StepFact, StepObserver
 from gateway.telemetry.telemetry import Telemetry
 from gateway.telemetry.worker_trace import WorkerRequestTrace
 
@@ -69,6 +70,8 @@ class TelemetryEvents(GatewayEvents):
         self._causes: dict[str, str] = {}
         self._traces: dict[str, WorkerRequestTrace] = {}
         self._engine: Any = None
+        self._observer: StepObserver | None = None
+        self._observers: list[Any] = []
         self._sampler: asyncio.Task[None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -82,13 +85,26 @@ class TelemetryEvents(GatewayEvents):
         self._engine = getattr(services, "engine", None) or getattr(worker, "engine", None)
         queues = getattr(worker, "queues", None)
         if self._engine is not None:
-            mode = getattr(getattr(getattr(self._engine, "engine", None), "config", None),
-                           "scheduler", None)
-            self.preemption_mode = getattr(mode, "preemption_mode", self.preemption_mode)
+            self._attach_step_observer(getattr(self._engine, "engine", None))
         if queues is not None or self._engine is not None:
             self._sampler = asyncio.create_task(self._sample_forever(queues), name="telemetry")
 
+    def _attach_step_observer(self, llm_engine: Any) -> None:
+        """Per-step facts straight from the engine thread, when the engine offers the hook
+        (``LLMEngine.step_observers``); otherwise steps are sampled from its stats."""
+        config = getattr(getattr(llm_engine, "config", None), "scheduler", None)
+        self.preemption_mode = getattr(config, "preemption_mode", self.preemption_mode)
+        observers = getattr(llm_engine, "step_observers", None)
+        if isinstance(observers, list):
+            self._observer = StepObserver(self.telemetry.metrics, self.preemption_mode)
+            observers.append(self._observer)
+            self._observers = observers
+            self.telemetry.engine_sampler.observe_steps = False
+
     async def stop(self) -> None:
+        if self._observer is not None:
+            with contextlib.suppress(ValueError):
+                self._observers.remove(self._observer)
         if self._sampler is not None:
             self._sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -200,6 +216,9 @@ class TelemetryEvents(GatewayEvents):
     @_safe
     def engine_step(self, num_outputs: int, load: EngineLoad,
                     outputs: Sequence[RequestOutput] = ()) -> None:
+        if self._observer is not None:  # facts of this step (and any before it) first
+            for fact in self._observer.drain():
+                self._route(fact)
         for out in outputs:
             trace = self._traces.get(out.request_id)
             if trace is None:
@@ -217,3 +236,12 @@ class TelemetryEvents(GatewayEvents):
                 self.telemetry.engine_sampler.sample_engine(self._engine)
             except RuntimeError:  # read raced the engine thread (see engine_sampler): skip
                 log.debug("engine stats sample skipped", exc_info=True)
+
+    def _route(self, fact: StepFact) -> None:
+        trace = self._traces.get(fact.request_id)
+        if trace is None:
+            return
+        if fact.kind == "prefill_chunk":
+            trace.on_prefill_chunk(fact.attrs["start"], fact.attrs["tokens"], at_ns=fact.at_ns)
+        elif fact.kind == "preempted":
+            trace.on_preempted(fact.attrs["mode"], at_ns=fact.at_ns)

@@ -126,6 +126,10 @@ class Metrics:
             "carpool_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache",
             registry=r,
         )
+        self.swap_blocks = Counter(
+            "carpool_swap_blocks", "KV blocks copied between device and CPU, by direction",
+            ["direction"], registry=r,
+        )
         self.preemptions = Counter(
             "carpool_preemptions", "Requests preempted, by mode (recompute | swap)",
             ["mode"], registry=r,

@@ -34,6 +34,7 @@ class _Event:
     name: str
     at_ns: int
     attrs: dict[str, Any] = field(default_factory=dict)
+    span: str | None = None  # the span it belongs to regardless of its stamp
 
 
 class WorkerRequestTrace:
@@ -87,8 +88,12 @@ class WorkerRequestTrace:
     # on_prefill_chunk / on_swap take per-step facts (which request got which prefill chunk,
     # swap traffic); the engine's outputs do not carry them yet, so today nothing calls them.
     def on_prefill_chunk(self, start_pos: int, num_tokens: int, at_ns: int | None = None) -> None:
+        """A chunk computed for this request. Until the first token is seen it is part of the
+        initial prefill (stamps taken at step end can lie a hair past the first token's);
+        later ones are re-prefills after a recompute preemption and go by their time."""
+        initial = names.SPAN_PREFILL if self._first_token_ns is None else None
         self._add(names.EVENT_PREFILL_CHUNK, at_ns,
-                  {names.CHUNK_START: start_pos, names.CHUNK_TOKENS: num_tokens})
+                  {names.CHUNK_START: start_pos, names.CHUNK_TOKENS: num_tokens}, initial)
 
     def on_preempted(self, mode: str, at_ns: int | None = None) -> None:
         self._preemptions += 1
@@ -115,9 +120,10 @@ class WorkerRequestTrace:
 
     # -- building the spans ----------------------------------------------------------------
 
-    def _add(self, name: str, at_ns: int | None, attrs: dict[str, Any]) -> None:
+    def _add(self, name: str, at_ns: int | None, attrs: dict[str, Any],
+             span: str | None = None) -> None:
         if not self.done:
-            self._events.append(_Event(name, now_ns() if at_ns is None else at_ns, attrs))
+            self._events.append(_Event(name, now_ns() if at_ns is None else at_ns, attrs, span))
 
     def _finish(self, reason: str, end_ns: int, num_output: int, error: str | None) -> None:
         self.done = True
@@ -129,14 +135,20 @@ class WorkerRequestTrace:
             parts.append((names.SPAN_PREFILL, sched, first if first is not None else end_ns, {}))
         if first is not None:
             parts.append((names.SPAN_DECODE, first, end_ns, {names.OUTPUT_TOKENS: num_output}))
+        built = {p[0] for p in parts}
         events = sorted(self._events, key=lambda e: e.at_ns)
         self._events = []
         for i, (name, start, end, attrs) in enumerate(parts):
             end = max(start, end)
             last = i == len(parts) - 1
-            # Each event goes to the span whose interval holds it; the last takes the rest.
-            mine = events if last else [e for e in events if e.at_ns <= end]
-            events = [] if last else [e for e in events if e.at_ns > end]
+            # An event goes to its named span, else to the span whose interval holds it;
+            # the last span takes the rest.
+            def here(e: _Event, name: str = name, end: int = end) -> bool:
+                if e.span in built:
+                    return e.span == name
+                return e.at_ns <= end
+            mine = events if last else [e for e in events if here(e)]
+            events = [] if last else [e for e in events if not here(e)]
             if last:  # the outcome goes on the span where the request ended
                 attrs = {**attrs, names.FINISH_REASON: reason,
                          names.NUM_PREEMPTIONS: self._preemptions}

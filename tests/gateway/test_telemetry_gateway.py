@@ -90,6 +90,10 @@ def test_streamed_request_is_one_connected_trace(served: Any) -> None:
     assert a[names.NUM_PREEMPTIONS] == 0
     decode = by_name[names.SPAN_DECODE]
     assert (decode.attributes or {})[names.OUTPUT_TOKENS] == usage["completion_tokens"]
+    if hasattr(gw.engine.engine, "step_observers"):  # the engine offers per-step facts
+        chunks = [e for e in by_name[names.SPAN_PREFILL].events
+                  if e.name == names.EVENT_PREFILL_CHUNK]
+        assert sum(e.attributes[names.CHUNK_TOKENS] for e in chunks) == usage["prompt_tokens"]
     # the children lie inside the root's interval, in order (the envelope's enqueue stamp is
     # taken a few microseconds before the root span opens: allow 1 ms)
     assert root.start_time <= by_name[names.SPAN_QUEUE].start_time + 1_000_000

@@ -153,6 +153,9 @@ def plot(records: Sequence[dict[str, Any]], out_dir: Path, t0: float) -> list[Pa
             if pts:
                 xs, ys = zip(*pts, strict=True)
                 ax.scatter(xs, ys, s=10, alpha=0.7, color=f"C{i}", label=f"{tier} (n={len(pts)})")
+        values = [r[metric] for r in records if r.get("ok") and r.get(metric)]
+        if values and min(values) > 0 and max(values) / min(values) > 20:
+            ax.set_yscale("log")  # tiers can differ by orders of magnitude under load
         ax.set_xlabel("request start (s since test start)")
         ax.set_ylabel(f"{metric.split('_')[0].upper()} (ms)")
         ax.set_title(title + " by tier")

@@ -65,7 +65,7 @@ def redis_client(url: str) -> Any:
     import redis.asyncio as aioredis
 
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=MAX_REDIS_CONNECTIONS, timeout=30, health_check_interval=30)
+        url, max_connections=MAX_REDIS_CONNECTIONS, timeout=30)
     return aioredis.Redis(connection_pool=pool)
 
 

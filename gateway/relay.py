@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,10 @@ from gateway.messages import FinishMsg, TokenMsg, decode
 from gateway.openai_format import SSE_DONE, Formatter, sse
 from gateway.tenants import Tenant
 
+log = logging.getLogger("carpool.gateway")
+
 XREAD_BLOCK_MS = 1000
+CLEANUP_TIMEOUT_S = 5.0
 XREAD_COUNT = 1024
 
 
@@ -60,40 +64,51 @@ class RelayResponse:
         self.services = services
         self.ctx = ctx
         self.state = RelayState()
+        self.closing = False  # set on the way out: the reader loop stops at its next turn
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ctx, svc, state = self.ctx, self.services, self.state
+        ctx = self.ctx
         loop = asyncio.get_running_loop()
         watcher = asyncio.create_task(wait_for_disconnect(receive))
         work = asyncio.create_task(self._stream(send) if ctx.stream else self._collect())
-        outcome = "completed"
+        cancel_source: str | None = None
         try:
             done, _ = await asyncio.wait({watcher, work}, timeout=max(0.0, ctx.deadline - loop.time()),
                                          return_when=asyncio.FIRST_COMPLETED)
             if work in done and isinstance(work.exception(), Stalled):
-                outcome = await self._cancel("stalled")
+                cancel_source = "stalled"
             elif work in done:
                 work.result()  # re-raise unexpected errors
                 if not ctx.stream:
                     await self._send_full(send)
-                outcome = _outcome(state.finish)
             elif watcher in done:
-                outcome = await self._cancel("disconnect")
+                cancel_source = "disconnect"
             else:
-                outcome = await self._cancel("deadline")
+                cancel_source = "deadline"
                 await self._send_timeout(send)
         finally:
+            self.closing = True
             for task in (watcher, work):
                 task.cancel()
-            for task in (watcher, work):
-                with contextlib.suppress(BaseException):
-                    await task
-            await self._settle(outcome)
+            # Clean-up runs in its own task with bounded waits: whatever happens to this one
+            # (cancelled at shutdown, an error above), the cancel and the settle still happen.
+            await asyncio.shield(self._finish(cancel_source, (watcher, work)))
+
+    async def _finish(self, cancel_source: str | None, tasks: tuple[asyncio.Task[Any], ...]) -> None:
+        await asyncio.wait(tasks, timeout=CLEANUP_TIMEOUT_S)
+        try:
+            async with asyncio.timeout(CLEANUP_TIMEOUT_S):
+                outcome = await self._cancel(cancel_source) if cancel_source else _outcome(
+                    self.state.finish)
+                await self._settle(outcome)
+        except Exception:
+            log.exception("clean-up of %s failed", self.ctx.request_id)
 
     async def _messages(self) -> Any:
         key, last = self.services.keys.out(self.ctx.request_id), "0-0"
         redis = self.services.redis
-        while True:
+        # ``closing`` also ends the loop if a cancellation was swallowed inside the client
+        while not self.closing:
             res = await redis.xread({key: last}, count=XREAD_COUNT, block=XREAD_BLOCK_MS)
             for _key, entries in res or []:
                 for entry_id, fields in entries:

@@ -50,7 +50,11 @@ def wait_clean(redis_url: str, namespace: str, timeout: float = 10.0) -> None:
         if not any(left.values()):
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"left in Redis: {left}")
+            r = redis_sync(redis_url)
+            detail = {m.decode(): r.hgetall(f"{namespace}:req:{m.decode()}")
+                      for k in r.scan_iter(f"{namespace}:conc:*") for m in r.zrange(k, 0, -1)}
+            r.close()
+            raise AssertionError(f"left in Redis: {left}; leased requests: {detail}")
         time.sleep(0.05)
 
 

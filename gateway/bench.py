@@ -1,0 +1,274 @@
+"""``carpool bench gateway``: what the gateway adds on top of an instant engine.
+
+The engine is the FAKE echo engine (no model), so every millisecond measured is gateway:
+HTTP, auth, tokenization, the Lua admission, the Redis queue, the worker, the per-step
+pipelined output write and the relay back. One run, one table, ratios against baselines
+measured in the same run on the same machine:
+  direct     ``FakeEchoEngine.generate`` called in-process (no HTTP, no Redis)
+  http-floor ``GET /healthz`` through the same uvicorn process (the HTTP client+server cost)
+The gateway runs as its own process (``carpool serve --engine echo``); the load generator is
+this process (httpx), so on a small machine both share the CPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SECRET = "bench-secret"
+
+
+@dataclass
+class Row:
+    name: str
+    latencies_s: list[float]
+    wall_s: float
+    tokens: int = 0
+
+    def pct(self, q: float) -> float:
+        data = sorted(self.latencies_s)
+        return data[min(len(data) - 1, int(q * len(data)))] * 1000 if data else float("nan")
+
+    @property
+    def rps(self) -> float:
+        return len(self.latencies_s) / self.wall_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+
+async def _closed_loop(n: int, concurrency: int, one: Any) -> tuple[list[float], float, int]:
+    """``n`` calls of ``one()`` with ``concurrency`` in flight; returns latencies, wall, tokens."""
+    latencies: list[float] = []
+    tokens = 0
+    it = iter(range(n))
+
+    async def lane() -> None:
+        nonlocal tokens
+        for _ in it:
+            t0 = time.perf_counter()
+            n = await one()
+            latencies.append(time.perf_counter() - t0)
+            tokens += n
+
+    start = time.perf_counter()
+    await asyncio.gather(*(lane() for _ in range(concurrency)))
+    return latencies, time.perf_counter() - start, tokens
+
+
+async def _open_loop(rate: float, duration_s: float, one: Any) -> tuple[list[float], float]:
+    """Requests started at a fixed ``rate`` regardless of completions (latency under load)."""
+    latencies: list[float] = []
+
+    async def timed() -> None:
+        t0 = time.perf_counter()
+        await one()
+        latencies.append(time.perf_counter() - t0)
+
+    tasks, start = [], time.perf_counter()
+    for i in range(int(rate * duration_s)):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(timed()))
+    await asyncio.gather(*tasks)
+    return latencies, time.perf_counter() - start
+
+
+async def direct_rows(tokenizer: Any, args: argparse.Namespace) -> list[Row]:
+    from engine.sampling_params import SamplingParams
+    from gateway.echo_engine import FakeEchoEngine
+
+    engine = FakeEchoEngine(tokenizer, step_ms=args.step_ms)
+    await engine.start()
+    prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog",
+                              add_special_tokens=False)
+    counter = iter(range(10 ** 9))
+
+    def call(max_tokens: int) -> Any:
+        async def one() -> int:
+            n = 0
+            async for out in engine.generate(f"d{next(counter)}", prompt,
+                                             SamplingParams(max_tokens=max_tokens)):
+                n += len(out.new_token_ids)
+            return n
+        return one
+
+    rows = []
+    lat, wall, tok = await _closed_loop(args.requests, args.concurrency, call(args.max_tokens))
+    rows.append(Row("direct (in-process engine.generate)", lat, wall, tok))
+    lat, wall, tok = await _closed_loop(args.concurrency * 2, args.concurrency,
+                                        call(args.stream_tokens))
+    rows.append(Row("direct streamed tokens", lat, wall, tok))
+    lat, wall = await _open_loop(args.rate, args.duration, call(args.max_tokens))
+    rows.append(Row(f"direct @ {args.rate:g} req/s", lat, wall))
+    await engine.shutdown()
+    return rows
+
+
+async def gateway_rows(url: str, key: str, args: argparse.Namespace) -> list[Row]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=args.concurrency * 4, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"},
+                                 limits=limits, timeout=60) as client:
+        def completion(max_tokens: int, stream: bool) -> Any:
+            body = {"model": "echo", "prompt": "The quick brown fox jumps over the lazy dog",
+                    "max_tokens": max_tokens, "stream": stream}
+
+            async def one() -> int:
+                if not stream:
+                    r = await client.post("/v1/completions", json=body)
+                    r.raise_for_status()
+                    return int(r.json()["usage"]["completion_tokens"])
+                n = 0
+                async with client.stream("POST", "/v1/completions", json=body) as r:
+                    r.raise_for_status()
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {"):
+                            n += 1
+                return n
+            return one
+
+        async def floor() -> int:
+            (await client.get("/healthz")).raise_for_status()
+            return 0
+
+        await _closed_loop(64, 8, completion(args.max_tokens, False))  # warm-up
+        rows = []
+        for name, fn in (("http-floor (GET /healthz)", floor),
+                         ("gateway non-streaming", completion(args.max_tokens, False)),
+                         ("gateway streaming", completion(args.max_tokens, True))):
+            lat, wall, tok = await _closed_loop(args.requests, args.concurrency, fn)
+            rows.append(Row(name, lat, wall, tok))
+        lat, wall, tok = await _closed_loop(args.concurrency * 2, args.concurrency,
+                                            completion(args.stream_tokens, True))
+        rows.append(Row("gateway streamed tokens", lat, wall, tok))
+        lat, wall = await _open_loop(args.rate, args.duration, completion(args.max_tokens, False))
+        rows.append(Row(f"gateway @ {args.rate:g} req/s", lat, wall))
+    return rows
+
+
+def start_gateway(redis_url: str, port: int, model: str | None,
+                  step_ms: float) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--engine", "echo", "--port", str(port),
+           "--no-demo", "--namespace", "bench", "--echo-step-ms", str(step_ms)]
+    if model:
+        cmd += ["--model", model]
+    env = {**os.environ, "REDIS_URL": redis_url, "CARPOOL_SECRET": SECRET}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("gateway process exited")
+        try:
+            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("gateway not ready")
+
+
+async def make_key(redis_url: str) -> str:
+    import redis.asyncio as aioredis
+
+    from gateway.redis_keys import RedisKeys
+    from gateway.tenants import Tenant, TenantStore
+
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        store = TenantStore(client, RedisKeys("bench"), SECRET.encode())
+        await store.put(Tenant("bench"))
+        key, _ = await store.issue_key("bench")
+        return key
+    finally:
+        await client.aclose()
+
+
+def table(direct: list[Row], gw: list[Row], args: argparse.Namespace) -> str:
+    base = {"nonstream": direct[0], "tokens": direct[1], "rate": direct[2]}
+    lines = ["| path | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | tokens/s | "
+             "req/s vs direct |", "|---|---|---|---|---|---|---|---|"]
+    for row in direct + gw:
+        ref = base["rate"] if "@" in row.name else (
+            base["tokens"] if "tokens" in row.name else base["nonstream"])
+        added = row is not ref and "direct" not in row.name
+        lines.append(
+            f"| {row.name} | {row.pct(0.5):.2f} | {row.pct(0.99):.2f} | "
+            f"{row.pct(0.5) - ref.pct(0.5):.2f} | {row.pct(0.99) - ref.pct(0.99):.2f} | "
+            if added else f"| {row.name} | {row.pct(0.5):.2f} | {row.pct(0.99):.2f} | - | - | ")
+        lines[-1] += (f"{row.rps:.0f} | {row.tokens_per_s:.0f} | "
+                      f"{row.rps / ref.rps:.3f} |" if "@" not in row.name else
+                      f"{row.rps:.0f} (offered {args.rate:g}) | - | - |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="carpool bench gateway", description=__doc__)
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--stream-tokens", type=int, default=512)
+    p.add_argument("--rate", type=float, default=200.0)
+    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--step-ms", type=float, default=1.0,
+                   help="fake engine step time, the same for the direct baseline")
+    p.add_argument("--model", default=None, help="tokenizer source dir (default: SmolLM2)")
+    p.add_argument("--json", default=None, help="also write the rows here")
+    args = p.parse_args(argv)
+
+    from engine.model_loader import load_tokenizer, resolve_model_dir
+    from gateway.redis_server import EmbeddedRedis
+
+    tokenizer = load_tokenizer(resolve_model_dir(args.model))
+    direct = asyncio.run(direct_rows(tokenizer, args))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with EmbeddedRedis() as redis:
+        proc = start_gateway(redis.url, port, args.model, args.step_ms)
+        try:
+            wait_ready(url, proc)
+            key = asyncio.run(make_key(redis.url))
+            gw = asyncio.run(gateway_rows(url, key, args))
+        finally:
+            proc.terminate()
+            proc.wait(15)
+    print(f"carpool bench gateway: FAKE echo engine, {args.requests} requests, concurrency "
+          f"{args.concurrency}, {args.step_ms:g} ms steps, {args.max_tokens} tokens each (streamed-token rows: "
+          f"{args.stream_tokens}); open loop at {args.rate:g} req/s for {args.duration:g} s; "
+          f"{os.cpu_count()} CPUs shared by client, gateway and Redis\n")
+    print(table(direct, gw, args))
+    if args.json:
+        Path(args.json).write_text(json.dumps([{
+            "name": r.name, "p50_ms": r.pct(0.5), "p99_ms": r.pct(0.99), "rps": r.rps,
+            "tokens_per_s": r.tokens_per_s, "mean_ms": statistics.fmean(r.latencies_s) * 1000}
+            for r in direct + gw], indent=2))
+    return 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

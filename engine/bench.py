@@ -208,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     probe = LLMEngine.from_kwargs(model=args.model, dtype="float32", num_blocks=8)
-    model_dir, cfg, tok = probe.runner.model_dir, probe.runner.hf_config, probe.tokenizer
+    from engine.model_loader import load_hf_config
+
+    model_dir, tok = probe.runner.model_dir, probe.tokenizer
+    cfg = load_hf_config(model_dir)
     del probe
     wl = make_workload(tok, args.num_requests, args.short, args.long)
     small = wl.head(min(args.small_n, args.num_requests))

@@ -12,12 +12,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, SchedulerOutput
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -44,6 +45,9 @@ class LLMEngine:
         self._ids = itertools.count()
         self.step_count = 0
         self.last_step_seconds = 0.0
+        # Called after every step with (SchedulerOutput, step seconds): telemetry hooks in here.
+        self.step_observers: list[Callable[[SchedulerOutput, float], None]] = []
+        self._stats = self.scheduler.stats
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> LLMEngine:
@@ -70,6 +74,7 @@ class LLMEngine:
         )
         self.outputs.add(request)
         self.scheduler.add_request(request)
+        self._stats = self.scheduler.stats
         return rid
 
     def _with_extra_eos(self, params: SamplingParams) -> SamplingParams:
@@ -84,13 +89,16 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> None:
         self.scheduler.abort_request(request_id)
+        self._stats = self.scheduler.stats
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
     @property
     def stats(self) -> SchedulerStats:
-        return self.scheduler.stats
+        """A snapshot taken on the stepping thread after the last step/add/abort: safe to read
+        from another thread (the scheduler itself is only touched by the stepping thread)."""
+        return self._stats
 
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
@@ -100,6 +108,9 @@ class LLMEngine:
         outputs = [self._emit(r) for r in changed]
         self.step_count += 1
         self.last_step_seconds = time.perf_counter() - start
+        self._stats = self.scheduler.stats
+        for observe in self.step_observers:
+            observe(out, self.last_step_seconds)
         return outputs
 
     def _emit(self, request: Request) -> RequestOutput:

@@ -123,8 +123,10 @@ async def gateway_rows(url: str, key: str, args: argparse.Namespace) -> list[Row
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"},
                                  limits=limits, timeout=60) as client:
         def completion(max_tokens: int, stream: bool) -> Any:
-            body = {"model": "echo", "prompt": "The quick brown fox jumps over the lazy dog",
-                    "max_tokens": max_tokens, "stream": stream}
+            body: dict[str, Any] = {"model": "echo", "max_tokens": max_tokens, "stream": stream,
+                                    "prompt": "The quick brown fox jumps over the lazy dog"}
+            if stream:  # events may carry several tokens: count them from the usage chunk
+                body["stream_options"] = {"include_usage": True}
 
             async def one() -> int:
                 if not stream:
@@ -135,8 +137,8 @@ async def gateway_rows(url: str, key: str, args: argparse.Namespace) -> list[Row
                 async with client.stream("POST", "/v1/completions", json=body) as r:
                     r.raise_for_status()
                     async for line in r.aiter_lines():
-                        if line.startswith("data: {"):
-                            n += 1
+                        if line.startswith('data: {') and '"usage"' in line:
+                            n = int(json.loads(line[6:])["usage"]["completion_tokens"])
                 return n
             return one
 

@@ -9,6 +9,7 @@ tier is empty it blocks on all of them at once, so an idle worker reacts within 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 
 from engine.protocol import EngineClient
@@ -18,11 +19,13 @@ from policies.wrr import smooth_wrr_pick
 
 IDLE_BLOCK_MS = 200
 NO_ROOM_WAIT_S = 0.05
+MAX_PULL = 8  # entries per round trip; bounded by the engine's free seats
 
 
 class Drainer:
     def __init__(self, queues: TierQueues, engine: EngineClient, consumer: str,
-                 weights: Mapping[str, int], start: Callable[[Envelope], Awaitable[None]]) -> None:
+                 weights: Mapping[str, int],
+                 start: Callable[[list[Envelope]], Awaitable[None]]) -> None:
         self.queues = queues
         self.engine = engine
         self.consumer = consumer
@@ -41,17 +44,33 @@ class Drainer:
             if not open_tiers:
                 await self._wait_for_room()
                 continue
-            for env in await self._pull(open_tiers):
-                await self.start(env)
+            envs = await self._pull(open_tiers)
+            if envs:
+                await self.start(envs)
+
+    def _batch_size(self) -> int:
+        load = self.engine.load()
+        seats = load.max_num_seqs - load.num_running - load.num_swapped - load.num_waiting
+        return max(1, min(MAX_PULL, seats))
 
     async def _pull(self, open_tiers: list[str]) -> list[Envelope]:
+        """The next entries in WRR order: the picks for up to ``_batch_size()`` seats are
+        planned with the backlogs known, then read with one pipelined XREADGROUP per tier."""
         backlog = await self.queues.backlogs()
-        eligible = [t for t in open_tiers if backlog.get(t, 0) > 0 and self.weights[t] > 0]
-        if not eligible:
+        left = {t: backlog.get(t, 0) for t in open_tiers
+                if backlog.get(t, 0) > 0 and self.weights[t] > 0}
+        if not left:
             return await self.queues.read(open_tiers, self.consumer, block_ms=IDLE_BLOCK_MS)
-        tier, self.scores = smooth_wrr_pick(self.weights, self.scores, eligible)
-        assert tier is not None
-        return await self.queues.read([tier], self.consumer, block_ms=None)
+        plan: list[str] = []
+        while left and len(plan) < self._batch_size():
+            tier, self.scores = smooth_wrr_pick(self.weights, self.scores, list(left))
+            assert tier is not None
+            plan.append(tier)
+            left[tier] -= 1
+            if not left[tier]:
+                del left[tier]
+        got = await self.queues.read_counts(dict(Counter(plan)), self.consumer)
+        return [got[t].pop(0) for t in plan if got.get(t)]
 
     async def _wait_for_room(self) -> None:
         self.room.clear()

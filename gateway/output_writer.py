@@ -56,27 +56,36 @@ class OutputWriter:
 
     async def _write(self, items: list[tuple[Inflight, RequestOutput]]) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        touched: set[str] = set()
-        for rec, out in items:
+        for rec, outs in _by_request(items):
             key = self.keys.out(rec.request_id)
+            last = outs[-1]
             if rec.reader_gone:
-                if out.finished:
+                if last.finished:
                     pipe.delete(key)
             else:
-                if out.new_token_ids or out.text_delta:
-                    pipe.xadd(key, encode(TokenMsg(list(out.new_token_ids), out.text_delta)))
-                    touched.add(key)
-                if out.finished:
-                    pipe.xadd(key, encode(_finish(out)))
-                    touched.add(key)
-            if out.finished:
+                # steps that queued up behind a slow write become one message per request
+                ids = [t for o in outs for t in o.new_token_ids]
+                text = "".join(o.text_delta for o in outs)
+                if ids or text:
+                    pipe.xadd(key, encode(TokenMsg(ids, text)))
+                if last.finished:
+                    pipe.xadd(key, encode(_finish(last)))
+                pipe.expire(key, self.ttl)
+            if last.finished:
                 pipe.hset(self.keys.req(rec.request_id), "state", "finished")
                 await self.queues.done(rec.tier, rec.entry_id, pipe)
-                pipe.hincrby(self.keys.stats, _outcome(out), 1)
-        for key in touched:
-            pipe.expire(key, self.ttl)
+                pipe.hincrby(self.keys.stats, _outcome(last), 1)
         await pipe.execute()
         self.writes += 1
+
+
+def _by_request(items: list[tuple[Inflight, RequestOutput]]
+                ) -> list[tuple[Inflight, list[RequestOutput]]]:
+    """Group outputs by request, keeping each request's order (dicts keep insertion order)."""
+    groups: dict[str, tuple[Inflight, list[RequestOutput]]] = {}
+    for rec, out in items:
+        groups.setdefault(rec.request_id, (rec, []))[1].append(out)
+    return list(groups.values())
 
 
 def _finish(out: RequestOutput) -> FinishMsg:

@@ -67,20 +67,35 @@ class TierQueues:
             out[tier] = max(0, int(res[2 * i]) - int(pending))
         return out
 
-    async def read(self, tiers: Iterable[str], consumer: str, block_ms: int | None) -> list[Envelope]:
-        """Up to one new entry from each of ``tiers`` (blocking up to ``block_ms`` if given)."""
+    async def read(self, tiers: Iterable[str], consumer: str, block_ms: int | None,
+                   count: int = 1) -> list[Envelope]:
+        """Up to ``count`` new entries from each of ``tiers`` (blocking up to ``block_ms``)."""
         streams = {self.keys.queue(t): ">" for t in tiers}
         if not streams:
             return []
-        res = await self.redis.xreadgroup(GROUP, consumer, streams, count=1, block=block_ms)
+        res = await self.redis.xreadgroup(GROUP, consumer, streams, count=count, block=block_ms)
         return [self._envelope(key, eid, fields) for key, entries in res or [] for eid, fields in entries]
 
-    async def claim(self, request_id: str, consumer: str, reclaim: bool) -> str:
-        res = await self._claim(
-            keys=[self.keys.req(request_id), self.keys.out(request_id)],
-            args=[consumer, 1 if reclaim else 0],
-        )
-        return res.decode() if isinstance(res, bytes) else str(res)
+    async def read_counts(self, counts: dict[str, int], consumer: str) -> dict[str, list[Envelope]]:
+        """``counts[tier]`` new entries per tier, in one pipelined round trip (non-blocking)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for tier, n in counts.items():
+            pipe.xreadgroup(GROUP, consumer, {self.keys.queue(tier): ">"}, count=n)
+        out: dict[str, list[Envelope]] = {}
+        for tier, res in zip(counts, await pipe.execute()):
+            out[tier] = [self._envelope(key, eid, fields)
+                         for key, entries in res or [] for eid, fields in entries]
+        return out
+
+    async def claim_many(self, request_ids: list[str], consumer: str, reclaim: bool) -> list[str]:
+        """Claim each request (queued -> running) in one pipelined round trip."""
+        if not request_ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for rid in request_ids:
+            await self._claim(keys=[self.keys.req(rid), self.keys.out(rid)],
+                        args=[consumer, 1 if reclaim else 0], client=pipe)
+        return [r.decode() if isinstance(r, bytes) else str(r) for r in await pipe.execute()]
 
     async def heartbeat(self, tier: str, consumer: str, entry_ids: list[str]) -> None:
         """Reset the idle time of our pending entries so nobody reclaims live work."""

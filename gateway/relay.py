@@ -104,24 +104,25 @@ class RelayResponse:
         except Exception:
             log.exception("clean-up of %s failed", self.ctx.request_id)
 
-    async def _messages(self) -> Any:
+    async def _batches(self) -> Any:
+        """Lists of messages, one list per XREAD (everything written since the last one)."""
         key, last = self.services.keys.out(self.ctx.request_id), "0-0"
         redis = self.services.redis
         # ``closing`` also ends the loop if a cancellation was swallowed inside the client
         while not self.closing:
             res = await redis.xread({key: last}, count=XREAD_COUNT, block=XREAD_BLOCK_MS)
             for _key, entries in res or []:
-                for entry_id, fields in entries:
-                    last = entry_id
-                    yield decode(fields)
+                last = entries[-1][0]
+                yield [decode(fields) for _id, fields in entries]
 
     async def _collect(self) -> None:
-        async for msg in self._messages():
-            if isinstance(msg, TokenMsg):
-                self._on_tokens(msg)
-            elif isinstance(msg, FinishMsg):
-                self.state.finish = msg
-                return
+        async for batch in self._batches():
+            for msg in batch:
+                if isinstance(msg, TokenMsg):
+                    self._on_tokens(msg)
+                elif isinstance(msg, FinishMsg):
+                    self.state.finish = msg
+                    return
 
     async def _stream(self, send: Send) -> None:
         ctx, fmt = self.ctx, self.ctx.formatter
@@ -131,22 +132,24 @@ class RelayResponse:
         self.state.headers_sent = True
         if fmt.kind == "chat":
             await self._body(send, fmt.chunk("", first=True))
-        async for msg in self._messages():
-            if isinstance(msg, TokenMsg):
-                self._on_tokens(msg)
-                if msg.text:
-                    await self._body(send, fmt.chunk(msg.text))
-            elif isinstance(msg, FinishMsg):
-                self.state.finish = msg
-                if msg.finish_reason == "error":
-                    await self._body(send, sse(_finish_error(msg).body()))
-                else:
-                    await self._body(send, fmt.chunk(None, msg.finish_reason))
-                    if ctx.include_usage:
-                        await self._body(send, fmt.usage_chunk(ctx.prompt_tokens,
-                                                               self.state.completion_tokens))
-                await self._body(send, SSE_DONE, more=False)
-                return
+        async for batch in self._batches():
+            out = bytearray()  # one socket write per batch, however many events it holds
+            for msg in batch:
+                if isinstance(msg, TokenMsg):
+                    self._on_tokens(msg)
+                    if msg.text:
+                        out += fmt.chunk(msg.text)
+                elif isinstance(msg, FinishMsg):
+                    self.state.finish = msg
+                    if msg.finish_reason == "error":
+                        out += sse(_finish_error(msg).body())
+                    else:
+                        out += fmt.chunk(None, msg.finish_reason)
+                        if ctx.include_usage:
+                            out += fmt.usage_chunk(ctx.prompt_tokens, self.state.completion_tokens)
+                    await self._body(send, bytes(out + SSE_DONE), more=False)
+                    return
+            await self._body(send, bytes(out))
 
     def _on_tokens(self, msg: TokenMsg) -> None:
         state = self.state

@@ -92,29 +92,37 @@ class Worker:
         self.drainer.room.set()
         self.events.engine_step(len(outputs), self.engine.load(), outputs)
 
-    async def _start(self, env: Envelope, reclaim: bool = False) -> None:
-        """Run one envelope, or drop it (cancelled, past deadline, lost) and ack it."""
-        msg = env.msg
-        if msg is None:  # deleted by a cancel before we read it
-            await self.queues.done(env.tier, env.entry_id)
-            return
-        rid = msg.request_id
-        if rid in self.inflight:
-            return  # our own entry (reclaim raced our heartbeat)
-        status = await self.queues.claim(rid, self.consumer, reclaim)
-        rec = Inflight(rid, env.tier, env.entry_id)
-        if status == "run" and time.time() > msg.deadline_unix > 0:
-            self._finish_now(rec, msg, "error", "deadline exceeded before the request started")
-        elif status == "run":
-            self._run(rec, msg)
-            mark = await self.redis.hget(self.keys.req(rid), "cancel")
+    async def _start(self, envs: list[Envelope], reclaim: bool = False) -> None:
+        """Run a batch of envelopes, or drop them (cancelled, past deadline, lost) and ack
+        them: one pipelined claim round trip and one for the acks and cancel checks."""
+        todo = [e for e in envs if e.msg is not None and e.msg.request_id not in self.inflight]
+        pipe = self.redis.pipeline(transaction=False)
+        for env in envs:
+            if env.msg is None:  # deleted by a cancel before we read it
+                await self.queues.done(env.tier, env.entry_id, pipe)
+        statuses = await self.queues.claim_many(
+            [e.msg.request_id for e in todo if e.msg is not None], self.consumer, reclaim)
+        started: list[str] = []
+        for env, status in zip(todo, statuses):
+            msg = env.msg
+            assert msg is not None
+            rec = Inflight(msg.request_id, env.tier, env.entry_id)
+            if status == "run" and time.time() > msg.deadline_unix > 0:
+                self._finish_now(rec, msg, "error", "deadline exceeded before the request started")
+            elif status == "run":
+                self._run(rec, msg)
+                started.append(msg.request_id)
+                pipe.hget(self.keys.req(msg.request_id), "cancel")
+            elif status == "lost":
+                self._finish_now(rec, msg, "error", LOST_ERROR)
+            else:  # cancelled / finished / gone: whoever cancelled it told the reader
+                await self.queues.done(env.tier, env.entry_id, pipe)
+                self.events.dropped(msg.request_id, status)
+        results = await pipe.execute()
+        marks = [r for r in results if r is None or isinstance(r, bytes)]  # the HGETs only
+        for rid, mark in zip(started, marks):
             if mark is not None:  # a cancel raced our claim: its publish found no owner
                 self._cancel(CancelMsg(rid, reader_gone=mark == b"gone"))
-        elif status == "lost":
-            self._finish_now(rec, msg, "error", LOST_ERROR)
-        else:  # cancelled / finished / gone: whoever cancelled it told the reader
-            await self.queues.done(env.tier, env.entry_id)
-            self.events.dropped(rid, status)
 
     def _run(self, rec: Inflight, msg: SubmitMsg) -> None:
         self.inflight[rec.request_id] = rec
@@ -159,8 +167,9 @@ class Worker:
             for tier, ids in by_tier.items():
                 await self.queues.heartbeat(tier, self.consumer, ids)
             for tier in self.queues.tiers:
-                for env in await self.queues.autoclaim(tier, self.consumer, min_idle_ms):
-                    await self._start(env, reclaim=True)
+                reclaimed = await self.queues.autoclaim(tier, self.consumer, min_idle_ms)
+                if reclaimed:
+                    await self._start(reclaimed, reclaim=True)
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

@@ -94,6 +94,7 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
             info = model or await asyncio.to_thread(load_model_info, config)
         svc = Services.create(config, redis, secret, info, events or events_for(
             config.role, trace_console=config.trace_console))
+        svc.mux.start()
         if config.tenants_file:
             await load_tenants(svc.store, config.tenants_file)
         if config.admin_key:
@@ -111,6 +112,7 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
             if svc.worker is not None:
                 await svc.worker.stop()
             await svc.events.stop()
+            await svc.mux.stop()
             if eng is not None and engine is None:
                 await eng.shutdown()
             await redis.aclose()

@@ -1,7 +1,7 @@
 """Relays one admitted request's output stream (``out:{id}``) to its HTTP client.
 
-The response is an ASGI callable that runs two tasks: the relay (XREAD the output stream,
-write SSE chunks or collect the full body) and a watcher on the ASGI receive channel for
+The response is an ASGI callable that runs two tasks: the relay (read the output stream through
+the process's ``OutputMux``, write SSE chunks or collect the full body) and a watcher on the ASGI receive channel for
 ``http.disconnect``. Whichever ends first decides: a finished relay answers; a disconnect, the
 request's deadline, or a client that stops reading (a send blocked past the stall timeout)
 cancels the request end to end. In every case the quota reservation is settled exactly once.
@@ -21,15 +21,13 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.cancel import wait_for_disconnect
 from gateway.errors import APIError, error_bytes
-from gateway.messages import FinishMsg, TokenMsg, decode
+from gateway.messages import FinishMsg, TokenMsg
 from gateway.openai_format import SSE_DONE, Formatter, sse
 from gateway.tenants import Tenant
 
 log = logging.getLogger("carpool.gateway")
 
-XREAD_BLOCK_MS = 1000
 CLEANUP_TIMEOUT_S = 5.0
-XREAD_COUNT = 1024
 
 
 class Stalled(Exception):
@@ -105,15 +103,14 @@ class RelayResponse:
             log.exception("clean-up of %s failed", self.ctx.request_id)
 
     async def _batches(self) -> Any:
-        """Lists of messages, one list per XREAD (everything written since the last one)."""
-        key, last = self.services.keys.out(self.ctx.request_id), "0-0"
-        redis = self.services.redis
-        # ``closing`` also ends the loop if a cancellation was swallowed inside the client
-        while not self.closing:
-            res = await redis.xread({key: last}, count=XREAD_COUNT, block=XREAD_BLOCK_MS)
-            for _key, entries in res or []:
-                last = entries[-1][0]
-                yield [decode(fields) for _id, fields in entries]
+        """Lists of messages, one list per read of the process's output mux."""
+        mux, key = self.services.mux, self.services.keys.out(self.ctx.request_id)
+        queue = mux.register(key)
+        try:
+            while not self.closing:
+                yield await queue.get()
+        finally:
+            mux.unregister(key)
 
     async def _collect(self) -> None:
         async for batch in self._batches():

@@ -11,6 +11,7 @@ from gateway.config import GatewayConfig
 from gateway.events import GatewayEvents
 from gateway.keys import key_digest, looks_like_key
 from gateway.model_info import ModelInfo
+from gateway.output_mux import OutputMux
 from gateway.quota import QuotaEnforcer
 from gateway.redis_keys import RedisKeys
 from gateway.tenants import Tenant, TenantStore
@@ -61,6 +62,7 @@ class Services:
     canceller: Canceller
     model: ModelInfo
     events: GatewayEvents
+    mux: Any = None  # OutputMux: the one reader of every in-flight output stream
     engine: Any = None  # set when this process also runs a worker
     worker: Any = None
 
@@ -76,5 +78,5 @@ class Services:
             auth=AuthCache(store, secret, config.auth_cache_s),
             quota=QuotaEnforcer(redis, keys, config.queue_max_len, lease_ms, req_ttl),
             canceller=Canceller(redis, keys, config.stream_ttl_s),
-            model=model, events=events,
+            model=model, events=events, mux=OutputMux(redis),
         )

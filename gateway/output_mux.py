@@ -1,0 +1,76 @@
+"""One reader per gateway process for every in-flight request's output stream.
+
+Instead of one blocking XREAD (and one Redis connection) per request, a single loop issues
+one XREAD over all active ``out:{id}`` streams and hands each request its new entries. Under
+load one round trip serves every stream that moved; a newly registered stream joins at the
+next turn (the block is short, ``BLOCK_MS``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from gateway.messages import Message, decode
+
+log = logging.getLogger("carpool.gateway")
+
+BLOCK_MS = 2
+COUNT = 1024
+
+
+class _Stream:
+    __slots__ = ("last", "queue")
+
+    def __init__(self) -> None:
+        self.last = "0-0"
+        self.queue: asyncio.Queue[list[Message]] = asyncio.Queue()
+
+
+class OutputMux:
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+        self._streams: dict[str, _Stream] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="output-mux")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def register(self, key: str) -> asyncio.Queue[list[Message]]:
+        stream = self._streams.setdefault(key, _Stream())
+        self._wake.set()
+        return stream.queue
+
+    def unregister(self, key: str) -> None:
+        self._streams.pop(key, None)
+
+    async def _run(self) -> None:
+        while True:
+            if not self._streams:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                res = await self.redis.xread({k: s.last for k, s in self._streams.items()},
+                                             count=COUNT, block=BLOCK_MS)
+            except Exception:  # keep serving: a Redis hiccup must not end every stream
+                log.exception("output reader failed; retrying")
+                await asyncio.sleep(0.1)
+                continue
+            for key, entries in res or []:
+                stream = self._streams.get(key.decode() if isinstance(key, bytes) else key)
+                if stream is None or not entries:
+                    continue
+                stream.last = entries[-1][0]
+                stream.queue.put_nowait([decode(fields) for _id, fields in entries])

@@ -88,10 +88,13 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
         eng = engine
         if config.role == "all" and eng is None:
             eng = await asyncio.to_thread(build_engine, config, model)
+        info: ModelInfo
         if eng is not None:  # the engine's own limits win (e.g. a capped max_model_len)
             info = ModelInfo.from_engine(eng)
+        elif model is not None:
+            info = model
         else:
-            info = model or await asyncio.to_thread(load_model_info, config)
+            info = await asyncio.to_thread(load_model_info, config)
         svc = Services.create(config, redis, secret, info, events or events_for(
             config.role, trace_console=config.trace_console))
         svc.mux.start()

@@ -205,8 +205,8 @@ async def make_key(redis_url: str) -> str:
 
 def table(direct: list[Row], gw: list[Row], args: argparse.Namespace) -> str:
     base = {"nonstream": direct[0], "tokens": direct[1], "rate": direct[2]}
-    lines = ["| path | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | tokens/s | "
-             "req/s vs direct |", "|---|---|---|---|---|---|---|---|"]
+    lines = [("| path | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | tokens/s | "
+             "req/s vs direct |"), "|---|---|---|---|---|---|---|---|"]
     for row in direct + gw:
         ref = base["rate"] if "@" in row.name else (
             base["tokens"] if "tokens" in row.name else base["nonstream"])

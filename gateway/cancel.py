@@ -13,7 +13,7 @@ stream instead of writing into it, so nothing is left behind in Redis.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from gateway.messages import CancelMsg, FinishMsg, encode, encode_payload
@@ -70,7 +70,8 @@ class Canceller:
         return raw.decode() if raw is not None else None
 
 
-async def wait_for_disconnect(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+async def wait_for_disconnect(
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]]) -> None:
     """Return when the client goes away. Works for streaming and non-streaming handlers alike:
     once the body has been read, the next ``receive()`` only completes with
     ``http.disconnect`` (Starlette's ``is_disconnected()`` does not see it for non-streaming

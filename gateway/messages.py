@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from engine.sampling_params import SamplingParams
 
@@ -73,7 +73,7 @@ class CancelMsg:
     reason: str = "cancelled"
 
 
-Message = Union[SubmitMsg, TokenMsg, FinishMsg, CancelMsg]
+Message = SubmitMsg | TokenMsg | FinishMsg | CancelMsg
 _TYPES: dict[str, type[Any]] = {
     "submit": SubmitMsg,
     "token": TokenMsg,

@@ -7,6 +7,7 @@ every gateway sees the change on its next lookup (tenant records are cached < 1 
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import time
 import tomllib
@@ -88,7 +89,7 @@ def load_tenants_file(path: str | Path) -> list[Tenant]:
         doc = tomllib.loads(path.read_text())
     tenants = doc.get("tenants", {})
     if not isinstance(tenants, dict):
-        raise ValueError(f"{path}: 'tenants' must be a table of tenant ids")
+        raise ValueError(f"{path}: 'tenants' must be a table of tenant ids")  # noqa: TRY004
     return [tenant_from_dict(str(tid), dict(body)) for tid, body in tenants.items()]
 
 
@@ -128,7 +129,7 @@ class TenantStore:
         h = await self.redis.hgetall(self.keys.tenant(tenant_id))
         return _from_hash(tenant_id, h) if h else None
 
-    async def list(self) -> list[Tenant]:
+    async def list(self) -> builtins.list[Tenant]:
         ids = sorted(m.decode() for m in await self.redis.smembers(self.keys.tenants))
         found = [await self.get(tid) for tid in ids]
         return [t for t in found if t is not None]
@@ -156,7 +157,7 @@ class TenantStore:
         await pipe.execute()
         return key, key_id(digest)
 
-    async def list_keys(self, tenant_id: str) -> list[str]:
+    async def list_keys(self, tenant_id: str) -> builtins.list[str]:
         return sorted(k.decode() for k in await self.redis.hkeys(self.keys.tenant_keys(tenant_id)))
 
     async def revoke_key(self, tenant_id: str, kid: str) -> bool:

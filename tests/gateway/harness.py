@@ -31,11 +31,11 @@ def free_port() -> int:
 
 
 def make_config(**overrides: Any) -> GatewayConfig:
-    values: dict[str, Any] = dict(
-        namespace=f"t{uuid.uuid4().hex[:10]}", engine="echo", port=free_port(),
-        request_timeout_s=60.0, stall_timeout_s=10.0, visibility_timeout_s=5.0,
-        create_demo_tenant=False, state_dir="/nonexistent",
-    )
+    values: dict[str, Any] = {
+        "namespace": f"t{uuid.uuid4().hex[:10]}", "engine": "echo", "port": free_port(),
+        "request_timeout_s": 60.0, "stall_timeout_s": 10.0, "visibility_timeout_s": 5.0,
+        "create_demo_tenant": False, "state_dir": "/nonexistent",
+    }
     values.update(overrides)
     return GatewayConfig(**values)
 

@@ -11,7 +11,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest

@@ -47,8 +47,8 @@ def test_models_and_chat(client: openai.OpenAI) -> None:
 
 def test_chat_streaming_matches(client: openai.OpenAI) -> None:
     model = client.models.list().data[0].id
-    kwargs: dict[str, Any] = dict(model=model, max_tokens=16, temperature=0,
-                                  messages=[{"role": "user", "content": "Say hello."}])
+    kwargs: dict[str, Any] = {"model": model, "max_tokens": 16, "temperature": 0,
+                                  "messages": [{"role": "user", "content": "Say hello."}]}
     full = client.chat.completions.create(**kwargs).choices[0].message.content
     chunks = list(client.chat.completions.create(
         **kwargs, stream=True, stream_options={"include_usage": True}))

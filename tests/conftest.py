@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Servers, Redis and engines share 2 cores in these tests: no OpenMP busy-waiting (see
+# gateway/cli.py). Set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 from pathlib import Path

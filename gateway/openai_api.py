@@ -47,6 +47,8 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
         body = json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # '[[[[...' nested past the parser's stack
+        raise bad_request("request body is nested too deeply") from exc
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
     return body

@@ -6,12 +6,14 @@ anything else on bad input (wrong types, missing fields, out-of-range values).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import APIError, bad_request
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
+MAX_STOP_CHARS = 256
 MAX_STOP = 4
 
 
@@ -58,13 +60,15 @@ def _common(body: dict[str, Any], served_model: str) -> dict[str, Any]:
         max_tokens = _typed(body, "max_tokens", (int,), None)
     if max_tokens is not None and max_tokens < 1:
         raise bad_request("'max_tokens' must be >= 1", param="max_tokens")
-    temperature = float(_typed(body, "temperature", (int, float), 1.0))
+    temperature = _number(body, "temperature", 1.0)
     if not 0.0 <= temperature <= 2.0:
         raise bad_request("'temperature' must be between 0 and 2", param="temperature")
-    top_p = float(_typed(body, "top_p", (int, float), 1.0))
+    top_p = _number(body, "top_p", 1.0)
     if not 0.0 < top_p <= 1.0:
         raise bad_request("'top_p' must be in (0, 1]", param="top_p")
     seed = _typed(body, "seed", (int,), None)
+    if seed is not None and not -(2**63) <= seed < 2**63:
+        raise bad_request("'seed' must fit in 64 bits", param="seed")
     stream = _typed(body, "stream", (bool,), False)
     options = _typed(body, "stream_options", (dict,), None)
     if options is not None and not stream:
@@ -79,6 +83,17 @@ def _common(body: dict[str, Any], served_model: str) -> dict[str, Any]:
             "include_usage": include_usage, "service_tier": tier}
 
 
+def _number(body: dict[str, Any], key: str, default: float) -> float:
+    raw = _typed(body, key, (int, float), default)
+    try:
+        value = float(raw)
+    except OverflowError:  # a 400-digit integer is valid JSON
+        value = math.inf
+    if not math.isfinite(value):
+        raise bad_request(f"'{key}' must be a finite number", param=key)
+    return value
+
+
 def _stop(value: Any) -> list[str]:
     if value is None:
         return []
@@ -87,6 +102,10 @@ def _stop(value: Any) -> list[str]:
         raise bad_request("'stop' must be a non-empty string or a list of them", param="stop")
     if len(stops) > MAX_STOP:
         raise bad_request(f"'stop' allows at most {MAX_STOP} sequences", param="stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        # matching holds back up to len(stop) characters per step on the engine thread
+        raise bad_request(f"each 'stop' sequence allows at most {MAX_STOP_CHARS} characters",
+                          param="stop")
     return list(stops)
 
 

@@ -163,6 +163,10 @@ BAD_BODIES = [
     ({"prompt": "x", "n": 2}, 400, "n"),
     ({"prompt": "x", "max_tokens": 65}, 400, "max_tokens"),  # tenant max_max_tokens 64
     ({"prompt": "x", "service_tier": "gold"}, 400, "service_tier"),
+    ({"prompt": "x", "temperature": 10 ** 400}, 400, "temperature"),  # float() overflows
+    ({"prompt": "x", "top_p": -(10 ** 400)}, 400, "top_p"),
+    ({"prompt": "x", "seed": 2 ** 70}, 400, "seed"),
+    ({"prompt": "x", "stop": ["z" * 257]}, 400, "stop"),
 ]
 
 
@@ -191,7 +195,7 @@ def test_bad_chat_bodies(client: httpx.Client, model: str, body: dict[str, Any],
 
 
 def test_malformed_json_and_non_object(client: httpx.Client) -> None:
-    for raw in (b"{not json", b"[1, 2]", b"\xff\xfe", b""):
+    for raw in (b"{not json", b"[1, 2]", b"\xff\xfe", b"", b"[" * 100_000):
         r = client.post("/v1/completions", content=raw,
                         headers={"Content-Type": "application/json"})
         assert r.status_code == 400, (raw, r.text)

@@ -10,7 +10,7 @@ from typing import Any
 
 from engine.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "AsyncEngine", "LLMEngine", "EngineConfig"]
+__all__ = ["LLM", "AsyncEngine", "EngineConfig", "LLMEngine", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:

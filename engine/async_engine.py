@@ -10,6 +10,7 @@ pipelined Redis write).
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
@@ -20,6 +21,8 @@ from engine.engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.protocol import EngineLoad, StepCallback
 from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.05
 _HOLD_WAIT_S = 0.002
@@ -70,6 +73,9 @@ class AsyncEngine:
         if request_id in self._live:
             raise ValueError(f"duplicate request id {request_id!r}")
         self._live.add(request_id)
+        if not self.healthy:  # the step thread died: fail the request now, never hang it
+            self._fail([request_id], self.step_error or RuntimeError("engine not running"))
+            return
         self._inbox.put(("add", (request_id, list(prompt_token_ids), params, priority)))
         self._wake.set()
 
@@ -112,10 +118,15 @@ class AsyncEngine:
             lowest_running_priority=s.lowest_running_priority,
         )
 
+    @property
+    def healthy(self) -> bool:
+        """False once the step thread has died (or before start): /readyz reports it."""
+        return self.step_error is None and self._thread is not None and self._thread.is_alive()
+
     def has_capacity(self, priority: int) -> bool:
         from policies.admission import engine_has_capacity
 
-        return engine_has_capacity(self.load(), priority)
+        return self.healthy and engine_has_capacity(self.load(), priority)
 
     # -- step thread ----------------------------------------------------------------------
 
@@ -134,10 +145,10 @@ class AsyncEngine:
                     # e.g. dynamic batching holding requests for max_wait_ms: don't spin
                     self._wake.wait(_HOLD_WAIT_S)
                     self._wake.clear()
-        except BaseException as exc:  # surface to callers instead of hanging them
+        except Exception as exc:  # surface to callers instead of hanging them
+            logger.exception("engine step thread died; failing every request")
             self.step_error = exc
-            self._fail_all(exc)
-            raise
+            self._fail(list(self._live), exc)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -168,11 +179,11 @@ class AsyncEngine:
         for cb in self._callbacks:
             cb(outputs)
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def _fail(self, request_ids: list[str], exc: BaseException) -> None:
         if self._loop is None:
             return
         outs = [
             RequestOutput(rid, [], "", True, "error", error=f"engine failed: {exc!r}")
-            for rid in list(self._live)
+            for rid in request_ids
         ]
         self._publish(outs)

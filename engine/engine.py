@@ -72,8 +72,8 @@ class LLMEngine:
             arrival_time=arrival_time,
             eos_token_id=self.runner.eos_token_id,
         )
+        self.scheduler.add_request(request)  # first: a rejected duplicate must not touch state
         self.outputs.add(request)
-        self.scheduler.add_request(request)
         self._stats = self.scheduler.stats
         return rid
 

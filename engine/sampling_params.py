@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request samples and when it stops.
 
-    temperature == 0 means greedy. top_k == 0 and top_p == 1.0 disable those filters.
+    temperature == 0 (or below 1e-5) means greedy. top_k == 0 and top_p == 1.0 disable those filters.
     A seed makes sampling reproducible whatever else is in the batch: the generator for
     output token i is derived from (seed, i) alone.
     """
@@ -43,4 +45,5 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below this, logits / temperature overflows (and is argmax in the limit anyway).
+        return self.temperature < GREEDY_BELOW

@@ -183,6 +183,8 @@ async def healthz(request: Request) -> Response:
 async def readyz(request: Request) -> Response:
     svc: Services | None = getattr(request.app.state, "services", None)
     checks = {"model": svc is not None and svc.model is not None, "redis": False}
+    if svc is not None and svc.engine is not None:
+        checks["engine"] = bool(getattr(svc.engine, "healthy", True))
     if svc is not None:
         try:
             checks["redis"] = bool(await svc.redis.ping())

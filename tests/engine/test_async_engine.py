@@ -11,7 +11,7 @@ from engine.sampling_params import SamplingParams
 
 
 def make_engine(model_dir: Path, **overrides: object) -> AsyncEngine:
-    kw: dict[str, object] = dict(model=str(model_dir), dtype="float32", num_blocks=64)
+    kw: dict[str, object] = {"model": str(model_dir), "dtype": "float32", "num_blocks": 64}
     kw.update(overrides)
     return AsyncEngine.from_kwargs(**kw)
 
@@ -98,3 +98,22 @@ async def test_never_fitting_request_fails_fast_with_error(tiny_model_dir: Path)
 
 async def _collect(gen):  # type: ignore[no-untyped-def]
     return [o async for o in gen]
+
+
+async def test_a_dead_step_thread_fails_requests_instead_of_hanging(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+
+    def broken_step() -> list:  # type: ignore[type-arg]
+        raise RuntimeError("kernel exploded")
+
+    engine.engine.step = broken_step  # type: ignore[method-assign]
+    await engine.start()
+    try:
+        params = SamplingParams(max_tokens=4)
+        first = await asyncio.wait_for(_collect(engine.generate("a", [1, 2], params)), 10)
+        assert first[-1].finish_reason == "error" and "kernel exploded" in (first[-1].error or "")
+        assert not engine.healthy and not engine.has_capacity(0)
+        later = await asyncio.wait_for(_collect(engine.generate("b", [1, 2], params)), 10)
+        assert later[-1].finish_reason == "error"
+    finally:
+        await engine.shutdown()

@@ -29,7 +29,7 @@ def feed(tokenizer: Any, text: str, stop: tuple[str, ...] = (), chunk: int = 1):
         req.output_token_ids.extend(ids[i : i + chunk])
         if req.num_output_tokens == len(ids):
             req.status = RequestStatus.FINISHED_LENGTH
-        out, hit = proc.process(req)
+        out, _ = proc.process(req)
         outs.append(out)
         if out.finished:
             break

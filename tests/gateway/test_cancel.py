@@ -55,15 +55,17 @@ def test_stream_disconnect_frees_everything(tiny_gateway: Any, keys: dict[str, s
                                             model: str, redis_url: str) -> None:
     ns = tiny_gateway.config.namespace
     aborted_before = stat(redis_url, ns, "aborted")
-    with httpx.Client(base_url=tiny_gateway.url, headers=auth(keys["a"]), timeout=30) as c:
-        with c.stream("POST", "/v1/completions", json=long_request(model, True)) as r:
-            assert r.status_code == 200
-            seen = 0
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    seen += 1
-                if seen == 3:
-                    break  # leaving the block closes the connection mid-stream
+    with (
+        httpx.Client(base_url=tiny_gateway.url, headers=auth(keys["a"]), timeout=30) as c,
+        c.stream("POST", "/v1/completions", json=long_request(model, True)) as r,
+    ):
+        assert r.status_code == 200
+        seen = 0
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                seen += 1
+            if seen == 3:
+                break  # leaving the block closes the connection mid-stream
     assert tiny_gateway.engine.load().num_running <= 1
     wait_engine_idle(tiny_gateway)
     wait_clean(redis_url, ns)
@@ -97,25 +99,27 @@ def _first_event(lines: Any) -> dict[str, Any]:
 def test_explicit_cancel_owner_only(tiny_gateway: Any, keys: dict[str, str], model: str,
                                     redis_url: str) -> None:
     url, ns = tiny_gateway.url, tiny_gateway.config.namespace
-    with httpx.Client(base_url=url, timeout=30) as c:
-        with c.stream("POST", "/v1/completions", json=long_request(model, True),
-                      headers=auth(keys["a"])) as r:
-            lines = r.iter_lines()
-            rid = _first_event(lines)["id"]
-            # BOLA: tenant B can neither read nor cancel A's request, and learns nothing
-            for method, path in (("GET", f"/v1/requests/{rid}"),
-                                 ("POST", f"/v1/requests/{rid}/cancel")):
-                other = c.request(method, path, headers=auth(keys["b"]))
-                missing = c.request(method, path.replace(rid, "cmpl-" + "0" * 32),
-                                    headers=auth(keys["b"]))
-                assert other.status_code == 404 and missing.status_code == 404
-                assert other.json()["error"]["message"].replace(rid, "X") == \
-                    missing.json()["error"]["message"].replace("cmpl-" + "0" * 32, "X")
-            assert c.get(f"/v1/requests/{rid}", headers=auth(keys["a"])).json()["status"] \
-                == "running"
-            done = c.post(f"/v1/requests/{rid}/cancel", headers=auth(keys["a"]))
-            assert done.status_code == 200 and done.json()["status"] == "cancelled"
-            rest = [ln[6:] for ln in lines if ln.startswith("data: ")]
+    with (
+        httpx.Client(base_url=url, timeout=30) as c,
+        c.stream("POST", "/v1/completions", json=long_request(model, True),
+                 headers=auth(keys["a"])) as r,
+    ):
+        lines = r.iter_lines()
+        rid = _first_event(lines)["id"]
+        # BOLA: tenant B can neither read nor cancel A's request, and learns nothing
+        for method, path in (("GET", f"/v1/requests/{rid}"),
+                             ("POST", f"/v1/requests/{rid}/cancel")):
+            other = c.request(method, path, headers=auth(keys["b"]))
+            missing = c.request(method, path.replace(rid, "cmpl-" + "0" * 32),
+                                headers=auth(keys["b"]))
+            assert other.status_code == 404 and missing.status_code == 404
+            assert other.json()["error"]["message"].replace(rid, "X") == \
+                missing.json()["error"]["message"].replace("cmpl-" + "0" * 32, "X")
+        assert c.get(f"/v1/requests/{rid}", headers=auth(keys["a"])).json()["status"] \
+            == "running"
+        done = c.post(f"/v1/requests/{rid}/cancel", headers=auth(keys["a"]))
+        assert done.status_code == 200 and done.json()["status"] == "cancelled"
+        rest = [ln[6:] for ln in lines if ln.startswith("data: ")]
     assert rest[-1] == "[DONE]"
     assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "abort"
     wait_engine_idle(tiny_gateway)

@@ -5,10 +5,10 @@ from policies.admission import MAX_ENGINE_WAITING, engine_has_capacity
 
 
 def make_load(**overrides: object) -> EngineLoad:
-    base: dict[str, object] = dict(
-        num_running=0, num_waiting=0, num_swapped=0, num_free_blocks=100,
-        num_total_blocks=100, max_num_seqs=8, lowest_running_priority=None,
-    )
+    base: dict[str, object] = {
+        "num_running": 0, "num_waiting": 0, "num_swapped": 0, "num_free_blocks": 100,
+        "num_total_blocks": 100, "max_num_seqs": 8, "lowest_running_priority": None,
+    }
     base.update(overrides)
     return EngineLoad(**base)  # type: ignore[arg-type]
 

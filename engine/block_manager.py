@@ -104,6 +104,9 @@ class BlockManager:
     def num_device_blocks_of(self, request_id: str) -> int:
         return len(self._tables.get(request_id, ()))
 
+    def get_cpu_block_ids(self, request_id: str) -> list[int]:
+        return list(self._cpu_tables.get(request_id, ()))
+
     def num_cpu_blocks_of(self, request_id: str) -> int:
         return len(self._cpu_tables.get(request_id, ()))
 

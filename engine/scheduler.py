@@ -99,6 +99,7 @@ class Scheduler:
         if req is None or req.is_finished:
             return
         self._counts.aborts += 1
+        self._drop_pending_swap_out(request_id)
         self._finish(req, RequestStatus.FINISHED_ABORTED)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> None:
@@ -112,8 +113,18 @@ class Scheduler:
         req = self._requests.get(request_id)
         if req is None or req.is_finished:
             return
+        self._drop_pending_swap_out(request_id)
         self._finish(req, status, returned=False)
         self._requests.pop(request_id, None)
+
+    def _drop_pending_swap_out(self, request_id: str) -> None:
+        # A swap-out decided between steps has not been copied yet; once the request is gone
+        # its CPU blocks are free again, and a second copy into them in the same step would
+        # race with this one.
+        cpu = set(self.block_manager.get_cpu_block_ids(request_id))
+        if cpu and self._between_steps.swap_out:
+            plan = self._between_steps
+            plan.swap_out = [(d, c) for d, c in plan.swap_out if c not in cpu]
 
     def preempt_request(self, request_id: str, mode: PreemptionMode | None = None) -> bool:
         """Preempt a running request now (tests, operator tools); False if it is not running.

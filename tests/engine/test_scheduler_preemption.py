@@ -294,3 +294,22 @@ def test_swapped_requests_resume_before_waiting_ones_in_priority_order() -> None
     run_to_completion(sched, runner)
     for r in (a, b, c, waiting):
         assert r.output_token_ids == reference_tokens(r)
+
+
+def test_abort_after_a_between_steps_swap_out_drops_its_copies() -> None:
+    # preempt(swap) between steps queues copies into CPU blocks; aborting the request frees
+    # those blocks, so its queued copies must go too (else two copies target one CPU block).
+    sched = make_scheduler(num_blocks=16, num_cpu_blocks=4, block_size=4)
+    a, b = make_requests(2, prompt_len=6, max_tokens=20)
+    sched.add_request(a)
+    sched.add_request(b)
+    runner = FakeRunner(sched)
+    out = sched.schedule()
+    sched.update_from_output(out, runner.execute(out))
+    assert sched.preempt_request(a.request_id, "swap")
+    sched.abort_request(a.request_id)
+    assert sched.preempt_request(b.request_id, "swap")
+    out = sched.schedule()
+    cpu_targets = [c for _, c in out.swap_out]
+    assert len(cpu_targets) == len(set(cpu_targets)) == 2  # only b's two blocks
+    sched.block_manager.check_integrity()

@@ -63,6 +63,10 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10.0)
             self._thread = None
+        # The thread may stop before it reports those aborts: end every open stream here.
+        left = [RequestOutput(rid, [], "", True, "abort") for rid in list(self._live)]
+        if left:
+            self._dispatch(left)
 
     # -- requests -------------------------------------------------------------------------
 

@@ -117,3 +117,13 @@ async def test_a_dead_step_thread_fails_requests_instead_of_hanging(tiny_model_d
         assert later[-1].finish_reason == "error"
     finally:
         await engine.shutdown()
+
+
+async def test_shutdown_ends_open_streams(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    await engine.start()
+    gen = engine.generate("s", [3, 3, 3], SamplingParams(max_tokens=100_000, ignore_eos=True))
+    await gen.__anext__()
+    await engine.shutdown()
+    rest = await asyncio.wait_for(_collect(gen), timeout=5)
+    assert rest and rest[-1].finished and rest[-1].finish_reason == "abort"

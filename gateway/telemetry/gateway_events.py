@@ -96,7 +96,8 @@ class TelemetryEvents(GatewayEvents):
         self.preemption_mode = getattr(config, "preemption_mode", self.preemption_mode)
         observers = getattr(llm_engine, "step_observers", None)
         if isinstance(observers, list):
-            self._observer = StepObserver(self.telemetry.metrics, self.preemption_mode)
+            self._observer = StepObserver(self.telemetry.metrics, self.preemption_mode,
+                                          getattr(llm_engine, "scheduler", None))
             observers.append(self._observer)
             self._observers = observers
             self.telemetry.engine_sampler.observe_steps = False
@@ -245,3 +246,5 @@ class TelemetryEvents(GatewayEvents):
             trace.on_prefill_chunk(fact.attrs["start"], fact.attrs["tokens"], at_ns=fact.at_ns)
         elif fact.kind == "preempted":
             trace.on_preempted(fact.attrs["mode"], at_ns=fact.at_ns)
+        elif fact.kind == "swap":
+            trace.on_swap(fact.attrs["direction"], fact.attrs["blocks"], at_ns=fact.at_ns)

@@ -85,8 +85,8 @@ class WorkerRequestTrace:
             end = monotonic_to_epoch_ns(out.finish_time) if out.finish_time else now_ns()
             self._finish(out.finish_reason or "stop", end, out.num_output_tokens, out.error)
 
-    # on_prefill_chunk / on_swap take per-step facts (which request got which prefill chunk,
-    # swap traffic); the engine's outputs do not carry them yet, so today nothing calls them.
+    # on_prefill_chunk / on_preempted / on_swap take per-step facts, which the StepObserver
+    # hands over (drained on the event loop) when the engine offers step observers.
     def on_prefill_chunk(self, start_pos: int, num_tokens: int, at_ns: int | None = None) -> None:
         """A chunk computed for this request. Until the first token is seen it is part of the
         initial prefill (stamps taken at step end can lie a hair past the first token's);

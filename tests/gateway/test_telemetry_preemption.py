@@ -1,5 +1,7 @@
 """Preemption shows in the trace and the metrics: two long requests on a KV cache that only
-holds one of them, in recompute and in swap mode (real engine, tiny random model)."""
+holds one of them, in recompute and in swap mode, and in swap mode with a CPU pool too small to
+swap into (the engine falls back to recompute, and the trace says so). Real engine, tiny
+random model."""
 
 from __future__ import annotations
 
@@ -25,12 +27,17 @@ def _complete(url: str, key: str, model: str, out: list[int]) -> None:
     out.append(resp.status_code)
 
 
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_preemption_event_and_counter(mode: str, redis_url: str, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize(("configured", "cpu_blocks", "mode"), [
+    ("recompute", 16, "recompute"),
+    ("swap", 16, "swap"),
+    ("swap", 1, "recompute"),  # no room on the CPU: every swap falls back to recompute
+])
+def test_preemption_event_and_counter(configured: str, cpu_blocks: int, mode: str,
+                                      redis_url: str, tiny_model_dir: Path) -> None:
     telemetry, exporter = make_telemetry()
     # 9 blocks of 16 = 144 slots: one request (~12 + 90 tokens) fits, two do not
-    engine = {"num_blocks": 9, "num_cpu_blocks": 16, "block_size": 16, "max_num_seqs": 4,
-              "preemption_mode": mode, "enable_prefix_caching": False}
+    engine = {"num_blocks": 9, "num_cpu_blocks": cpu_blocks, "block_size": 16,
+              "max_num_seqs": 4, "preemption_mode": configured, "enable_prefix_caching": False}
     config = make_config(engine="real", model=str(tiny_model_dir), engine_options=engine)
     with run_gateway(config, redis_url, events=TelemetryEvents(telemetry)) as gw:
         key = make_tenant(redis_url, config.namespace, "acme")
@@ -54,4 +61,26 @@ def test_preemption_event_and_counter(mode: str, redis_url: str, tiny_model_dir:
     ended = [s for s in exporter.get_finished_spans()
              if (s.attributes or {}).get(names.NUM_PREEMPTIONS, 0) > 0]
     assert ended, "the preempted request's last span does not count its preemptions"
+    other = "swap" if mode == "recompute" else "recompute"
+    assert sample_value(telemetry, "carpool_preemptions_total", mode=other) == 0
+    _check_swap_events(exporter.get_finished_spans(), swapped=mode == "swap")
     telemetry.shutdown()
+
+
+def _check_swap_events(spans: list[Any], swapped: bool) -> None:
+    """Per request: one swap-out per swap preemption, each with the blocks that moved, and a
+    swap-in with the same blocks (both requests finished, so each swapped one came back)."""
+    by_request: dict[str, list[Any]] = {}
+    for span in spans:
+        rid = (span.attributes or {}).get(names.REQUEST_ID)
+        by_request.setdefault(str(rid), []).extend(span.events)
+    seen = 0
+    for events in by_request.values():
+        pre = [e for e in events if e.name == names.EVENT_PREEMPTION]
+        outs = [e.attributes[names.NUM_BLOCKS] for e in events if e.name == names.EVENT_SWAP_OUT]
+        ins = [e.attributes[names.NUM_BLOCKS] for e in events if e.name == names.EVENT_SWAP_IN]
+        assert len(outs) == (len(pre) if swapped else 0)
+        assert sorted(ins) == sorted(outs)
+        assert all(n > 0 for n in outs)
+        seen += len(outs)
+    assert (seen > 0) == swapped

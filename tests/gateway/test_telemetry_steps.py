@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from engine.outputs import RequestOutput, ScheduledRequest, SchedulerOutput
+from engine.request import RequestStatus
 from engine.sampling_params import SamplingParams
 from gateway.telemetry import names
 from gateway.telemetry.gateway_events import TelemetryEvents
@@ -37,6 +38,38 @@ def test_observer_counts_every_step_and_records_chunks() -> None:
     assert facts[0].attrs == {"start": 0, "tokens": 16}
     assert facts[2].attrs == {"mode": "swap"}
     assert obs.drain() == []
+
+
+class _FakeScheduler:
+    """What the observer reads on the step thread: request status, CPU blocks held."""
+
+    def __init__(self, statuses: dict[str, RequestStatus], cpu_blocks: dict[str, int]) -> None:
+        self.statuses, self.cpu_blocks = statuses, cpu_blocks
+        self.block_manager = self
+
+    def get_request(self, rid: str) -> Any:
+        status = self.statuses.get(rid)
+        return None if status is None else type("Req", (), {"status": status})()
+
+    def num_cpu_blocks_of(self, rid: str) -> int:
+        return self.cpu_blocks.get(rid, 0)
+
+
+def test_observer_labels_the_real_preemption_mode_and_swaps() -> None:
+    tel, _ = make_telemetry()
+    sched = _FakeScheduler({"s": RequestStatus.SWAPPED, "f": RequestStatus.PREEMPTED}, {"s": 3})
+    obs = StepObserver(tel.metrics, "swap", sched)  # configured swap; "f" fell back
+    obs(SchedulerOutput(preempted_ids=["s", "f"], swap_out=[(1, 0), (2, 1), (3, 2)]), 0.01)
+    sched.statuses["s"] = RequestStatus.RUNNING
+    obs(SchedulerOutput(scheduled=[_sched("s", 30, 1, True)], swap_in=[(0, 5)] * 3), 0.01)
+    obs(SchedulerOutput(scheduled=[_sched("s", 31, 1, True)]), 0.01)  # no second swap-in
+    facts = [(f.request_id, f.kind, f.attrs) for f in obs.drain()]
+    assert facts == [
+        ("s", "preempted", {"mode": "swap"}),
+        ("s", "swap", {"direction": "out", "blocks": 3}),
+        ("f", "preempted", {"mode": "recompute"}),
+        ("s", "swap", {"direction": "in", "blocks": 3}),
+    ]
 
 
 class _FakeLLMEngine:

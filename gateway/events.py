@@ -45,9 +45,12 @@ class GatewayEvents:
 
     def request_finished(self, tenant_id: str, tier: str, request_id: str, finish_reason: str,
                          prompt_tokens: int, completion_tokens: int, total_s: float,
-                         engine_finish_reason: str | None = None) -> None:
+                         engine_finish_reason: str | None = None,
+                         queue_wait_s: float | None = None,
+                         num_preemptions: int | None = None) -> None:
         """``finish_reason``: completed | aborted | errored; ``engine_finish_reason``: the
-        engine's stop | length | abort | error when a FinishMsg arrived."""
+        engine's stop | length | abort | error when a FinishMsg arrived, and with it the
+        worker's ``queue_wait_s`` and ``num_preemptions`` when it sent them."""
 
     def request_cancelled(self, request_id: str, source: str) -> None:
         """source: disconnect | explicit | deadline | stalled"""

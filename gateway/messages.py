@@ -60,6 +60,10 @@ class FinishMsg:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    # What only the worker knows, for the gateway's request span (None: not known, or an
+    # older worker that does not send them).
+    queue_wait_s: float | None = None
+    num_preemptions: int | None = None
 
 
 @dataclass(frozen=True)

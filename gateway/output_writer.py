@@ -27,6 +27,7 @@ class Inflight:
     tier: str
     entry_id: str
     reader_gone: bool = False  # set by a cancel whose reader left
+    queue_wait_s: float | None = None  # enqueue -> taken by this worker (for the FinishMsg)
 
 
 class OutputWriter:
@@ -69,7 +70,7 @@ class OutputWriter:
                 if ids or text:
                     pipe.xadd(key, encode(TokenMsg(ids, text)))
                 if last.finished:
-                    pipe.xadd(key, encode(_finish(last)))
+                    pipe.xadd(key, encode(_finish(rec, last)))
                 pipe.expire(key, self.ttl)
             if last.finished:
                 pipe.hset(self.keys.req(rec.request_id), "state", "finished")
@@ -88,9 +89,10 @@ def _by_request(items: list[tuple[Inflight, RequestOutput]]
     return list(groups.values())
 
 
-def _finish(out: RequestOutput) -> FinishMsg:
+def _finish(rec: Inflight, out: RequestOutput) -> FinishMsg:
     return FinishMsg(out.finish_reason or "stop", out.num_prompt_tokens, out.num_output_tokens,
-                     out.error)
+                     out.error, queue_wait_s=rec.queue_wait_s,
+                     num_preemptions=out.num_preemptions)
 
 
 def _outcome(out: RequestOutput) -> str:

@@ -215,7 +215,9 @@ class RelayResponse:
         svc.events.request_finished(ctx.tenant.id, ctx.tier, ctx.request_id, outcome,
                                     ctx.prompt_tokens, used,
                                     asyncio.get_running_loop().time() - ctx.started,
-                                    engine_finish_reason=finish.finish_reason if finish else None)
+                                    engine_finish_reason=finish.finish_reason if finish else None,
+                                    queue_wait_s=finish.queue_wait_s if finish else None,
+                                    num_preemptions=finish.num_preemptions if finish else None)
 
 
 def _outcome(finish: FinishMsg | None) -> str:

@@ -131,6 +131,7 @@ class Worker:
         self.engine.add_request(rec.request_id, msg.prompt_token_ids, msg.sampling_params(),
                                 msg.priority)
         wait = max(0.0, time.time() - msg.arrival_unix) if msg.arrival_unix else 0.0
+        rec.queue_wait_s = wait  # the FinishMsg carries it to the gateway's request span
         self.events.dispatched(rec.tier, rec.request_id, wait, traceparent=msg.traceparent)
 
     def _finish_now(self, rec: Inflight, msg: SubmitMsg, reason: str, error: str) -> None:

@@ -177,13 +177,17 @@ class TelemetryEvents(GatewayEvents):
     @_safe
     def request_finished(self, tenant_id: str, tier: str, request_id: str, finish_reason: str,
                          prompt_tokens: int, completion_tokens: int, total_s: float,
-                         engine_finish_reason: str | None = None) -> None:
+                         engine_finish_reason: str | None = None,
+                         queue_wait_s: float | None = None,
+                         num_preemptions: int | None = None) -> None:
         """``finish_reason`` here is the relay's outcome (completed | aborted | errored);
-        ``engine_finish_reason`` the engine's own (stop | length | abort | error) if known."""
+        ``engine_finish_reason`` the engine's own (stop | length | abort | error) if known;
+        ``queue_wait_s``/``num_preemptions`` from the worker's FinishMsg (split roles)."""
         rec = self._recorders.pop(request_id, None)
         cause = self._causes.pop(request_id, None)
         if rec is None:
             return
+        rec.set_engine_info(queue_wait_s=queue_wait_s, num_preemptions=num_preemptions)
         reason = engine_finish_reason or {"aborted": "abort", "errored": "error"}.get(
             finish_reason, "stop")
         if cause is not None and reason != "error":

@@ -1,0 +1,24 @@
+"""FinishMsg's optional worker facts: they round-trip, and a FinishMsg from an older worker
+(without them) still decodes, with None for what it did not say."""
+
+from __future__ import annotations
+
+import json
+
+from gateway.messages import FinishMsg, decode, decode_payload, encode, encode_payload
+
+
+def test_finish_round_trips_queue_wait_and_preemptions() -> None:
+    msg = FinishMsg("length", 12, 90, queue_wait_s=0.25, num_preemptions=2)
+    assert decode(encode(msg)) == msg
+    assert decode_payload(encode_payload(msg)) == msg
+    raw = {k.encode(): v.encode() for k, v in encode(msg).items()}  # as redis-py returns it
+    assert decode(raw) == msg
+
+
+def test_finish_from_an_older_worker_decodes() -> None:
+    old = {"t": "finish", "d": json.dumps({"finish_reason": "stop", "prompt_tokens": 3,
+                                           "completion_tokens": 4, "error": None})}
+    msg = decode(old)
+    assert isinstance(msg, FinishMsg)
+    assert (msg.completion_tokens, msg.queue_wait_s, msg.num_preemptions) == (4, None, None)

@@ -9,10 +9,12 @@ tier is empty it blocks on all of them at once, so an idle worker reacts within 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 
 from engine.protocol import EngineClient
+from gateway.backoff import run_forever
 from gateway.queues import Envelope, TierQueues
 from policies.tiers import tier_priority
 from policies.wrr import smooth_wrr_pick
@@ -20,6 +22,8 @@ from policies.wrr import smooth_wrr_pick
 IDLE_BLOCK_MS = 200
 NO_ROOM_WAIT_S = 0.05
 MAX_PULL = 8  # entries per round trip; bounded by the engine's free seats
+
+log = logging.getLogger("carpool.worker")
 
 
 class Drainer:
@@ -36,17 +40,21 @@ class Drainer:
         self.paused = False  # tests hold the drainer to build a backlog
 
     async def run(self) -> None:
-        while True:
-            if self.paused:
-                await asyncio.sleep(0.01)
-                continue
-            open_tiers = [t for t in self.weights if self.engine.has_capacity(tier_priority(t))]
-            if not open_tiers:
-                await self._wait_for_room()
-                continue
-            envs = await self._pull(open_tiers)
-            if envs:
-                await self.start(envs)
+        # Entries read before a failure stay pending for us; the worker's maintenance
+        # reclaims them once idle for the visibility timeout.
+        await run_forever(self._step, "drainer", log)
+
+    async def _step(self) -> None:
+        if self.paused:
+            await asyncio.sleep(0.01)
+            return
+        open_tiers = [t for t in self.weights if self.engine.has_capacity(tier_priority(t))]
+        if not open_tiers:
+            await self._wait_for_room()
+            return
+        envs = await self._pull(open_tiers)
+        if envs:
+            await self.start(envs)
 
     def _batch_size(self) -> int:
         load = self.engine.load()

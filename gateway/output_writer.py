@@ -10,13 +10,17 @@ reader is gone (client disconnected, deadline), its stream is deleted instead of
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from engine.outputs import RequestOutput
+from gateway.backoff import run_forever
 from gateway.messages import FinishMsg, TokenMsg, encode
 from gateway.queues import TierQueues
 from gateway.redis_keys import RedisKeys
+
+log = logging.getLogger("carpool.worker")
 
 
 @dataclass
@@ -38,21 +42,31 @@ class OutputWriter:
         self.ttl = stream_ttl_s
         self._queue: asyncio.Queue[list[tuple[Inflight, RequestOutput]]] = asyncio.Queue()
         self.writes = 0  # pipelines executed (one per step when keeping up)
+        self._retry: list[tuple[Inflight, RequestOutput]] = []  # a batch whose write failed
 
     def submit(self, items: list[tuple[Inflight, RequestOutput]]) -> None:
         if items:
             self._queue.put_nowait(items)
 
     async def run(self) -> None:
-        while True:
-            items = await self._queue.get()
-            while not self._queue.empty():  # coalesce steps produced during the last write
-                items.extend(self._queue.get_nowait())
+        await run_forever(self._step, "output writer", log)
+
+    async def _step(self) -> None:
+        """One write. A failed batch is written again, ahead of newer outputs, at the next
+        step (after the backoff): losing a finish would hang its reader until the deadline,
+        while a repeat only happens if the failure came after Redis applied the pipeline."""
+        items, self._retry = self._retry or await self._queue.get(), []
+        while not self._queue.empty():  # coalesce steps produced during the last write
+            items.extend(self._queue.get_nowait())
+        try:
             await self._write(items)
+        except Exception:
+            self._retry = items
+            raise
 
     async def flush(self) -> None:
         """Wait until everything submitted so far is written (tests, shutdown)."""
-        while not self._queue.empty():
+        while not self._queue.empty() or self._retry:
             await asyncio.sleep(0.005)
 
     async def _write(self, items: list[tuple[Inflight, RequestOutput]]) -> None:

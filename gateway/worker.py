@@ -20,6 +20,7 @@ from typing import Any
 
 from engine.outputs import RequestOutput
 from engine.protocol import EngineClient
+from gateway.backoff import run_forever
 from gateway.config import GatewayConfig
 from gateway.drainer import Drainer
 from gateway.events import GatewayEvents
@@ -61,7 +62,8 @@ class Worker:
         self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         await self._pubsub.subscribe(self.keys.cancel_channel)
         for coro, name in ((self.writer.run(), "writer"), (self.drainer.run(), "drainer"),
-                           (self._cancels(), "cancels"), (self._maintenance(), "maintenance")):
+                           (run_forever(self._cancel_step, "cancel listener", log), "cancels"),
+                           (run_forever(self._maintain, "maintenance", log), "maintenance")):
             task = asyncio.create_task(coro, name=f"worker-{name}")
             task.add_done_callback(_report_crash)
             self._tasks.append(task)
@@ -142,14 +144,17 @@ class Worker:
 
     # -- cancellation ---------------------------------------------------------------------
 
-    async def _cancels(self) -> None:
-        async for message in self._pubsub.listen():
-            try:
-                msg = decode_payload(message["data"])
-            except MessageError:
-                continue
-            if isinstance(msg, CancelMsg):
-                self._cancel(msg)
+    async def _cancel_step(self) -> None:
+        """Handle the next message on the cancel channel (blocks until one arrives)."""
+        message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+        if message is None or message.get("type") != "message":
+            return
+        try:
+            msg = decode_payload(message["data"])
+        except MessageError:
+            return
+        if isinstance(msg, CancelMsg):
+            self._cancel(msg)
 
     def _cancel(self, msg: CancelMsg) -> None:
         rec = self.inflight.get(msg.request_id)
@@ -159,20 +164,19 @@ class Worker:
 
     # -- liveness -------------------------------------------------------------------------
 
-    async def _maintenance(self) -> None:
-        period = self.config.visibility_timeout_s / 3
+    async def _maintain(self) -> None:
+        """One maintenance round, a third of the visibility timeout after the last."""
+        await asyncio.sleep(self.config.visibility_timeout_s / 3)
         min_idle_ms = int(self.config.visibility_timeout_s * 1000)
-        while True:
-            await asyncio.sleep(period)
-            by_tier: dict[str, list[str]] = {}
-            for rec in list(self.inflight.values()):
-                by_tier.setdefault(rec.tier, []).append(rec.entry_id)
-            for tier, ids in by_tier.items():
-                await self.queues.heartbeat(tier, self.consumer, ids)
-            for tier in self.queues.tiers:
-                reclaimed = await self.queues.autoclaim(tier, self.consumer, min_idle_ms)
-                if reclaimed:
-                    await self._start(reclaimed, reclaim=True)
+        by_tier: dict[str, list[str]] = {}
+        for rec in list(self.inflight.values()):
+            by_tier.setdefault(rec.tier, []).append(rec.entry_id)
+        for tier, ids in by_tier.items():
+            await self.queues.heartbeat(tier, self.consumer, ids)
+        for tier in self.queues.tiers:
+            reclaimed = await self.queues.autoclaim(tier, self.consumer, min_idle_ms)
+            if reclaimed:
+                await self._start(reclaimed, reclaim=True)
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

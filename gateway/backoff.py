@@ -1,0 +1,46 @@
+"""Keep a long-running loop alive through failures: retry its step with a bounded backoff.
+
+A Redis hiccup (a dropped connection, a failover) must not end a worker task for good: each
+loop runs one step at a time; a step that raises is logged and retried after a pause that
+doubles from ``FIRST_S`` up to ``MAX_S`` and resets after the next step that succeeds.
+Cancellation (``CancelledError``, a ``BaseException``) still ends the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import NoReturn
+
+FIRST_S = 0.05
+MAX_S = 2.0
+
+
+class Backoff:
+    def __init__(self, first_s: float = FIRST_S, max_s: float = MAX_S) -> None:
+        self.first_s = first_s
+        self.max_s = max_s
+        self.delay = 0.0  # 0: the last step succeeded
+
+    def reset(self) -> None:
+        self.delay = 0.0
+
+    def next_delay(self) -> float:
+        self.delay = min(self.max_s, self.delay * 2 if self.delay else self.first_s)
+        return self.delay
+
+
+async def run_forever(step: Callable[[], Awaitable[None]], name: str,
+                      log: logging.Logger) -> NoReturn:
+    """Call ``step()`` forever; failures are logged and retried with backoff."""
+    backoff = Backoff()
+    while True:
+        try:
+            await step()
+        except Exception:
+            delay = backoff.next_delay()
+            log.exception("%s failed; retrying in %.2fs", name, delay)
+            await asyncio.sleep(delay)
+        else:
+            backoff.reset()

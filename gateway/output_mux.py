@@ -13,7 +13,7 @@ import contextlib
 import logging
 from typing import Any
 
-from gateway.messages import Message, decode
+from gateway.messages import Message, MessageError, decode
 
 log = logging.getLogger("carpool.gateway")
 
@@ -73,4 +73,18 @@ class OutputMux:
                 if stream is None or not entries:
                     continue
                 stream.last = entries[-1][0]
-                stream.queue.put_nowait([decode(fields) for _id, fields in entries])
+                msgs = _decode_all(key, entries)
+                if msgs:
+                    stream.queue.put_nowait(msgs)
+
+
+def _decode_all(key: Any, entries: list[Any]) -> list[Message]:
+    """The entries' messages; a malformed entry is logged and skipped so it cannot end the
+    reader that every request of the process shares."""
+    out = []
+    for entry_id, fields in entries:
+        try:
+            out.append(decode(fields))
+        except MessageError:
+            log.exception("skipping malformed entry %r on %r", entry_id, key)
+    return out

@@ -75,8 +75,10 @@ class RelayResponse:
                                          return_when=asyncio.FIRST_COMPLETED)
             if work in done and isinstance(work.exception(), Stalled):
                 cancel_source = "stalled"
+            elif work in done and work.exception() is not None:
+                cancel_source = "error"  # nobody reads this output any more: stop generating
+                work.result()  # re-raise; the clean-up below still cancels and settles
             elif work in done:
-                work.result()  # re-raise unexpected errors
                 if not ctx.stream:
                     await self._send_full(send)
             elif watcher in done:

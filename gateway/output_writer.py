@@ -22,6 +22,19 @@ from gateway.redis_keys import RedisKeys
 
 log = logging.getLogger("carpool.worker")
 
+# KEYS: req, out;  ARGV: finish type, finish data, ttl.  The final write and the state change
+# are one step against the cancel script (``cancel.py``): a reader that left before the finish
+# was written (its cancel mark is 'gone') gets its stream deleted, not recreated until the TTL.
+FINISH_LUA = """
+if redis.call('HGET', KEYS[1], 'cancel') == 'gone' then
+  redis.call('DEL', KEYS[2])
+else
+  redis.call('XADD', KEYS[2], '*', 't', ARGV[1], 'd', ARGV[2])
+  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
+end
+redis.call('HSET', KEYS[1], 'state', 'finished')
+"""
+
 
 @dataclass
 class Inflight:
@@ -43,6 +56,7 @@ class OutputWriter:
         self._queue: asyncio.Queue[list[tuple[Inflight, RequestOutput]]] = asyncio.Queue()
         self.writes = 0  # pipelines executed (one per step when keeping up)
         self._retry: list[tuple[Inflight, RequestOutput]] = []  # a batch whose write failed
+        self._finish_script = redis.register_script(FINISH_LUA)
 
     def submit(self, items: list[tuple[Inflight, RequestOutput]]) -> None:
         if items:
@@ -83,9 +97,11 @@ class OutputWriter:
                 text = "".join(o.text_delta for o in outs)
                 if ids or text:
                     pipe.xadd(key, encode(TokenMsg(ids, text)))
+                    pipe.expire(key, self.ttl)
                 if last.finished:
-                    pipe.xadd(key, encode(_finish(rec, last)))
-                pipe.expire(key, self.ttl)
+                    fin = encode(_finish(rec, last))
+                    await self._finish_script(keys=[self.keys.req(rec.request_id), key],
+                                              args=[fin["t"], fin["d"], self.ttl], client=pipe)
             if last.finished:
                 pipe.hset(self.keys.req(rec.request_id), "state", "finished")
                 await self.queues.done(rec.tier, rec.entry_id, pipe)

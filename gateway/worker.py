@@ -104,7 +104,7 @@ class Worker:
                 await self.queues.done(env.tier, env.entry_id, pipe)
         statuses = await self.queues.claim_many(
             [e.msg.request_id for e in todo if e.msg is not None], self.consumer, reclaim)
-        started: list[str] = []
+        started: list[tuple[str, int]] = []  # (request id, index of its HGET in the pipeline)
         for env, status in zip(todo, statuses):
             msg = env.msg
             assert msg is not None
@@ -113,7 +113,7 @@ class Worker:
                 self._finish_now(rec, msg, "error", "deadline exceeded before the request started")
             elif status == "run":
                 self._run(rec, msg)
-                started.append(msg.request_id)
+                started.append((msg.request_id, len(pipe)))
                 pipe.hget(self.keys.req(msg.request_id), "cancel")
             elif status == "lost":
                 self._finish_now(rec, msg, "error", LOST_ERROR)
@@ -123,10 +123,10 @@ class Worker:
                 await self.queues.done(env.tier, env.entry_id, pipe)
                 self.events.dropped(msg.request_id, status)
         results = await pipe.execute()
-        marks = [r for r in results if r is None or isinstance(r, bytes)]  # the HGETs only
-        for rid, mark in zip(started, marks):
+        for rid, at in started:
+            mark = results[at]
             if mark is not None:  # a cancel raced our claim: its publish found no owner
-                self._cancel(CancelMsg(rid, reader_gone=mark == b"gone"))
+                self._cancel(CancelMsg(rid, reader_gone=mark in (b"gone", "gone")))
 
     def _run(self, rec: Inflight, msg: SubmitMsg) -> None:
         self.inflight[rec.request_id] = rec

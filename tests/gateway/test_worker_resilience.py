@@ -3,6 +3,7 @@ later requests still complete (real embedded Redis, fake echo engine)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -10,7 +11,8 @@ import pytest
 import redis.exceptions
 
 from gateway.backoff import Backoff
-from tests.gateway.harness import make_tenant
+from gateway.messages import CancelMsg, encode_payload
+from tests.gateway.harness import make_tenant, redis_sync
 
 pytestmark = pytest.mark.timeout(60)
 BODY = {"model": "echo", "prompt": "hello there", "max_tokens": 12, "temperature": 0}
@@ -70,3 +72,40 @@ def test_backoff_doubles_to_a_cap_and_resets() -> None:
     assert [b.next_delay() for _ in range(5)] == [0.05, 0.1, 0.2, 0.3, 0.3]
     b.reset()
     assert b.next_delay() == 0.05
+
+
+def test_cancel_listener_survives_a_failure(echo_gateway: Any, client: httpx.Client,
+                                            redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = echo_gateway.services.worker
+    real, calls = worker._cancel, []
+
+    def flaky(msg: CancelMsg) -> None:
+        calls.append(msg.request_id)
+        if len(calls) == 1:
+            raise redis.exceptions.ConnectionError("injected: connection reset")
+        real(msg)
+
+    monkeypatch.setattr(worker, "_cancel", flaky)
+    r = redis_sync(redis_url)
+    try:
+        r.publish(worker.keys.cancel_channel, encode_payload(CancelMsg("nobody", True, "test")))
+    finally:
+        r.close()
+    deadline = time.monotonic() + 5
+    while not calls:
+        assert time.monotonic() < deadline, "the cancel listener never got the message"
+        time.sleep(0.01)
+    # a client that leaves mid-stream is still cancelled: ~1800 echo steps would take seconds
+    body = {"model": "echo", "prompt": "x", "max_tokens": 1800, "stream": True}
+    with client.stream("POST", "/v1/completions", json=body) as resp:
+        assert resp.status_code == 200
+        events = 0
+        for line in resp.iter_lines():
+            events += line.startswith("data: ")
+            if events == 3:
+                break
+    deadline = time.monotonic() + 1.5
+    while echo_gateway.engine.load().num_running:
+        assert time.monotonic() < deadline, "the engine kept generating after the disconnect"
+        time.sleep(0.01)
+    assert len(calls) == 2

@@ -9,7 +9,6 @@ next turn (the block is short, ``BLOCK_MS``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -19,6 +18,7 @@ log = logging.getLogger("carpool.gateway")
 
 BLOCK_MS = 2
 COUNT = 1024
+STOP_TIMEOUT_S = 2.0
 
 
 class _Stream:
@@ -43,8 +43,12 @@ class OutputMux:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Bounded: a cancel that lands on an in-flight redis-py read can be swallowed,
+            # and shutdown must not hang on it.
+            done, _ = await asyncio.wait({self._task}, timeout=STOP_TIMEOUT_S)
+            if not done:
+                log.warning("output reader did not stop within %.0f s; abandoning it",
+                            STOP_TIMEOUT_S)
             self._task = None
 
     def register(self, key: str) -> asyncio.Queue[list[Message]]:

@@ -27,6 +27,7 @@ from engine.model_loader import (
 from engine.models.llama import AttentionMetadata, LlamaArgs, LlamaForCausalLM
 from engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
 
 DTYPES = {
     "float32": torch.float32,
@@ -35,6 +36,7 @@ DTYPES = {
     "float64": torch.float64,
 }
 GIB = 1 << 30
+_PAD_PARAMS = SamplingParams(max_tokens=1)
 
 
 @dataclass
@@ -76,7 +78,9 @@ class ModelRunner:
                                 cache_config.kv_cache_memory_gb, self.bytes_per_block)
         self.num_cpu_blocks = _pick(num_cpu_blocks, cache_config.num_cpu_blocks,
                                     cache_config.swap_space_gb, self.bytes_per_block)
-        shape = (self.args.num_layers, 2, self.num_blocks, self.block_size,
+        # One block past the scheduler's pool is scratch for padding rows: never allocated.
+        self.padding_block = self.num_blocks
+        shape = (self.args.num_layers, 2, self.num_blocks + 1, self.block_size,
                  self.args.num_kv_heads, self.args.head_dim)
         # zeros, not empty: kernels may read (masked) past a sequence's end; never NaN garbage
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -105,13 +109,13 @@ class ModelRunner:
                 self.swap_in(out.swap_in)
             if not out.scheduled:
                 return ModelRunnerOutput()
-            step = self.prepare_inputs(out.scheduled)
+            step = self.prepare_inputs(out.scheduled, out.num_padding_rows)
             hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
             if not step.sample_rows:
                 return ModelRunnerOutput()
             logits = self.model.compute_logits(hidden[step.logits_indices])
             tokens = self.sampler.sample(
-                logits,
+                logits[: len(step.sample_rows)],  # padding rows' logits are discarded
                 [s.sampling_params for s in step.sample_rows],
                 [s.output_index for s in step.sample_rows],
             )
@@ -129,8 +133,16 @@ class ModelRunner:
         blocks = self.cpu_cache[:, :, torch.tensor(src)].to(self.device)
         self.kv_cache[:, :, torch.tensor(dst, device=self.device)] = blocks
 
-    def prepare_inputs(self, scheduled: list[ScheduledRequest]) -> StepInputs:
-        """Flatten the step into index tensors: one ``torch.tensor`` call per list."""
+    def prepare_inputs(
+        self, scheduled: list[ScheduledRequest], num_padding_rows: int = 0
+    ) -> StepInputs:
+        """Flatten the step into index tensors: one ``torch.tensor`` call per list.
+
+        ``num_padding_rows`` dummy one-token rows (a fixed-shape batch's finished seats) go
+        last, each a fresh sequence in the scratch block, with logits rows after the real ones.
+        """
+        pad = ScheduledRequest("", [0], 0, [self.padding_block], True, _PAD_PARAMS, 0)
+        scheduled = [*scheduled, *[pad] * num_padding_rows] if num_padding_rows else scheduled
         ids: list[int] = []
         positions: list[int] = []
         qsl = [0]
@@ -150,7 +162,8 @@ class ModelRunner:
             tables.append(s.block_ids)
             if s.sample:
                 logits_rows.append(qsl[-1] - 1)
-                sample_rows.append(s)
+                if s is not pad:
+                    sample_rows.append(s)
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]
         dev = self.device

@@ -42,6 +42,9 @@ class SchedulerOutput:
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu_block, device_block)
     preempted_ids: list[str] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)  # finished/aborted since last step
+    # Fixed-shape (static/dynamic) batches only: seats whose member finished while the batch
+    # runs. The runner computes that many dummy decode rows and discards them.
+    num_padding_rows: int = 0
 
     @property
     def num_batched_tokens(self) -> int:

@@ -40,7 +40,7 @@ from engine.request_checks import never_fits_reason, outgrown_reason, stop_statu
 from engine.request_queue import RequestQueue
 from engine.stats import SchedulerCounters, SchedulerStats
 from engine.step_plan import StepPlan
-from policies.batching import AdmissionSnapshot, get_admission_policy
+from policies.batching import AdmissionSnapshot, get_admission_policy, padding_rows
 from policies.preemption import VictimCandidate, choose_victim, may_preempt_for
 
 _OK, _NO_BUDGET, _NO_ROOM = "ok", "budget", "room"
@@ -71,6 +71,7 @@ class Scheduler:
         self._to_return: dict[str, Request] = {}  # finished between updates (abort, error)
         self._finished_ids: list[str] = []  # for the next SchedulerOutput
         self._batch_filling = False
+        self._batch_seats = 0  # members the current batch started with (fixed-shape modes)
         self._between_steps = StepPlan(budget=0)  # preemptions made outside schedule()
         self._counts = SchedulerCounters()
 
@@ -168,11 +169,16 @@ class Scheduler:
         carried, self._between_steps = self._between_steps, StepPlan(budget=0)
         plan.swap_out.extend(carried.swap_out)
         plan.preempted_ids.extend(carried.preempted_ids)
+        if not self.running:
+            self._batch_seats = 0  # the last batch is over
         self._schedule_running(plan)
         if not plan.memory_preempted:
             self._schedule_swapped(plan)
             self._schedule_waiting(plan)
+        self._batch_seats = max(self._batch_seats, len(self.running))
         out = plan.to_output(self._finished_ids)
+        mode, seats = self.config.batching, self._batch_seats
+        out.num_padding_rows = padding_rows(mode, seats, len(self.running))
         self._finished_ids = []
         self._counts.num_steps += 1
         self._counts.num_scheduled_tokens = self.config.max_num_batched_tokens - plan.budget

@@ -14,6 +14,12 @@ and the token budget.
   budget or by free blocks keeps filling on the next steps (``batch_filling``).
 - ``dynamic``: like static, but a new batch starts only when it would be full (waiting >=
   max_num_seqs) or when the oldest waiting request has waited >= max_wait_ms.
+
+Static and dynamic are request-level batching: a batch has a fixed shape until its last member
+finishes, so a finished member's seat stays in the forward pass as a padding row (computed,
+output discarded), as in padded ``generate`` and as seed 000 describes static batching ("the
+GPU still computes for the empty seat"). ``padding_rows`` says how many; continuous refills
+the seat instead, so it never pads.
 """
 
 from __future__ import annotations
@@ -58,6 +64,13 @@ def dynamic(s: AdmissionSnapshot) -> int:
     full = s.num_waiting >= s.max_num_seqs
     waited_ms = 0.0 if s.oldest_waiting_arrival is None else (s.now - s.oldest_waiting_arrival) * 1e3
     return _free_seats(s) if full or waited_ms >= s.max_wait_ms else 0
+
+
+def padding_rows(mode: str, batch_seats: int, num_running: int) -> int:
+    """Seats of the current batch whose member already finished, for a fixed-shape mode."""
+    if mode == "continuous" or num_running == 0:
+        return 0
+    return max(0, batch_seats - num_running)
 
 
 POLICIES: dict[str, AdmissionPolicy] = {

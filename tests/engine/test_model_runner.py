@@ -35,7 +35,9 @@ def test_pools_are_sized_from_memory_budgets(tiny_model_dir: Path) -> None:
     assert runner.bytes_per_block == per_block
     assert runner.num_blocks == int(0.01 * (1 << 30)) // per_block
     assert runner.num_cpu_blocks == int(0.005 * (1 << 30)) // per_block
-    assert runner.kv_cache.shape == (2, 2, runner.num_blocks, 4, 2, 16)
+    # one scratch block past the pool holds the padding rows of fixed-shape batches
+    assert runner.kv_cache.shape == (2, 2, runner.num_blocks + 1, 4, 2, 16)
+    assert runner.padding_block == runner.num_blocks
     assert runner.cpu_cache.shape == (2, 2, runner.num_cpu_blocks, 4, 2, 16)
     explicit = make_runner(tiny_model_dir, "float32", num_blocks=10, num_cpu_blocks=3)
     assert (explicit.num_blocks, explicit.num_cpu_blocks) == (10, 3)
@@ -95,6 +97,27 @@ def test_only_rows_that_sample_get_a_token_and_it_is_greedy(tiny_model_dir: Path
     assert out.sampled["c"] == int(hf_logits(ref, c)[-1].argmax())
     out = runner.execute(SchedulerOutput(scheduled=[chunk("b", b[2:], 2, blocks)]))
     assert out.sampled == {"b": int(hf_logits(ref, b)[-1].argmax())}
+
+
+def test_padding_rows_cost_compute_but_change_no_token_and_no_pool_block(
+    tiny_model_dir: Path,
+) -> None:
+    ref = hf_model(tiny_model_dir)
+    plain, padded = make_runner(tiny_model_dir), make_runner(tiny_model_dir)
+    blocks = BlockTables(plain.num_blocks, plain.block_size)
+    a, b = _tokens(9, 8), _tokens(5, 9)
+    scheduled = [chunk("a", a, 0, blocks), chunk("b", b, 0, blocks)]
+    want = plain.execute(SchedulerOutput(scheduled=scheduled))
+    got = padded.execute(SchedulerOutput(scheduled=scheduled, num_padding_rows=3))
+    assert got.sampled == want.sampled == {
+        "a": int(hf_logits(ref, a)[-1].argmax()), "b": int(hf_logits(ref, b)[-1].argmax())
+    }
+    pool = slice(0, plain.num_blocks)
+    assert torch.equal(padded.kv_cache[:, :, pool], plain.kv_cache[:, :, pool])
+    assert padded.kv_cache[:, :, padded.padding_block].abs().sum() > 0  # the rows really ran
+    inputs = padded.prepare_inputs(scheduled, num_padding_rows=3)
+    assert inputs.input_ids.numel() == len(a) + len(b) + 3
+    assert inputs.logits_indices.numel() == 5 and len(inputs.sample_rows) == 2
 
 
 def test_runner_exposes_tokenizer_and_limits(tiny_model_dir: Path) -> None:

@@ -228,6 +228,34 @@ def test_static_batch_fills_across_steps_when_the_budget_is_short() -> None:
     assert counts[-1] == 4 and counts[0] < 4
 
 
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_fixed_shape_batch_keeps_finished_seats_as_padding_until_it_ends(mode: str) -> None:
+    sched = make_scheduler(batching=mode, max_num_seqs=3, max_wait_ms=0)
+    first = make_requests(3, prompt_len=4, max_tokens=[2, 5, 9])
+    second = make_requests(2, prompt_len=4, max_tokens=3, start_time=1.0)
+    for r in first + second:
+        sched.add_request(r)
+    runner = FakeRunner(sched)
+    rows = []
+    while sched.has_unfinished_requests():
+        out, _ = step(sched, runner)
+        rows.append((len(out.scheduled), out.num_padding_rows))
+    # batch 1: 3 seats for 9 steps, members leave after 2 and 5; batch 2 starts with 2 seats
+    assert rows == [(3, 0)] * 2 + [(2, 1)] * 3 + [(1, 2)] * 4 + [(2, 0)] * 3
+    for r in first + second:
+        assert r.output_token_ids == reference_tokens(r)
+
+
+def test_continuous_refills_seats_and_never_pads() -> None:
+    sched = make_scheduler(max_num_seqs=3)
+    for r in make_requests(5, prompt_len=4, max_tokens=[2, 5, 9]):
+        sched.add_request(r)
+    runner = FakeRunner(sched)
+    while sched.has_unfinished_requests():
+        out, _ = step(sched, runner)
+        assert out.num_padding_rows == 0
+
+
 def test_dynamic_starts_when_full_or_after_max_wait() -> None:
     clock = FakeClock(10.0)
     sched = make_scheduler(batching="dynamic", max_num_seqs=3, max_wait_ms=100, clock=clock)

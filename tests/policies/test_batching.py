@@ -4,7 +4,14 @@ from typing import Any
 
 import pytest
 
-from policies.batching import AdmissionSnapshot, continuous, dynamic, get_admission_policy, static
+from policies.batching import (
+    AdmissionSnapshot,
+    continuous,
+    dynamic,
+    get_admission_policy,
+    padding_rows,
+    static,
+)
 
 
 def snap(**kw: Any) -> AdmissionSnapshot:
@@ -39,6 +46,14 @@ def test_dynamic_waits_for_a_full_batch_or_the_timeout() -> None:
     assert dynamic(snap(num_waiting=4, num_running=1)) == 0  # a batch is still running
     assert dynamic(snap(num_waiting=0, oldest_waiting_arrival=None)) == 0
     assert dynamic(snap(num_running=1, batch_filling=True)) == 3
+
+
+def test_fixed_shape_modes_pad_finished_seats_and_continuous_never_does() -> None:
+    for mode in ("static", "dynamic"):
+        assert padding_rows(mode, batch_seats=4, num_running=4) == 0
+        assert padding_rows(mode, batch_seats=4, num_running=1) == 3
+        assert padding_rows(mode, batch_seats=4, num_running=0) == 0  # the batch is over
+    assert padding_rows("continuous", batch_seats=4, num_running=1) == 0
 
 
 def test_unknown_mode_is_rejected() -> None:

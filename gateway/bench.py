@@ -7,19 +7,25 @@ measured in the same run on the same machine:
   direct     ``FakeEchoEngine.generate`` called in-process (no HTTP, no Redis)
   http-floor ``GET /healthz`` through the same uvicorn process (the HTTP client+server cost)
 The gateway runs as its own process (``carpool serve --engine echo``); the load generator is
-this process (httpx), so on a small machine both share the CPUs.
+this process, so on a small machine both share the CPUs. By default it is the lean asyncio
+HTTP/1.1 keep-alive client of ``bench_client.py`` (``--client httpx`` for the heavier httpx);
+whatever it costs is still counted as gateway latency. The direct baseline and the load
+generator run on the same event loop implementation as the gateway's uvicorn (uvloop when
+installed), so the FAKE engine's step timer behaves the same on both sides.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,39 +122,95 @@ async def direct_rows(tokenizer: Any, args: argparse.Namespace) -> list[Row]:
     return rows
 
 
-async def gateway_rows(url: str, key: str, args: argparse.Namespace) -> list[Row]:
+PROMPT = "The quick brown fox jumps over the lazy dog"
+
+
+def _body(max_tokens: int, stream: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "echo", "max_tokens": max_tokens, "stream": stream,
+                            "prompt": PROMPT}
+    if stream:  # events may carry several tokens: count them from the usage chunk
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def _usage_tokens(sse_text: str) -> int:
+    n = 0
+    for line in sse_text.splitlines():
+        if line.startswith('data: {') and '"usage"' in line:
+            n = int(json.loads(line[6:])["usage"]["completion_tokens"])
+    return n
+
+
+@dataclass
+class Calls:
+    """The load generator's two calls: a completion factory and the HTTP floor."""
+
+    completion: Callable[[int, bool], Callable[[], Awaitable[int]]]
+    floor: Callable[[], Awaitable[int]]
+
+
+@contextlib.asynccontextmanager
+async def lean_calls(url: str, key: str, args: argparse.Namespace) -> AsyncIterator[Calls]:
+    from gateway.bench_client import LeanClient
+
+    host, port = url.removeprefix("http://").split(":")
+    client = LeanClient(host, int(port), {"Authorization": f"Bearer {key}"})
+
+    def completion(max_tokens: int, stream: bool) -> Any:
+        body = _body(max_tokens, stream)
+
+        async def one() -> int:
+            r = await client.post_json("/v1/completions", body)
+            if stream:
+                return _usage_tokens(r.body.decode())
+            return int(r.json()["usage"]["completion_tokens"])
+        return one
+
+    async def floor() -> int:
+        await client.get("/healthz")
+        return 0
+
+    try:
+        yield Calls(completion, floor)
+    finally:
+        await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def httpx_calls(url: str, key: str, args: argparse.Namespace) -> AsyncIterator[Calls]:
     import httpx
 
     limits = httpx.Limits(max_connections=args.concurrency * 4, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"},
                                  limits=limits, timeout=60) as client:
         def completion(max_tokens: int, stream: bool) -> Any:
-            body: dict[str, Any] = {"model": "echo", "max_tokens": max_tokens, "stream": stream,
-                                    "prompt": "The quick brown fox jumps over the lazy dog"}
-            if stream:  # events may carry several tokens: count them from the usage chunk
-                body["stream_options"] = {"include_usage": True}
+            body = _body(max_tokens, stream)
 
             async def one() -> int:
                 if not stream:
                     r = await client.post("/v1/completions", json=body)
                     r.raise_for_status()
                     return int(r.json()["usage"]["completion_tokens"])
-                n = 0
                 async with client.stream("POST", "/v1/completions", json=body) as r:
                     r.raise_for_status()
-                    async for line in r.aiter_lines():
-                        if line.startswith('data: {') and '"usage"' in line:
-                            n = int(json.loads(line[6:])["usage"]["completion_tokens"])
-                return n
+                    return _usage_tokens("\n".join([line async for line in r.aiter_lines()]))
             return one
 
         async def floor() -> int:
             (await client.get("/healthz")).raise_for_status()
             return 0
 
+        yield Calls(completion, floor)
+
+
+async def gateway_rows(url: str, key: str, args: argparse.Namespace,
+                       pinned: tuple[list[int], list[int]] | None = None) -> list[Row]:
+    make = lean_calls if args.client == "lean" else httpx_calls
+    async with make(url, key, args) as calls:
+        completion = calls.completion
         await _closed_loop(64, 8, completion(args.max_tokens, False))  # warm-up
         rows = []
-        for name, fn in (("http-floor (GET /healthz)", floor),
+        for name, fn in (("http-floor (GET /healthz)", calls.floor),
                          ("gateway non-streaming", completion(args.max_tokens, False)),
                          ("gateway streaming", completion(args.max_tokens, True))):
             lat, wall, tok = await _closed_loop(args.requests, args.concurrency, fn)
@@ -158,7 +220,50 @@ async def gateway_rows(url: str, key: str, args: argparse.Namespace) -> list[Row
         rows.append(Row("gateway streamed tokens", lat, wall, tok))
         lat, wall = await _open_loop(args.rate, args.duration, completion(args.max_tokens, False))
         rows.append(Row(f"gateway @ {args.rate:g} req/s", lat, wall))
+        if pinned is not None:  # the same, the client on one core and the server on the other
+            with pin(*pinned):
+                lat, wall = await _open_loop(args.rate, args.duration,
+                                             completion(args.max_tokens, False))
+            rows.append(Row(f"gateway @ {args.rate:g} req/s, client pinned apart", lat, wall))
     return rows
+
+
+def server_pids(proc: subprocess.Popen[bytes], redis_url: str) -> list[int]:
+    """The gateway process and the Redis server (its pid from INFO)."""
+    import redis as sync_redis
+
+    client = sync_redis.Redis.from_url(redis_url)
+    try:
+        return [proc.pid, int(client.info("server")["process_id"])]
+    finally:
+        client.close()
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return [pid]
+
+
+@contextlib.contextmanager
+def pin(server_pids: list[int], client_cpus: list[int]) -> Iterator[None]:
+    """Every thread of ``server_pids`` on the CPUs not in ``client_cpus``, this thread (the
+    load generator's loop) on ``client_cpus``; the old masks come back afterwards."""
+    everything = os.sched_getaffinity(0)
+    server_cpus = everything - set(client_cpus)
+    tids = [t for pid in server_pids for t in _threads(pid)]
+    try:
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, server_cpus)
+        os.sched_setaffinity(0, set(client_cpus))
+        yield
+    finally:
+        os.sched_setaffinity(0, everything)
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, everything)
 
 
 def start_gateway(redis_url: str, port: int, model: str | None,
@@ -231,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--step-ms", type=float, default=1.0,
                    help="fake engine step time, the same for the direct baseline")
+    p.add_argument("--client", choices=("lean", "httpx"), default="lean",
+                   help="load generator: lean asyncio HTTP/1.1 (default) or httpx")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="skip the extra row with the client pinned to CPU 0")
     p.add_argument("--model", default=None, help="tokenizer source dir (default: SmolLM2)")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
@@ -239,22 +348,31 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.redis_server import EmbeddedRedis
 
     tokenizer = load_tokenizer(resolve_model_dir(args.model))
-    direct = asyncio.run(direct_rows(tokenizer, args))
+    loop_name, run = _runner()
+    direct = run(direct_rows(tokenizer, args))
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
+    cpus = sorted(os.sched_getaffinity(0))
     with EmbeddedRedis() as redis:
         proc = start_gateway(redis.url, port, args.model, args.step_ms)
         try:
             wait_ready(url, proc)
-            key = asyncio.run(make_key(redis.url))
-            gw = asyncio.run(gateway_rows(url, key, args))
+            key = run(make_key(redis.url))
+            pinned = (server_pids(proc, redis.url), cpus[:1]) if args.pin and len(cpus) > 1 \
+                else None
+            gw = run(gateway_rows(url, key, args, pinned))
         finally:
             proc.terminate()
             proc.wait(15)
+    client = ("lean asyncio HTTP/1.1 keep-alive client (gateway/bench_client.py)"
+              if args.client == "lean" else "httpx")
     print(f"carpool bench gateway: FAKE echo engine, {args.requests} requests, concurrency "
-          f"{args.concurrency}, {args.step_ms:g} ms steps, {args.max_tokens} tokens each (streamed-token rows: "
-          f"{args.stream_tokens}); open loop at {args.rate:g} req/s for {args.duration:g} s; "
-          f"{os.cpu_count()} CPUs shared by client, gateway and Redis\n")
+          f"{args.concurrency}, {args.step_ms:g} ms steps, {args.max_tokens} tokens each "
+          f"(streamed-token rows: {args.stream_tokens}); open loop at {args.rate:g} req/s for "
+          f"{args.duration:g} s; {len(cpus)} CPUs shared by client, gateway and Redis "
+          f"(pinned row: client on CPU {cpus[0]}, gateway and Redis on the rest)\n"
+          f"load generator: {client} in the bench process; direct baseline and load generator "
+          f"on {loop_name}, the gateway on uvicorn's default loop ({loop_name})\n")
     print(table(direct, gw, args))
     if args.json:
         Path(args.json).write_text(json.dumps([{
@@ -262,6 +380,19 @@ def main(argv: list[str] | None = None) -> int:
             "tokens_per_s": r.tokens_per_s, "mean_ms": statistics.fmean(r.latencies_s) * 1000}
             for r in direct + gw], indent=2))
     return 0
+
+
+def _runner() -> tuple[str, Callable[[Any], Any]]:
+    """Run coroutines on uvloop when installed: what uvicorn picks for the gateway too."""
+    try:
+        import uvloop
+    except ImportError:
+        return "asyncio", asyncio.run
+
+    def run(coro: Any) -> Any:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(coro)
+    return "uvloop", run
 
 
 def _free_port() -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,6 +45,7 @@ class Row:
     latencies: list[float]
     lens: list[int]
     is_transformers: bool = False
+    step_rows: list[int] = field(default_factory=list)  # matmul rows (tokens) per step
 
     @property
     def tok_s(self) -> float:
@@ -71,6 +72,10 @@ def make_workload(tokenizer: Any, n: int, short: int, long: int) -> Workload:
 def run_carpool(name: str, wl: Workload, model: str | None, **kw: Any) -> Row:
     engine = LLMEngine.from_kwargs(model=model, dtype="float32", **kw)
     _warm(engine)
+    step_rows: list[int] = []
+    engine.step_observers.append(
+        lambda out, _s: step_rows.append(out.num_batched_tokens + out.num_padding_rows)
+    )
     start = time.monotonic()
     for i, (p, n) in enumerate(zip(wl.prompts, wl.output_lens)):
         params = SamplingParams(max_tokens=n, ignore_eos=True)
@@ -86,7 +91,7 @@ def run_carpool(name: str, wl: Workload, model: str | None, **kw: Any) -> Row:
     lats = [done[f"b{i}"] for i in range(len(wl.prompts))]
     useful = sum(counts.values())
     assert useful == sum(wl.output_lens), f"{name}: {useful} tokens != {sum(wl.output_lens)}"
-    return Row(name, len(wl.prompts), wall, useful, lats, wl.output_lens)
+    return Row(name, len(wl.prompts), wall, useful, lats, wl.output_lens, step_rows=step_rows)
 
 
 def _warm(engine: LLMEngine) -> None:
@@ -160,13 +165,12 @@ def model_linear_shapes(cfg: Any) -> tuple[list[tuple[int, int]], tuple[int, int
     return layer, (h, cfg.vocab_size)
 
 
-def compute_bound(cfg: Any, tokens: int = 128, repeats: int = 5) -> tuple[float, float, float]:
-    """Returns (GFLOP/s on the model's shapes, GFLOP per token, tokens/s bound)."""
+def _matmul_seconds(cfg: Any, tokens: int, repeats: int) -> tuple[float, float]:
+    """Best time of every linear layer of one forward over ``tokens`` rows, and its FLOPs."""
     layer, head = model_linear_shapes(cfg)
-    shapes = layer * cfg.num_hidden_layers + [head]
-    flops_per_token = 2.0 * sum(k * n for k, n in shapes)
     mats = [(torch.randn(tokens, k), torch.randn(k, n)) for k, n in layer + [head]]
     counts = [cfg.num_hidden_layers] * len(layer) + [1]
+    flops = 2.0 * tokens * sum(k * n * c for (k, n), c in zip(layer + [head], counts))
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -174,8 +178,24 @@ def compute_bound(cfg: Any, tokens: int = 128, repeats: int = 5) -> tuple[float,
             for _ in range(c):
                 torch.mm(a, b)
         best = min(best, time.perf_counter() - t0)
-    rate = flops_per_token * tokens / best
+    return best, flops
+
+
+def compute_bound(cfg: Any, tokens: int = 128, repeats: int = 5) -> tuple[float, float, float]:
+    """Returns (GFLOP/s on the model's shapes, GFLOP per token, tokens/s bound)."""
+    seconds, flops = _matmul_seconds(cfg, tokens, repeats)
+    rate, flops_per_token = flops / seconds, flops / tokens
     return rate / 1e9, flops_per_token / 1e9, rate / flops_per_token
+
+
+def matmul_ceiling(cfg: Any, row: Row, repeats: int = 3) -> float:
+    """Tokens/s of ``row``'s workload if each step cost only its matmuls at the batch sizes it
+    really ran: no attention, no overhead. What no fp32 engine on this BLAS could beat."""
+    counts: dict[int, int] = {}
+    for m in row.step_rows:
+        counts[m] = counts.get(m, 0) + 1
+    total = sum(c * _matmul_seconds(cfg, m, repeats)[0] for m, c in counts.items())
+    return row.useful_tokens / total
 
 
 # -- table --------------------------------------------------------------------------------
@@ -241,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
           f"GFLOP per token = {bound:.0f} tokens/s ({torch.get_num_threads()} threads)")
     print()
     print_table(rows, bound)
+    default = rows[0]
+    ceiling = matmul_ceiling(cfg, default)
+    print(f"\nmatmul-only ceiling at the batch sizes '{default.name}' ran "
+          f"({len(default.step_rows)} steps): {ceiling:.0f} tok/s = {100 * ceiling / bound:.0f}% of "
+          f"the bound; the row reaches {100 * default.tok_s / ceiling:.0f}% of that ceiling")
     by = {r.name: r for r in rows}
     cont4 = by["Carpool continuous, 4 slots"].tok_s
     stat4 = by["Carpool static, 4 slots"].tok_s

@@ -76,11 +76,13 @@ class AsyncEngine:
     ) -> None:
         if request_id in self._live:
             raise ValueError(f"duplicate request id {request_id!r}")
+        ids = list(prompt_token_ids)
+        self.engine.check_prompt(ids)  # here, in the caller: on the step thread it'd kill it
         self._live.add(request_id)
         if not self.healthy:  # the step thread died: fail the request now, never hang it
             self._fail([request_id], self.step_error or RuntimeError("engine not running"))
             return
-        self._inbox.put(("add", (request_id, list(prompt_token_ids), params, priority)))
+        self._inbox.put(("add", (request_id, ids, params, priority)))
         self._wake.set()
 
     async def generate(

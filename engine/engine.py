@@ -20,6 +20,7 @@ from engine.model_runner import ModelRunner
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput, SchedulerOutput
 from engine.request import Request, RequestStatus
+from engine.request_checks import invalid_prompt_reason
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.stats import SchedulerStats
@@ -62,6 +63,7 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> str:
         token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self.check_prompt(token_ids)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         params = self._with_extra_eos(params or SamplingParams())
         request = Request(
@@ -83,6 +85,12 @@ class LLMEngine:
         if params.ignore_eos or not extra:
             return params
         return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + tuple(extra))
+
+    def check_prompt(self, token_ids: list[int]) -> None:
+        """ValueError for ids the model can't embed; safe to call from any thread."""
+        error = invalid_prompt_reason(token_ids, self.runner.args.vocab_size)
+        if error is not None:
+            raise ValueError(error)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -7,6 +7,17 @@ from engine.config import SchedulerConfig
 from engine.request import Request, RequestStatus
 
 
+def invalid_prompt_reason(token_ids: list[int], vocab_size: int) -> str | None:
+    """Why these can't be a prompt's token ids (checked before anything reaches the model,
+    where a bad id would fail the whole step, not just its request), or None."""
+    if not token_ids:
+        return "prompt must have at least one token"
+    for t in token_ids:
+        if type(t) is not int or not 0 <= t < vocab_size:  # bool and numpy ints included
+            return f"prompt token ids must be ints in [0, {vocab_size}); got {t!r}"
+    return None
+
+
 def never_fits_reason(
     req: Request,
     num_blocks: int,

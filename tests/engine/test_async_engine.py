@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from engine.async_engine import AsyncEngine
 from engine.engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -127,3 +129,32 @@ async def test_shutdown_ends_open_streams(tiny_model_dir: Path) -> None:
     await engine.shutdown()
     rest = await asyncio.wait_for(_collect(gen), timeout=5)
     assert rest and rest[-1].finished and rest[-1].finish_reason == "abort"
+
+
+BAD_PROMPTS = [[], [1, 10**9], [1, -1], ["a", "b"], [1, True], [1.0, 2.0]]
+
+
+def test_offline_engine_rejects_ids_the_model_cannot_embed(tiny_model_dir: Path) -> None:
+    offline = LLMEngine.from_kwargs(model=str(tiny_model_dir), dtype="float32", num_blocks=64)
+    for bad in BAD_PROMPTS:
+        with pytest.raises(ValueError, match="prompt"):
+            offline.add_request(bad, SamplingParams(max_tokens=2), request_id="bad")  # type: ignore[arg-type]
+    assert not offline.has_unfinished_requests()
+    offline.add_request([1, 2], SamplingParams(max_tokens=2, ignore_eos=True), request_id="bad")
+    assert offline.has_unfinished_requests()  # the id was never taken by a rejected call
+
+
+async def test_bad_prompt_fails_its_caller_and_the_engine_keeps_serving(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    await engine.start()
+    try:
+        for i, bad in enumerate(BAD_PROMPTS + ["a string"]):
+            with pytest.raises(ValueError, match="prompt"):
+                engine.add_request(f"bad{i}", bad, SamplingParams(max_tokens=2))  # type: ignore[arg-type]
+        params = SamplingParams(max_tokens=3, ignore_eos=True)
+        outs = [o async for o in engine.generate("good", [5, 6], params)]
+        assert engine.healthy
+        assert outs[-1].finish_reason == "length"
+        assert sum(len(o.new_token_ids) for o in outs) == 3
+    finally:
+        await engine.shutdown()

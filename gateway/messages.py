@@ -9,9 +9,10 @@ ids and the text the worker detokenized for them.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from engine.sampling_params import SamplingParams
 
@@ -85,6 +86,10 @@ _TYPES: dict[str, type[Any]] = {
     "cancel": CancelMsg,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}
+# Field names per type, read once: every field is a plain value or a flat list, so a shallow
+# dict is the same JSON as ``dataclasses.asdict`` without its recursive deep copy (the writer
+# encodes one message per request per engine step).
+_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _TYPES.values()}
 
 
 class MessageError(ValueError):
@@ -93,7 +98,9 @@ class MessageError(ValueError):
 
 def encode(msg: Message) -> dict[str, str]:
     """Stream fields for ``msg`` (``XADD key * t <type> d <json>``)."""
-    return {"t": _NAMES[type(msg)], "d": json.dumps(dataclasses.asdict(msg), separators=(",", ":"))}
+    cls = type(msg)
+    data = {name: getattr(msg, name) for name in _FIELDS[cls]}
+    return {"t": _NAMES[cls], "d": orjson.dumps(data).decode()}
 
 
 def encode_payload(msg: Message) -> str:
@@ -121,7 +128,7 @@ def _build(kind: str, data: str) -> Message:
     if cls is None:
         raise MessageError(f"unknown message type {kind!r}")
     try:
-        values = json.loads(data)
+        values = orjson.loads(data)
         return cls(**values)  # type: ignore[no-any-return]
     except (TypeError, ValueError) as exc:
         raise MessageError(f"bad {kind} message: {exc}") from exc

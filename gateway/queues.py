@@ -17,24 +17,46 @@ from typing import Any
 from gateway.messages import MessageError, SubmitMsg, decode
 from gateway.redis_keys import GROUP, RedisKeys
 
-# KEYS: req, out;  ARGV: consumer, reclaim (0/1)
-# Returns: run | lost (reclaimed with tokens already sent) | abort (reclaimed after an explicit
-# cancel its dead worker never answered: the live reader needs a final event) | cancelled |
-# finished | gone
+# KEYS: per request: req, out;  ARGV: consumer, reclaim (0/1)
+# Returns one status per request: run | lost (reclaimed with tokens already sent) | abort
+# (reclaimed after an explicit cancel its dead worker never answered: the live reader needs a
+# final event) | cancelled | finished | gone.  One call for a whole batch: the claim is on the
+# path of every request, and a pipeline holding a script costs redis-py an extra SCRIPT EXISTS
+# round trip per execute.
 CLAIM_LUA = """
-local st = redis.call('HGET', KEYS[1], 'state')
-if not st then return 'gone' end
-local c = redis.call('HGET', KEYS[1], 'cancel')
-if c then
-  if c == 'live' and st == 'running' then return 'abort' end
-  return 'cancelled'
+local out = {}
+for i = 1, #KEYS, 2 do
+  local req, stream = KEYS[i], KEYS[i + 1]
+  local st = redis.call('HGET', req, 'state')
+  local c = st and redis.call('HGET', req, 'cancel')
+  local res
+  if not st then
+    res = 'gone'
+  elseif c then
+    res = (c == 'live' and st == 'running') and 'abort' or 'cancelled'
+  elseif st == 'queued' or (st == 'running' and ARGV[2] == '1') then
+    redis.call('HSET', req, 'state', 'running', 'worker', ARGV[1])
+    res = (st == 'running' and redis.call('EXISTS', stream) == 1) and 'lost' or 'run'
+  else
+    res = st
+  end
+  out[#out + 1] = res
 end
-if st == 'queued' or (st == 'running' and ARGV[2] == '1') then
-  redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1])
-  if st == 'running' and redis.call('EXISTS', KEYS[2]) == 1 then return 'lost' end
-  return 'run'
+return out
+"""
+
+# KEYS: the tier streams;  ARGV: group.  Entries not yet delivered to any worker, per stream
+# (XLEN minus pending), in one call instead of two commands per tier.
+BACKLOG_LUA = """
+local out = {}
+for i = 1, #KEYS do
+  local pending = 0
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    pending = redis.call('XPENDING', KEYS[i], ARGV[1])[1]
+  end
+  out[i] = math.max(0, redis.call('XLEN', KEYS[i]) - pending)
 end
-return st
+return out
 """
 
 
@@ -51,6 +73,7 @@ class TierQueues:
         self.keys = keys
         self.tiers = tuple(tiers)
         self._claim = redis.register_script(CLAIM_LUA)
+        self._backlogs = redis.register_script(BACKLOG_LUA)
 
     async def ensure_groups(self) -> None:
         for tier in self.tiers:
@@ -62,16 +85,8 @@ class TierQueues:
 
     async def backlogs(self) -> dict[str, int]:
         """Entries not yet delivered to any worker, per tier (XLEN minus pending)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for tier in self.tiers:
-            pipe.xlen(self.keys.queue(tier))
-            pipe.xpending(self.keys.queue(tier), GROUP)
-        res = await pipe.execute()
-        out = {}
-        for i, tier in enumerate(self.tiers):
-            pending = res[2 * i + 1]["pending"] if res[2 * i + 1] else 0
-            out[tier] = max(0, int(res[2 * i]) - int(pending))
-        return out
+        res = await self._backlogs(keys=[self.keys.queue(t) for t in self.tiers], args=[GROUP])
+        return {tier: int(n) for tier, n in zip(self.tiers, res)}
 
     async def read(self, tiers: Iterable[str], consumer: str, block_ms: int | None,
                    count: int = 1) -> list[Envelope]:
@@ -94,14 +109,12 @@ class TierQueues:
         return out
 
     async def claim_many(self, request_ids: list[str], consumer: str, reclaim: bool) -> list[str]:
-        """Claim each request (queued -> running) in one pipelined round trip."""
+        """Claim each request (queued -> running) in one script call."""
         if not request_ids:
             return []
-        pipe = self.redis.pipeline(transaction=False)
-        for rid in request_ids:
-            await self._claim(keys=[self.keys.req(rid), self.keys.out(rid)],
-                        args=[consumer, 1 if reclaim else 0], client=pipe)
-        return [r.decode() if isinstance(r, bytes) else str(r) for r in await pipe.execute()]
+        keys = [k for rid in request_ids for k in (self.keys.req(rid), self.keys.out(rid))]
+        res = await self._claim(keys=keys, args=[consumer, 1 if reclaim else 0])
+        return [r.decode() if isinstance(r, bytes) else str(r) for r in res]
 
     async def heartbeat(self, tier: str, consumer: str, entry_ids: list[str]) -> None:
         """Reset the idle time of our pending entries so nobody reclaims live work."""

@@ -71,7 +71,9 @@ return {'ok', id}
 """
 
 SETTLE_LUA = _BUCKET_LUA + """
--- KEYS: tpm, conc, stats;  ARGV: tpm, reserved, actual, request_id, outcome
+-- KEYS: tpm, conc, stats[, a key to delete: the finished request's output stream]
+-- ARGV: tpm, reserved, actual, request_id, outcome
+if KEYS[4] then redis.call('DEL', KEYS[4]) end
 if redis.call('ZREM', KEYS[2], ARGV[4]) == 0 then return 0 end
 local tpm = tonumber(ARGV[1])
 if tpm > 0 then
@@ -128,11 +130,13 @@ class QuotaEnforcer:
         return Admission(False, status, int(res[1]), message=text)
 
     async def settle(self, tenant: Tenant, request_id: str, reserved: int, actual: int,
-                     outcome: str) -> bool:
-        """Release the lease and refund ``reserved - actual`` tokens; True the first time."""
+                     outcome: str, delete_key: str | None = None) -> bool:
+        """Release the lease and refund ``reserved - actual`` tokens; True the first time.
+        ``delete_key`` (the output stream, once read to its end) is deleted in the same call."""
         k = self.keys
+        keys = [k.bucket(tenant.id, "tpm"), k.concurrency(tenant.id), k.stats]
         res = await self._settle(
-            keys=[k.bucket(tenant.id, "tpm"), k.concurrency(tenant.id), k.stats],
+            keys=keys + ([delete_key] if delete_key else []),
             args=[tenant.quota.tpm, reserved, actual, request_id, outcome],
         )
         return bool(res)

@@ -207,13 +207,13 @@ class RelayResponse:
 
     async def _settle(self, outcome: str) -> None:
         svc, ctx = self.services, self.ctx
-        used = self.state.completion_tokens
-        if self.state.finish is not None:
-            used = max(used, self.state.finish.completion_tokens)
-            await svc.redis.delete(svc.keys.out(ctx.request_id))
+        used, finish = self.state.completion_tokens, self.state.finish
+        if finish is not None:
+            used = max(used, finish.completion_tokens)
+        # read to its end: the output stream is deleted in the same call
         await svc.quota.settle(ctx.tenant, ctx.request_id, ctx.reserved_tokens,
-                               ctx.prompt_tokens + used, f"settled:{outcome}")
-        finish = self.state.finish
+                               ctx.prompt_tokens + used, f"settled:{outcome}",
+                               delete_key=svc.keys.out(ctx.request_id) if finish else None)
         svc.events.request_finished(ctx.tenant.id, ctx.tier, ctx.request_id, outcome,
                                     ctx.prompt_tokens, used,
                                     asyncio.get_running_loop().time() - ctx.started,

@@ -1,0 +1,93 @@
+"""The per-step writer against real embedded Redis: one call per step for every request, the
+stream TTL set on first write and refreshed only when it ran low (also after a reader's DEL
+recreated the stream), nothing written for a gone reader, and a finish that writes the last
+tokens with the finish event, acks and deletes the queue entry and counts the outcome."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from engine.outputs import RequestOutput
+from gateway.messages import FinishMsg, TokenMsg, decode
+from gateway.output_writer import Inflight, OutputWriter
+from gateway.queues import TierQueues
+from gateway.redis_keys import GROUP, RedisKeys
+from policies.tiers import TIERS
+
+pytestmark = pytest.mark.timeout(30)
+TTL = 600
+
+
+@pytest.fixture
+async def setup(redis_url: str) -> AsyncIterator[tuple[Any, RedisKeys, OutputWriter]]:
+    client = aioredis.Redis.from_url(redis_url)
+    keys = RedisKeys(f"ow{uuid.uuid4().hex[:8]}")
+    queues = TierQueues(client, keys, TIERS)
+    await queues.ensure_groups()
+    try:
+        yield client, keys, OutputWriter(client, keys, queues, stream_ttl_s=TTL)
+    finally:
+        await client.delete(keys.stats, *(keys.queue(t) for t in TIERS))
+        await client.aclose()
+
+
+def tok(rid: str, token: int, text: str, n: int) -> RequestOutput:
+    return RequestOutput(rid, [token], text, False, None, 3, n)
+
+
+async def entries(client: Any, key: str) -> list[Any]:
+    return [decode(fields) for _, fields in await client.xrange(key)]
+
+
+async def test_one_call_per_step_and_ttl_set_once(setup: Any) -> None:
+    client, keys, writer = setup
+    a, b = Inflight("a", TIERS[0], "0-1"), Inflight("b", TIERS[0], "0-2")
+    await writer._write([(a, tok("a", 7, "x", 1)), (b, tok("b", 8, "y", 1))])
+    assert writer.writes == 1
+    assert await entries(client, keys.out("a")) == [TokenMsg([7], "x")]
+    assert await entries(client, keys.out("b")) == [TokenMsg([8], "y")]
+    assert 0 < await client.ttl(keys.out("a")) <= TTL
+    await client.expire(keys.out("a"), TTL - 100)  # still high: not refreshed by a write
+    await client.expire(keys.out("b"), 10)  # ran low: refreshed
+    await writer._write([(a, tok("a", 9, "z", 2)), (b, tok("b", 9, "z", 2))])
+    assert writer.writes == 2
+    assert await client.ttl(keys.out("a")) <= TTL - 100
+    assert await client.ttl(keys.out("b")) > TTL - 10
+    await client.delete(keys.out("a"))  # a reader's DEL raced the write: recreated with a TTL
+    await writer._write([(a, tok("a", 5, "w", 3))])
+    assert 0 < await client.ttl(keys.out("a")) <= TTL
+    await client.delete(keys.out("a"), keys.out("b"))
+
+
+async def test_gone_reader_gets_nothing_written(setup: Any) -> None:
+    client, keys, writer = setup
+    rec = Inflight("g", TIERS[0], "0-1", reader_gone=True)
+    await writer._write([(rec, tok("g", 7, "x", 1))])
+    assert writer.writes == 0  # nothing to do: no call at all
+    assert not await client.exists(keys.out("g"))
+
+
+async def test_finish_writes_tokens_and_finish_and_acks(setup: Any) -> None:
+    client, keys, writer = setup
+    queue = keys.queue(TIERS[1])
+    entry = (await client.xadd(queue, {"t": "submit", "d": "{}"})).decode()
+    await client.xreadgroup(GROUP, "w1", {queue: ">"})  # pending for this worker
+    await client.hset(keys.req("f"), mapping={"state": "running"})
+    rec = Inflight("f", TIERS[1], entry, queue_wait_s=0.25)
+    await writer._write([(rec, tok("f", 7, "x", 1)),
+                         (rec, RequestOutput("f", [8], "y", True, "length", 3, 2))])
+    assert writer.writes == 1
+    assert await entries(client, keys.out("f")) == [
+        TokenMsg([7, 8], "xy"), FinishMsg("length", 3, 2, None, queue_wait_s=0.25,
+                                          num_preemptions=0)]
+    assert 0 < await client.ttl(keys.out("f")) <= TTL
+    assert await client.hget(keys.req("f"), "state") == b"finished"
+    assert await client.xlen(queue) == 0
+    assert (await client.xpending(queue, GROUP))["pending"] == 0
+    assert await client.hget(keys.stats, "completed") == b"1"
+    await client.delete(keys.out("f"), keys.req("f"))

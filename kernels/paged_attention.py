@@ -100,25 +100,23 @@ def _decode_batched(
 ) -> torch.Tensor:
     """R decode queries [R, Hq, D], each attending to its own ctx[r] cached tokens.
 
-    One row gather per token slot (padded to the longest context, masked), then per KV
-    head two batched matmuls on strided views: no permute copies of the gathered KV."""
+    One row gather per token slot (padded to the longest context, masked), then one fused
+    SDPA call over strided head views with GQA: no permute copies, no repeated KV heads, and
+    one parallel region per layer instead of a matmul/softmax chain per KV head."""
     num_rows, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
-    group = num_heads // num_kv_heads
     length = int(ctx.max())
     pos = torch.arange(length, device=q.device)
     slots = tables[:, pos // block_size].long() * block_size + pos % block_size  # [R, L]
     width = num_kv_heads * head_dim
-    k = F.embedding(slots, k_cache.reshape(-1, width)).view(num_rows, length, num_kv_heads, head_dim)
-    v = F.embedding(slots, v_cache.reshape(-1, width)).view(num_rows, length, num_kv_heads, head_dim)
-    k, v = k.to(q.dtype), v.to(q.dtype)
-    qg = q.view(num_rows, num_kv_heads, group, head_dim)
-    pad = (pos >= ctx.to(q.device).unsqueeze(1)).unsqueeze(1)  # [R, 1, L]
-    out = torch.empty(num_rows, num_kv_heads, group, head_dim, dtype=q.dtype, device=q.device)
-    for h in range(num_kv_heads):
-        scores = torch.bmm(qg[:, h], k[:, :, h].transpose(1, 2)) * scale  # [R, G, L]
-        scores.masked_fill_(pad, float("-inf"))
-        out[:, h] = torch.bmm(torch.softmax(scores, dim=-1), v[:, :, h])
+    shape = (num_rows, length, num_kv_heads, head_dim)
+    k = F.embedding(slots, k_cache.reshape(-1, width)).view(shape).transpose(1, 2).to(q.dtype)
+    v = F.embedding(slots, v_cache.reshape(-1, width)).view(shape).transpose(1, 2).to(q.dtype)
+    keep = (pos < ctx.to(q.device).unsqueeze(1)).view(num_rows, 1, 1, length)
+    out = F.scaled_dot_product_attention(
+        q.view(num_rows, num_heads, 1, head_dim), k, v, attn_mask=keep, scale=scale,
+        enable_gqa=num_heads != num_kv_heads,
+    )
     return out.view(num_rows, num_heads, head_dim)
 
 

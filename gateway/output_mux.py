@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from gateway.messages import Message, MessageError, decode
+from gateway.resp import RespConnection
 
 log = logging.getLogger("carpool.gateway")
 
@@ -32,6 +33,8 @@ class _Stream:
 class OutputMux:
     def __init__(self, redis: Any) -> None:
         self.redis = redis
+        # its own lean connection (``resp.py``): one blocking read per engine step
+        self._conn = RespConnection.for_client(redis)
         self._streams: dict[str, _Stream] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -50,6 +53,8 @@ class OutputMux:
                 log.warning("output reader did not stop within %.0f s; abandoning it",
                             STOP_TIMEOUT_S)
             self._task = None
+        if self._conn is not None:
+            await self._conn.close()
 
     def register(self, key: str) -> asyncio.Queue[list[Message]]:
         stream = self._streams.setdefault(key, _Stream())
@@ -66,8 +71,7 @@ class OutputMux:
                 await self._wake.wait()
                 continue
             try:
-                res = await self.redis.xread({k: s.last for k, s in self._streams.items()},
-                                             count=COUNT, block=BLOCK_MS)
+                res = await self._read()
             except Exception:  # keep serving: a Redis hiccup must not end every stream
                 log.exception("output reader failed; retrying")
                 await asyncio.sleep(0.1)
@@ -81,12 +85,24 @@ class OutputMux:
                 if msgs:
                     stream.queue.put_nowait(msgs)
 
+    async def _read(self) -> Any:
+        """One XREAD over every registered stream: ``[(key, [(id, fields), ...]), ...]``."""
+        if self._conn is None:
+            return await self.redis.xread({k: s.last for k, s in self._streams.items()},
+                                          count=COUNT, block=BLOCK_MS)
+        keys = list(self._streams)
+        ids = [self._streams[k].last for k in keys]
+        return await self._conn.call("XREAD", "COUNT", COUNT, "BLOCK", BLOCK_MS, "STREAMS",
+                                     *keys, *ids)
+
 
 def _decode_all(key: Any, entries: list[Any]) -> list[Message]:
     """The entries' messages; a malformed entry is logged and skipped so it cannot end the
     reader that every request of the process shares."""
     out = []
     for entry_id, fields in entries:
+        if isinstance(fields, list):  # a raw reply: [field, value, field, value, ...]
+            fields = dict(zip(fields[::2], fields[1::2]))
         try:
             out.append(decode(fields))
         except MessageError:

@@ -23,6 +23,7 @@ from gateway.backoff import run_forever
 from gateway.messages import FinishMsg, TokenMsg, encode
 from gateway.queues import TierQueues
 from gateway.redis_keys import GROUP, RedisKeys
+from gateway.resp import RespConnection, Script
 
 log = logging.getLogger("carpool.worker")
 
@@ -84,6 +85,13 @@ class OutputWriter:
         self.writes = 0  # Redis calls made (one per step when keeping up)
         self._retry: list[tuple[Inflight, RequestOutput]] = []  # a batch whose write failed
         self._script = redis.register_script(STEP_LUA)
+        # its own lean connection (``resp.py``): this call is made once per engine step
+        self._conn = RespConnection.for_client(redis)
+        self._lean_script = Script(STEP_LUA)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
 
     def submit(self, items: list[tuple[Inflight, RequestOutput]]) -> None:
         if items:
@@ -128,7 +136,10 @@ class OutputWriter:
                      encode(_finish(rec, last))["d"] if last.finished else "",
                      rec.entry_id, _outcome(last)]
         if len(keys) > 1:
-            await self._script(keys=keys, args=args)
+            if self._conn is not None:
+                await self._conn.run_script(self._lean_script, keys, args)
+            else:
+                await self._script(keys=keys, args=args)
             self.writes += 1
 
 

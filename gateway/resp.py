@@ -1,0 +1,133 @@
+"""A dedicated Redis connection for the hot loops: RESP2 straight on an asyncio protocol.
+
+The per-step writer and the output reader each make one Redis call per engine step, whatever
+the load. Through redis-py's asyncio client a call costs ~70-150 us of Python (connection
+pool, retry and timeout wrappers, response callbacks); here it is the hiredis packer and
+parser and a future, ~10-20 us. Replies come back raw (bytes, ints, nested lists; an XREAD
+entry's fields are a flat list), error replies raise ``redis.exceptions.ResponseError`` and a
+lost connection raises ``redis.exceptions.ConnectionError`` (the next call reconnects), so the
+callers' error handling stays what it was with redis-py.
+
+Calls issued concurrently are pipelined on the one connection and answered in order; a
+blocking command (``XREAD BLOCK``) therefore holds up the calls behind it, so each loop that
+blocks owns its own ``RespConnection``. ``for_client`` builds one from a redis-py client's
+settings, or returns None for what it does not speak (TLS, unix sockets): callers then keep
+using redis-py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+from typing import Any
+
+import hiredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.reader = hiredis.Reader()
+        self.waiters: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self.transport: Any = None  # asyncio's or uvloop's (not an asyncio.Transport subclass)
+        self.lost = False
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        while (reply := self.reader.gets()) is not False:
+            fut = self.waiters.popleft()
+            if fut.done():  # its caller was cancelled: the reply still keeps the order
+                continue
+            if isinstance(reply, hiredis.ReplyError):
+                fut.set_exception(ResponseError(str(reply)))
+            else:
+                fut.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_exception(RedisConnectionError(f"connection to Redis lost: {exc}"))
+
+
+class RespConnection:
+    def __init__(self, host: str, port: int, *, db: int = 0, username: str | None = None,
+                 password: str | None = None) -> None:
+        self.host, self.port, self.db = host, port, db
+        self.username, self.password = username, password
+        self._proto: _Protocol | None = None
+        self._connecting = asyncio.Lock()
+
+    @classmethod
+    def for_client(cls, redis: Any) -> RespConnection | None:
+        """A connection to the server ``redis`` (a redis-py asyncio client) talks to, with
+        its credentials and database; None unless it is a plain TCP connection."""
+        from redis.asyncio.connection import Connection
+
+        pool = getattr(redis, "connection_pool", None)
+        if pool is None or pool.connection_class is not Connection:
+            return None
+        kw = pool.connection_kwargs
+        return cls(kw.get("host", "localhost"), int(kw.get("port", 6379)), db=int(kw.get("db") or 0),
+                   username=kw.get("username"), password=kw.get("password"))
+
+    async def call(self, *args: Any) -> Any:
+        """Send one command and return its raw reply."""
+        proto = self._proto
+        if proto is None or proto.lost:
+            proto = await self._connect()
+        return await self._send(proto, args)
+
+    async def run_script(self, script: Script, keys: list[Any], args: list[Any]) -> Any:
+        """EVALSHA, loading the script with EVAL when the server does not have it."""
+        try:
+            return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
+        except ResponseError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+            return await self.call("EVAL", script.source, len(keys), *keys, *args)
+
+    async def close(self) -> None:
+        proto, self._proto = self._proto, None
+        if proto is not None and proto.transport is not None:
+            proto.transport.close()
+            await asyncio.sleep(0)  # let connection_lost run
+
+    def _send(self, proto: _Protocol, args: tuple[Any, ...]) -> asyncio.Future[Any]:
+        assert proto.transport is not None
+        fut = asyncio.get_running_loop().create_future()
+        proto.waiters.append(fut)
+        proto.transport.write(hiredis.pack_command(args))
+        return fut
+
+    async def _connect(self) -> _Protocol:
+        async with self._connecting:
+            if self._proto is not None and not self._proto.lost:
+                return self._proto
+            loop = asyncio.get_running_loop()
+            try:
+                _, proto = await loop.create_connection(_Protocol, self.host, self.port)
+            except OSError as exc:
+                raise RedisConnectionError(f"cannot connect to Redis at "
+                                           f"{self.host}:{self.port}: {exc}") from exc
+            if self.password:
+                auth = (self.username, self.password) if self.username else (self.password,)
+                await self._send(proto, ("AUTH", *auth))
+            if self.db:
+                await self._send(proto, ("SELECT", self.db))
+            self._proto = proto
+            return proto
+
+
+class Script:
+    """A Lua script's source and SHA1, for ``RespConnection.run_script``."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()

@@ -13,6 +13,10 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+# Stands for the text in a chunk built once per request; only the text changes between chunks.
+_TEXT_MARK = "\x00carpool-text\x00"
+
+
 class Formatter:
     """Builds bodies for one request (chat or completion)."""
 
@@ -23,6 +27,7 @@ class Formatter:
         self.model = model
         self.created = created
         self.tier = service_tier
+        self._text_frame: tuple[bytes, bytes] | None = None
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.request_id, "object": obj, "created": self.created,
@@ -59,6 +64,16 @@ class Formatter:
             body["choices"] = [{"index": 0, "text": text or "", "finish_reason": reason,
                                 "logprobs": None}]
         return sse(body)
+
+    def text_chunk(self, text: str) -> bytes:
+        """``chunk(text)``, byte for byte, without rebuilding the whole body: the SSE event
+        around the text is made once per request (streaming pays this once per event)."""
+        if self._text_frame is None:
+            mark = json.dumps(_TEXT_MARK).encode()
+            prefix, _, suffix = self.chunk(_TEXT_MARK).partition(mark)
+            self._text_frame = (prefix, suffix)
+        prefix, suffix = self._text_frame
+        return prefix + json.dumps(text).encode() + suffix
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> bytes:
         body = self._base("chat.completion.chunk" if self.kind == "chat" else "text_completion")

@@ -105,12 +105,16 @@ class RelayResponse:
             log.exception("clean-up of %s failed", self.ctx.request_id)
 
     async def _batches(self) -> Any:
-        """Lists of messages, one list per read of the process's output mux."""
+        """Lists of messages: everything the process's output mux has delivered for this
+        request since the last turn (several reads coalesce when the relay fell behind)."""
         mux, key = self.services.mux, self.services.keys.out(self.ctx.request_id)
         queue = mux.register(key)
         try:
             while not self.closing:
-                yield await queue.get()
+                batch = await queue.get()
+                while not queue.empty():
+                    batch = batch + queue.get_nowait()
+                yield batch
         finally:
             mux.unregister(key)
 
@@ -132,23 +136,26 @@ class RelayResponse:
         if fmt.kind == "chat":
             await self._body(send, fmt.chunk("", first=True))
         async for batch in self._batches():
-            out = bytearray()  # one socket write per batch, however many events it holds
+            # One event and one socket write per batch: the text of every token message
+            # already here goes out together (any split of the text is a valid stream).
+            text = []
             for msg in batch:
                 if isinstance(msg, TokenMsg):
                     self._on_tokens(msg)
-                    if msg.text:
-                        out += fmt.chunk(msg.text)
+                    text.append(msg.text)
                 elif isinstance(msg, FinishMsg):
                     self.state.finish = msg
+                    out = fmt.text_chunk("".join(text)) if any(text) else b""
                     if msg.finish_reason == "error":
                         out += sse(_finish_error(msg).body())
                     else:
                         out += fmt.chunk(None, msg.finish_reason)
                         if ctx.include_usage:
                             out += fmt.usage_chunk(ctx.prompt_tokens, self.state.completion_tokens)
-                    await self._body(send, bytes(out + SSE_DONE), more=False)
+                    await self._body(send, out + SSE_DONE, more=False)
                     return
-            await self._body(send, bytes(out))
+            if any(text):
+                await self._body(send, fmt.text_chunk("".join(text)))
 
     def _on_tokens(self, msg: TokenMsg) -> None:
         state = self.state

@@ -116,6 +116,7 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
                 await svc.worker.stop()
             await svc.events.stop()
             await svc.mux.stop()
+            await svc.quota.close()
             if eng is not None and engine is None:
                 await eng.shutdown()
             await redis.aclose()

@@ -10,12 +10,14 @@ timeout are taken over by another worker with XAUTOCLAIM.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.messages import MessageError, SubmitMsg, decode
 from gateway.redis_keys import GROUP, RedisKeys
+from gateway.resp import LuaScript, RespConnection
 
 # KEYS: per request: req, out;  ARGV: consumer, reclaim (0/1)
 # Returns one status per request: run | lost (reclaimed with tokens already sent) | abort
@@ -72,8 +74,18 @@ class TierQueues:
         self.redis = redis
         self.keys = keys
         self.tiers = tuple(tiers)
-        self._claim = redis.register_script(CLAIM_LUA)
-        self._backlogs = redis.register_script(BACKLOG_LUA)
+        # Lean connections (``resp.py``) for the drainer's calls, on every request's path:
+        # one that blocks (XREADGROUP BLOCK would hold up whatever is pipelined behind it)
+        # and one for the rest.
+        self._block_conn = RespConnection.for_client(redis)
+        self._conn = RespConnection.for_client(redis)
+        self._claim = LuaScript(redis, self._conn, CLAIM_LUA)
+        self._backlogs = LuaScript(redis, self._conn, BACKLOG_LUA)
+
+    async def close(self) -> None:
+        for conn in (self._block_conn, self._conn):
+            if conn is not None:
+                await conn.close()
 
     async def ensure_groups(self) -> None:
         for tier in self.tiers:
@@ -94,11 +106,22 @@ class TierQueues:
         streams = {self.keys.queue(t): ">" for t in tiers}
         if not streams:
             return []
-        res = await self.redis.xreadgroup(GROUP, consumer, streams, count=count, block=block_ms)
+        conn = self._block_conn if block_ms is not None else self._conn
+        if conn is not None:
+            block = ("BLOCK", block_ms) if block_ms is not None else ()
+            res = await conn.call("XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count, *block,
+                                  "STREAMS", *streams, *streams.values())
+        else:
+            res = await self.redis.xreadgroup(GROUP, consumer, streams, count=count,
+                                              block=block_ms)
         return [self._envelope(key, eid, fields) for key, entries in res or [] for eid, fields in entries]
 
     async def read_counts(self, counts: dict[str, int], consumer: str) -> dict[str, list[Envelope]]:
         """``counts[tier]`` new entries per tier, in one pipelined round trip (non-blocking)."""
+        if self._conn is not None:  # concurrent calls on one connection are pipelined
+            got = await asyncio.gather(*(self.read([t], consumer, None, n)
+                                         for t, n in counts.items()))
+            return dict(zip(counts, got))
         pipe = self.redis.pipeline(transaction=False)
         for tier, n in counts.items():
             pipe.xreadgroup(GROUP, consumer, {self.keys.queue(tier): ">"}, count=n)
@@ -138,6 +161,8 @@ class TierQueues:
             await target.execute()
 
     def _envelope(self, key: Any, entry_id: Any, fields: Any) -> Envelope:
+        if isinstance(fields, list):  # a raw reply: [field, value, field, value, ...]
+            fields = dict(zip(fields[::2], fields[1::2]))
         key_s = key.decode() if isinstance(key, bytes) else str(key)
         tier = key_s.rsplit(":", 1)[1]
         eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)

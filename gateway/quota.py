@@ -15,6 +15,7 @@ from typing import Any
 
 from gateway.messages import SubmitMsg, encode
 from gateway.redis_keys import RedisKeys
+from gateway.resp import LuaScript, RespConnection
 from gateway.tenants import Tenant
 
 _BUCKET_LUA = """
@@ -109,8 +110,15 @@ class QuotaEnforcer:
         self.queue_max_len = queue_max_len
         self.lease_ms = lease_ms
         self.req_ttl_s = req_ttl_s
-        self._admit = redis.register_script(ADMIT_LUA)
-        self._settle = redis.register_script(SETTLE_LUA)
+        # Both calls are on every request's path: one lean connection (``resp.py``) that
+        # concurrent requests share (their calls are pipelined on it).
+        self._conn = RespConnection.for_client(redis)
+        self._admit = LuaScript(redis, self._conn, ADMIT_LUA)
+        self._settle = LuaScript(redis, self._conn, SETTLE_LUA)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
 
     async def admit(self, tenant: Tenant, msg: SubmitMsg, cost: int) -> Admission:
         """Check every limit and enqueue ``msg`` atomically; ``cost`` = prompt + max_tokens."""

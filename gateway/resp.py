@@ -131,3 +131,18 @@ class Script:
     def __init__(self, source: str) -> None:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+
+class LuaScript:
+    """A Lua script called through ``conn`` when there is one, else through redis-py (the
+    same raw reply either way: redis-py applies no callback to EVALSHA)."""
+
+    def __init__(self, redis: Any, conn: RespConnection | None, source: str) -> None:
+        self._redis_py = redis.register_script(source)
+        self._conn = conn
+        self._script = Script(source)
+
+    async def __call__(self, keys: list[Any], args: list[Any]) -> Any:
+        if self._conn is None:
+            return await self._redis_py(keys=keys, args=args)
+        return await self._conn.run_script(self._script, keys, args)

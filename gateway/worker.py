@@ -76,6 +76,7 @@ class Worker:
                 await task
         self._tasks.clear()
         await self.writer.close()
+        await self.queues.close()
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()

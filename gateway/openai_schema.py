@@ -127,6 +127,16 @@ def _content_text(content: Any, index: int) -> str:
                       param=f"messages[{index}].content")
 
 
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text``, no special tokens added. Straight through the fast tokenizer
+    when there is one: the transformers wrapper routes one text through ``encode_batch`` and
+    costs ~2.5x as much per call (the same ids; tests compare them)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return list(backend.encode(text, add_special_tokens=False).ids)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
 def parse_chat(body: dict[str, Any], tokenizer: Any, served_model: str) -> ParsedRequest:
     common = _common(body, served_model)
     messages = body.get("messages")
@@ -142,7 +152,7 @@ def parse_chat(body: dict[str, Any], tokenizer: Any, served_model: str) -> Parse
     except Exception as exc:  # template errors are the caller's input (e.g. role order)
         raise bad_request(f"messages do not fit the model's chat template: {exc}",
                           param="messages") from exc
-    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    ids = encode_text(tokenizer, text)
     return ParsedRequest(kind="chat", prompt_token_ids=ids, **common)
 
 
@@ -153,7 +163,7 @@ def parse_completion(body: dict[str, Any], tokenizer: Any, served_model: str,
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        ids = list(tokenizer.encode(prompt, add_special_tokens=False))
+        ids = encode_text(tokenizer, prompt)
     elif isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         if any(not 0 <= t < vocab_size for t in prompt):

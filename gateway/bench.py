@@ -2,11 +2,13 @@
 
 The engine is the FAKE echo engine (no model), so every millisecond measured is gateway:
 HTTP, auth, tokenization, the Lua admission, the Redis queue, the worker, the per-step
-pipelined output write and the relay back. One run, one table, ratios against baselines
+output write and the relay back. One run, one table, ratios against baselines
 measured in the same run on the same machine:
   direct     ``FakeEchoEngine.generate`` called in-process (no HTTP, no Redis)
   http-floor ``GET /healthz`` through the same uvicorn process (the HTTP client+server cost)
-The gateway runs as its own process (``carpool serve --engine echo``); the load generator is
+The gateway runs as its own process (``carpool serve --engine echo``, gateway + worker +
+engine in one process); the "split roles" rows run ``--role gateway`` and ``--role worker`` as
+two processes (the engine's loop then no longer shares the gateway's). The load generator is
 this process, so on a small machine both share the CPUs. By default it is the lean asyncio
 HTTP/1.1 keep-alive client of ``bench_client.py`` (``--client httpx`` for the heavier httpx);
 whatever it costs is still counted as gateway latency. The direct baseline and the load
@@ -25,10 +27,20 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gateway.bench_load import (
+    PROMPT,
+    closed_loop,
+    httpx_calls,
+    lean_calls,
+    open_loop,
+    pin,
+    server_pids,
+)
 
 SECRET = "bench-secret"
 
@@ -53,52 +65,13 @@ class Row:
         return self.tokens / self.wall_s
 
 
-async def _closed_loop(n: int, concurrency: int, one: Any) -> tuple[list[float], float, int]:
-    """``n`` calls of ``one()`` with ``concurrency`` in flight; returns latencies, wall, tokens."""
-    latencies: list[float] = []
-    tokens = 0
-    it = iter(range(n))
-
-    async def lane() -> None:
-        nonlocal tokens
-        for _ in it:
-            t0 = time.perf_counter()
-            n = await one()
-            latencies.append(time.perf_counter() - t0)
-            tokens += n
-
-    start = time.perf_counter()
-    await asyncio.gather(*(lane() for _ in range(concurrency)))
-    return latencies, time.perf_counter() - start, tokens
-
-
-async def _open_loop(rate: float, duration_s: float, one: Any) -> tuple[list[float], float]:
-    """Requests started at a fixed ``rate`` regardless of completions (latency under load)."""
-    latencies: list[float] = []
-
-    async def timed() -> None:
-        t0 = time.perf_counter()
-        await one()
-        latencies.append(time.perf_counter() - t0)
-
-    tasks, start = [], time.perf_counter()
-    for i in range(int(rate * duration_s)):
-        delay = start + i / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(timed()))
-    await asyncio.gather(*tasks)
-    return latencies, time.perf_counter() - start
-
-
 async def direct_rows(tokenizer: Any, args: argparse.Namespace) -> list[Row]:
     from engine.sampling_params import SamplingParams
     from gateway.echo_engine import FakeEchoEngine
 
     engine = FakeEchoEngine(tokenizer, step_ms=args.step_ms)
     await engine.start()
-    prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog",
-                              add_special_tokens=False)
+    prompt = tokenizer.encode(PROMPT, add_special_tokens=False)
     counter = iter(range(10 ** 9))
 
     def call(max_tokens: int) -> Any:
@@ -111,96 +84,15 @@ async def direct_rows(tokenizer: Any, args: argparse.Namespace) -> list[Row]:
         return one
 
     rows = []
-    lat, wall, tok = await _closed_loop(args.requests, args.concurrency, call(args.max_tokens))
+    lat, wall, tok = await closed_loop(args.requests, args.concurrency, call(args.max_tokens))
     rows.append(Row("direct (in-process engine.generate)", lat, wall, tok))
-    lat, wall, tok = await _closed_loop(args.concurrency * 2, args.concurrency,
+    lat, wall, tok = await closed_loop(args.concurrency * 2, args.concurrency,
                                         call(args.stream_tokens))
     rows.append(Row("direct streamed tokens", lat, wall, tok))
-    lat, wall = await _open_loop(args.rate, args.duration, call(args.max_tokens))
+    lat, wall = await open_loop(args.rate, args.duration, call(args.max_tokens))
     rows.append(Row(f"direct @ {args.rate:g} req/s", lat, wall))
     await engine.shutdown()
     return rows
-
-
-PROMPT = "The quick brown fox jumps over the lazy dog"
-
-
-def _body(max_tokens: int, stream: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": "echo", "max_tokens": max_tokens, "stream": stream,
-                            "prompt": PROMPT}
-    if stream:  # events may carry several tokens: count them from the usage chunk
-        body["stream_options"] = {"include_usage": True}
-    return body
-
-
-def _usage_tokens(sse_text: str) -> int:
-    n = 0
-    for line in sse_text.splitlines():
-        if line.startswith('data: {') and '"usage"' in line:
-            n = int(json.loads(line[6:])["usage"]["completion_tokens"])
-    return n
-
-
-@dataclass
-class Calls:
-    """The load generator's two calls: a completion factory and the HTTP floor."""
-
-    completion: Callable[[int, bool], Callable[[], Awaitable[int]]]
-    floor: Callable[[], Awaitable[int]]
-
-
-@contextlib.asynccontextmanager
-async def lean_calls(url: str, key: str, args: argparse.Namespace) -> AsyncIterator[Calls]:
-    from gateway.bench_client import LeanClient
-
-    host, port = url.removeprefix("http://").split(":")
-    client = LeanClient(host, int(port), {"Authorization": f"Bearer {key}"})
-
-    def completion(max_tokens: int, stream: bool) -> Any:
-        body = _body(max_tokens, stream)
-
-        async def one() -> int:
-            r = await client.post_json("/v1/completions", body)
-            if stream:
-                return _usage_tokens(r.body.decode())
-            return int(r.json()["usage"]["completion_tokens"])
-        return one
-
-    async def floor() -> int:
-        await client.get("/healthz")
-        return 0
-
-    try:
-        yield Calls(completion, floor)
-    finally:
-        await client.aclose()
-
-
-@contextlib.asynccontextmanager
-async def httpx_calls(url: str, key: str, args: argparse.Namespace) -> AsyncIterator[Calls]:
-    import httpx
-
-    limits = httpx.Limits(max_connections=args.concurrency * 4, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"},
-                                 limits=limits, timeout=60) as client:
-        def completion(max_tokens: int, stream: bool) -> Any:
-            body = _body(max_tokens, stream)
-
-            async def one() -> int:
-                if not stream:
-                    r = await client.post("/v1/completions", json=body)
-                    r.raise_for_status()
-                    return int(r.json()["usage"]["completion_tokens"])
-                async with client.stream("POST", "/v1/completions", json=body) as r:
-                    r.raise_for_status()
-                    return _usage_tokens("\n".join([line async for line in r.aiter_lines()]))
-            return one
-
-        async def floor() -> int:
-            (await client.get("/healthz")).raise_for_status()
-            return 0
-
-        yield Calls(completion, floor)
 
 
 async def gateway_rows(url: str, key: str, args: argparse.Namespace,
@@ -208,72 +100,66 @@ async def gateway_rows(url: str, key: str, args: argparse.Namespace,
     make = lean_calls if args.client == "lean" else httpx_calls
     async with make(url, key, args) as calls:
         completion = calls.completion
-        await _closed_loop(64, 8, completion(args.max_tokens, False))  # warm-up
+        await closed_loop(64, 8, completion(args.max_tokens, False))  # warm-up
         rows = []
         for name, fn in (("http-floor (GET /healthz)", calls.floor),
                          ("gateway non-streaming", completion(args.max_tokens, False)),
                          ("gateway streaming", completion(args.max_tokens, True))):
-            lat, wall, tok = await _closed_loop(args.requests, args.concurrency, fn)
+            lat, wall, tok = await closed_loop(args.requests, args.concurrency, fn)
             rows.append(Row(name, lat, wall, tok))
-        lat, wall, tok = await _closed_loop(args.concurrency * 2, args.concurrency,
+        lat, wall, tok = await closed_loop(args.concurrency * 2, args.concurrency,
                                             completion(args.stream_tokens, True))
         rows.append(Row("gateway streamed tokens", lat, wall, tok))
-        lat, wall = await _open_loop(args.rate, args.duration, completion(args.max_tokens, False))
+        lat, wall = await open_loop(args.rate, args.duration, completion(args.max_tokens, False))
         rows.append(Row(f"gateway @ {args.rate:g} req/s", lat, wall))
         if pinned is not None:  # the same, the client on one core and the server on the other
             with pin(*pinned):
-                lat, wall = await _open_loop(args.rate, args.duration,
+                lat, wall = await open_loop(args.rate, args.duration,
                                              completion(args.max_tokens, False))
             rows.append(Row(f"gateway @ {args.rate:g} req/s, client pinned apart", lat, wall))
     return rows
 
 
-def server_pids(proc: subprocess.Popen[bytes], redis_url: str) -> list[int]:
-    """The gateway process and the Redis server (its pid from INFO)."""
-    import redis as sync_redis
+async def split_rows(url: str, key: str, args: argparse.Namespace) -> list[Row]:
+    """The gateway in its own process (``--role gateway``), the worker and the FAKE engine in
+    another (``--role worker``): what one gateway process streams when it does not also run
+    the engine's loop."""
+    make = lean_calls if args.client == "lean" else httpx_calls
+    async with make(url, key, args) as calls:
+        await closed_loop(64, 8, calls.completion(args.max_tokens, False))  # warm-up
+        lat, wall, tok = await closed_loop(args.concurrency * 2, args.concurrency,
+                                           calls.completion(args.stream_tokens, True))
+        rows = [Row("gateway streamed tokens, split roles", lat, wall, tok)]
+        lat, wall = await open_loop(args.rate, args.duration,
+                                    calls.completion(args.max_tokens, False))
+        rows.append(Row(f"gateway @ {args.rate:g} req/s, split roles", lat, wall))
+    return rows
 
-    client = sync_redis.Redis.from_url(redis_url)
-    try:
-        return [proc.pid, int(client.info("server")["process_id"])]
-    finally:
-        client.close()
 
-
-def _threads(pid: int) -> list[int]:
-    try:
-        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        return [pid]
+def start_server(redis_url: str, port: int, args: argparse.Namespace,
+                 role: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--role", role, "--engine", "echo",
+           "--port", str(port), "--no-demo", "--namespace", "bench",
+           "--echo-step-ms", str(args.step_ms)]
+    if args.model:
+        cmd += ["--model", args.model]
+    env = {**os.environ, "REDIS_URL": redis_url, "CARPOOL_SECRET": SECRET}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 @contextlib.contextmanager
-def pin(server_pids: list[int], client_cpus: list[int]) -> Iterator[None]:
-    """Every thread of ``server_pids`` on the CPUs not in ``client_cpus``, this thread (the
-    load generator's loop) on ``client_cpus``; the old masks come back afterwards."""
-    everything = os.sched_getaffinity(0)
-    server_cpus = everything - set(client_cpus)
-    tids = [t for pid in server_pids for t in _threads(pid)]
+def serving(redis_url: str, port: int, args: argparse.Namespace,
+            roles: tuple[str, ...]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``carpool serve`` processes of ``roles`` (the first one serves HTTP on ``port``)."""
+    procs = [start_server(redis_url, port, args, role) for role in roles]
     try:
-        for tid in tids:
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(tid, server_cpus)
-        os.sched_setaffinity(0, set(client_cpus))
-        yield
+        wait_ready(f"http://127.0.0.1:{port}", procs[0])
+        yield procs
     finally:
-        os.sched_setaffinity(0, everything)
-        for tid in tids:
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(tid, everything)
-
-
-def start_gateway(redis_url: str, port: int, model: str | None,
-                  step_ms: float) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--engine", "echo", "--port", str(port),
-           "--no-demo", "--namespace", "bench", "--echo-step-ms", str(step_ms)]
-    if model:
-        cmd += ["--model", model]
-    env = {**os.environ, "REDIS_URL": redis_url, "CARPOOL_SECRET": SECRET}
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(15)
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
@@ -340,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="load generator: lean asyncio HTTP/1.1 (default) or httpx")
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="skip the extra row with the client pinned to CPU 0")
+    p.add_argument("--no-split", dest="split", action="store_false",
+                   help="skip the rows with gateway and worker in separate processes")
     p.add_argument("--model", default=None, help="tokenizer source dir (default: SmolLM2)")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
@@ -354,23 +242,23 @@ def main(argv: list[str] | None = None) -> int:
     url = f"http://127.0.0.1:{port}"
     cpus = sorted(os.sched_getaffinity(0))
     with EmbeddedRedis() as redis:
-        proc = start_gateway(redis.url, port, args.model, args.step_ms)
-        try:
-            wait_ready(url, proc)
+        with serving(redis.url, port, args, ("all",)) as procs:
             key = run(make_key(redis.url))
-            pinned = (server_pids(proc, redis.url), cpus[:1]) if args.pin and len(cpus) > 1 \
-                else None
+            pinned = (server_pids(procs[0], redis.url), cpus[:1]) \
+                if args.pin and len(cpus) > 1 else None
             gw = run(gateway_rows(url, key, args, pinned))
-        finally:
-            proc.terminate()
-            proc.wait(15)
+        if args.split:
+            port = _free_port()
+            with serving(redis.url, port, args, ("gateway", "worker")):
+                gw += run(split_rows(f"http://127.0.0.1:{port}", key, args))
     client = ("lean asyncio HTTP/1.1 keep-alive client (gateway/bench_client.py)"
               if args.client == "lean" else "httpx")
     print(f"carpool bench gateway: FAKE echo engine, {args.requests} requests, concurrency "
           f"{args.concurrency}, {args.step_ms:g} ms steps, {args.max_tokens} tokens each "
           f"(streamed-token rows: {args.stream_tokens}); open loop at {args.rate:g} req/s for "
           f"{args.duration:g} s; {len(cpus)} CPUs shared by client, gateway and Redis "
-          f"(pinned row: client on CPU {cpus[0]}, gateway and Redis on the rest)\n"
+          f"(pinned row: client on CPU {cpus[0]}, gateway and Redis on the rest; split-roles "
+          f"rows: gateway and worker+engine in two processes)\n"
           f"load generator: {client} in the bench process; direct baseline and load generator "
           f"on {loop_name}, the gateway on uvicorn's default loop ({loop_name})\n")
     print(table(direct, gw, args))

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.bench import _usage_tokens
 from gateway.bench_client import BenchHTTPError, LeanClient
+from gateway.bench_load import usage_tokens
 from tests.gateway.harness import make_tenant
 
 pytestmark = pytest.mark.timeout(60)
@@ -48,7 +48,7 @@ async def test_json_and_sse_bodies_match_httpx(echo_gateway: Any, key: str) -> N
               if line.startswith("data: {")]
     text = "".join(e["choices"][0]["text"] for e in events if e["choices"])
     assert text == expected["choices"][0]["text"]
-    assert _usage_tokens(streamed) == 5
+    assert usage_tokens(streamed) == 5
     assert health.json() == {"status": "ok"}
 
 

@@ -152,13 +152,31 @@ class TierQueues:
         entries = res[1] if res else []
         return [self._envelope(key, eid, fields) for eid, fields in entries]
 
-    async def done(self, tier: str, entry_id: str, pipe: Any = None) -> None:
-        """Acknowledge and delete a finished entry (in ``pipe`` when given)."""
-        target = pipe if pipe is not None else self.redis.pipeline(transaction=False)
-        target.xack(self.keys.queue(tier), GROUP, entry_id)
-        target.xdel(self.keys.queue(tier), entry_id)
-        if pipe is None:
-            await target.execute()
+    def done_commands(self, tier: str, entry_id: str) -> list[tuple[Any, ...]]:
+        """The commands of ``done`` (acknowledge and delete), for ``execute``."""
+        return [("XACK", self.keys.queue(tier), GROUP, entry_id),
+                ("XDEL", self.keys.queue(tier), entry_id)]
+
+    async def execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Run ``commands`` in one round trip; raw replies in order (the first error raises
+        after all of them ran, as a redis-py pipeline does)."""
+        if not commands:
+            return []
+        if self._conn is not None:  # concurrent calls on one connection are pipelined
+            res = await asyncio.gather(*(self._conn.call(*c) for c in commands),
+                                       return_exceptions=True)
+            for r in res:
+                if isinstance(r, BaseException):
+                    raise r
+            return res
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute())
+
+    async def done(self, tier: str, entry_id: str) -> None:
+        """Acknowledge and delete a finished entry."""
+        await self.execute(self.done_commands(tier, entry_id))
 
     def _envelope(self, key: Any, entry_id: Any, fields: Any) -> Envelope:
         if isinstance(fields, list):  # a raw reply: [field, value, field, value, ...]

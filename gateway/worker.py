@@ -100,13 +100,13 @@ class Worker:
         """Run a batch of envelopes, or drop them (cancelled, past deadline, lost) and ack
         them: one pipelined claim round trip and one for the acks and cancel checks."""
         todo = [e for e in envs if e.msg is not None and e.msg.request_id not in self.inflight]
-        pipe = self.redis.pipeline(transaction=False)
+        cmds: list[tuple[Any, ...]] = []
         for env in envs:
             if env.msg is None:  # deleted by a cancel before we read it
-                await self.queues.done(env.tier, env.entry_id, pipe)
+                cmds += self.queues.done_commands(env.tier, env.entry_id)
         statuses = await self.queues.claim_many(
             [e.msg.request_id for e in todo if e.msg is not None], self.consumer, reclaim)
-        started: list[tuple[str, int]] = []  # (request id, index of its HGET in the pipeline)
+        started: list[tuple[str, int]] = []  # (request id, index of its HGET in cmds)
         for env, status in zip(todo, statuses):
             msg = env.msg
             assert msg is not None
@@ -115,16 +115,16 @@ class Worker:
                 self._finish_now(rec, msg, "error", "deadline exceeded before the request started")
             elif status == "run":
                 self._run(rec, msg)
-                started.append((msg.request_id, len(pipe)))
-                pipe.hget(self.keys.req(msg.request_id), "cancel")
+                started.append((msg.request_id, len(cmds)))
+                cmds.append(("HGET", self.keys.req(msg.request_id), "cancel"))
             elif status == "lost":
                 self._finish_now(rec, msg, "error", LOST_ERROR)
             elif status == "abort":
                 self._finish_now(rec, msg, "abort", "cancelled")
             else:  # cancelled / finished / gone: whoever cancelled it told the reader
-                await self.queues.done(env.tier, env.entry_id, pipe)
+                cmds += self.queues.done_commands(env.tier, env.entry_id)
                 self.events.dropped(msg.request_id, status)
-        results = await pipe.execute()
+        results = await self.queues.execute(cmds)
         for rid, at in started:
             mark = results[at]
             if mark is not None:  # a cancel raced our claim: its publish found no owner

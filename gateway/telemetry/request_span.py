@@ -97,8 +97,9 @@ class RequestRecorder:
             self.span.add_event(names.EVENT_FIRST_TOKEN, timestamp=monotonic_to_epoch_ns(t))
         elif self._last is not None:
             gap = (t - self._last) / count  # tokens of one step arrive together: share the gap
+            itl = self._metrics.itl.labels(tier)  # looked up once, not per token
             for _ in range(count):
-                self._metrics.itl.labels(tier).observe(gap)
+                itl.observe(gap)
         self._completion_tokens += count
         self._last = t
 

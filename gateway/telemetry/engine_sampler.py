@@ -22,6 +22,12 @@ from gateway.telemetry.metrics import Metrics
 class EngineSampler:
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
+        # The gauges' children, looked up once: a sample runs on every engine step.
+        self._running = metrics.engine_requests.labels("running")
+        self._waiting = metrics.engine_requests.labels("waiting")
+        self._swapped = metrics.engine_requests.labels("swapped")
+        self._used = metrics.kv_blocks.labels("used")
+        self._free = metrics.kv_blocks.labels("free")
         self._last: SchedulerStats | None = None
         # Off when a StepObserver sees every step exactly (then it owns the step histograms).
         self.observe_steps = True
@@ -29,11 +35,11 @@ class EngineSampler:
     def sample(self, stats: SchedulerStats, step_seconds: float | None = None) -> None:
         """Record one snapshot of the scheduler's stats."""
         m = self._metrics
-        m.engine_requests.labels("running").set(stats.num_running)
-        m.engine_requests.labels("waiting").set(stats.num_waiting)
-        m.engine_requests.labels("swapped").set(stats.num_swapped)
-        m.kv_blocks.labels("used").set(stats.device_blocks_used)
-        m.kv_blocks.labels("free").set(stats.device_blocks_free)
+        self._running.set(stats.num_running)
+        self._waiting.set(stats.num_waiting)
+        self._swapped.set(stats.num_swapped)
+        self._used.set(stats.device_blocks_used)
+        self._free.set(stats.device_blocks_free)
         last = self._last if self._last is not None else SchedulerStats()
         if stats.num_steps < last.num_steps:  # a new engine (restart): counters start again
             last = SchedulerStats()
@@ -52,12 +58,11 @@ class EngineSampler:
 
     def sample_load(self, load: EngineLoad) -> None:
         """For engines without scheduler stats (the echo engine): the load snapshot only."""
-        m = self._metrics
-        m.engine_requests.labels("running").set(load.num_running)
-        m.engine_requests.labels("waiting").set(load.num_waiting)
-        m.engine_requests.labels("swapped").set(load.num_swapped)
-        m.kv_blocks.labels("used").set(load.num_total_blocks - load.num_free_blocks)
-        m.kv_blocks.labels("free").set(load.num_free_blocks)
+        self._running.set(load.num_running)
+        self._waiting.set(load.num_waiting)
+        self._swapped.set(load.num_swapped)
+        self._used.set(load.num_total_blocks - load.num_free_blocks)
+        self._free.set(load.num_free_blocks)
 
     def sample_engine(self, engine: Any) -> None:
         """Whatever ``engine`` (an ``EngineClient``) offers: the real ``AsyncEngine`` exposes

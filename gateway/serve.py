@@ -119,14 +119,14 @@ def run_http(config: GatewayConfig, redis_url: str, secret: bytes) -> None:
 
     from gateway.app import create_app
 
-    app = create_app(config, redis_url, secret)
+    app = create_app(config, redis_url, secret, freeze_gc=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="info",
                 timeout_graceful_shutdown=5)
 
 
 async def run_worker(config: GatewayConfig, redis_url: str, secret: bytes) -> None:
     """A worker process: no HTTP, just the drainer/engine loop until SIGTERM/SIGINT."""
-    from gateway.app import redis_client
+    from gateway.app import freeze_startup_objects, redis_client
     from gateway.model_info import build_engine
     from gateway.telemetry.gateway_events import events_for
     from gateway.worker import Worker
@@ -141,6 +141,7 @@ async def run_worker(config: GatewayConfig, redis_url: str, secret: bytes) -> No
         loop.add_signal_handler(sig, stop.set)
     await worker.start()
     await events.start(worker)
+    freeze_startup_objects()
     if config.metrics_port:
         events.telemetry.serve_metrics(config.metrics_port, config.host)
     print(f"worker {worker.consumer} ready", flush=True)

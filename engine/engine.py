@@ -24,13 +24,11 @@ from engine.request_checks import invalid_prompt_reason
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.stats import SchedulerStats
-from kernels import set_use_triton
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        set_use_triton(config.use_triton)
         self.runner = ModelRunner.from_config(config)
         self.tokenizer: Any = self.runner.tokenizer
         self.max_model_len: int = self.runner.max_model_len

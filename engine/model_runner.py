@@ -56,9 +56,11 @@ class ModelRunner:
         num_blocks: int | None = None,
         num_cpu_blocks: int | None = None,
         sampler_seed: int | None = None,
+        use_triton: bool | None = None,
     ) -> None:
         """``num_blocks``/``num_cpu_blocks`` override the cache config; when both are None the
-        pools are sized from ``kv_cache_memory_gb`` / ``swap_space_gb``."""
+        pools are sized from ``kv_cache_memory_gb`` / ``swap_space_gb``. ``use_triton``
+        forces the model's kernel path (None: by device)."""
         _set_threads()
         self.device = torch.device(model_config.device)
         self.dtype = DTYPES[model_config.dtype]
@@ -72,7 +74,9 @@ class ModelRunner:
         self.max_model_len = _max_model_len(self.args, model_config.max_model_len)
         state = load_state_dict(self.model_dir, self.dtype)
         state = {k: v.to(self.device) for k, v in state.items()}
-        self.model = LlamaForCausalLM.from_state_dict(self.args, state, self.max_model_len)
+        self.model = LlamaForCausalLM.from_state_dict(
+            self.args, state, self.max_model_len, use_triton
+        )
         self.block_size = cache_config.block_size
         self.num_blocks = _pick(num_blocks, cache_config.num_blocks,
                                 cache_config.kv_cache_memory_gb, self.bytes_per_block)
@@ -92,7 +96,7 @@ class ModelRunner:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ModelRunner:
-        return cls(config.model, config.cache)
+        return cls(config.model, config.cache, use_triton=config.use_triton)
 
     @property
     def bytes_per_block(self) -> int:

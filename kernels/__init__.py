@@ -1,13 +1,14 @@
 """Hot ops of the engine. Each public function dispatches to a Triton kernel (CUDA, or forced
 under TRITON_INTERPRET=1) or to its torch reference (CPU). Signatures are the contract the
-model code relies on."""
+model code relies on. ``triton`` forces a path (None = by device and dtype, see
+kernels.dispatch)."""
 
 from __future__ import annotations
 
 import torch
 
 from kernels.activation import silu_and_mul_ref, silu_and_mul_triton
-from kernels.dispatch import set_use_triton, use_triton
+from kernels.dispatch import use_triton
 from kernels.kv_cache import write_kv_cache_ref, write_kv_cache_triton
 from kernels.paged_attention import paged_attention_ref, paged_attention_triton
 from kernels.rms_norm import (
@@ -24,49 +25,52 @@ __all__ = [
     "rms_norm",
     "rope_cos_sin",
     "rotary_embedding",
-    "set_use_triton",
     "silu_and_mul",
     "use_triton",
     "write_kv_cache",
 ]
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if use_triton(x):
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, triton: bool | None = None
+) -> torch.Tensor:
+    if use_triton(x, triton):
         return rms_norm_triton(x, weight, eps)
     return rms_norm_ref(x, weight, eps)
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+    triton: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (rms_norm(x + residual), x + residual)."""
-    if use_triton(x):
+    if use_triton(x, triton):
         return fused_add_rms_norm_triton(x, residual, weight, eps)
     return fused_add_rms_norm_ref(x, residual, weight, eps)
 
 
 def rotary_embedding(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor,
+    triton: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Neox-layout rotary; returns new (q, k)."""
-    if use_triton(q):
+    if use_triton(q, triton):
         return rotary_embedding_triton(positions, q, k, cos_sin)
     return rotary_embedding_ref(positions, q, k, cos_sin)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    if use_triton(x):
+def silu_and_mul(x: torch.Tensor, triton: bool | None = None) -> torch.Tensor:
+    if use_triton(x, triton):
         return silu_and_mul_triton(x)
     return silu_and_mul_ref(x)
 
 
 def write_kv_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    slot_mapping: torch.Tensor, triton: bool | None = None,
 ) -> None:
     """Scatters k, v [T, Hk, D] into the caches at slot_mapping; in place."""
-    if use_triton(k):
+    if use_triton(k, triton):
         write_kv_cache_triton(k, v, k_cache, v_cache, slot_mapping)
     else:
         write_kv_cache_ref(k, v, k_cache, v_cache, slot_mapping)
@@ -75,9 +79,10 @@ def write_kv_cache(
 def paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+    triton: bool | None = None,
 ) -> torch.Tensor:
     """See kernels.paged_attention for the ragged-batch semantics."""
-    if use_triton(q):
+    if use_triton(q, triton):
         return paged_attention_triton(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
         )

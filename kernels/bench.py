@@ -226,26 +226,22 @@ def bench_engine_decode(
     small at these lengths) with the Triton kernels vs the torch references, on CUDA."""
     from engine.llm import LLM
     from engine.sampling_params import SamplingParams
-    from kernels import set_use_triton
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     prompts = [[(7 * i + j) % 1000 + 100 for j in range(prompt_len)] for i in range(batch)]
     results: dict[str, float] = {}
-    try:
-        for name, flag in (("triton", True), ("torch ref", False)):
-            llm = LLM(model=model, dtype=dtype, device=device, use_triton=flag,
-                      max_num_seqs=batch)
-            llm.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
-            _sync(device)
-            start = time.perf_counter()
-            outs = llm.generate(prompts, params)
-            _sync(device)
-            results[name] = sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
-            del llm
-            if device.startswith("cuda"):
-                torch.cuda.empty_cache()
-    finally:
-        set_use_triton(None)  # the engine sets the process-wide switch
+    for name, flag in (("triton", True), ("torch ref", False)):
+        llm = LLM(model=model, dtype=dtype, device=device, use_triton=flag,
+                  max_num_seqs=batch)
+        llm.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+        _sync(device)
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        _sync(device)
+        results[name] = sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
+        del llm
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
     return results
 
 

@@ -90,8 +90,9 @@ def _rope_parameters(config: Any) -> dict[str, Any]:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, a: LlamaArgs) -> None:
+    def __init__(self, a: LlamaArgs, triton: bool | None = None) -> None:
         super().__init__()
+        self.triton = triton
         self.num_heads, self.num_kv_heads, self.head_dim = a.num_heads, a.num_kv_heads, a.head_dim
         self.q_size, self.kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         self.scale = a.head_dim**-0.5
@@ -108,51 +109,53 @@ class LlamaAttention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = kernels.rotary_embedding(positions, q, k, cos_sin)
+        q, k = kernels.rotary_embedding(positions, q, k, cos_sin, self.triton)
         k_cache, v_cache = kv_cache
-        kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        kernels.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, self.triton)
         o = kernels.paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-            self.scale,
+            self.scale, self.triton,
         )
         return self.o_proj(o.reshape(t, self.q_size))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, a: LlamaArgs) -> None:
+    def __init__(self, a: LlamaArgs, triton: bool | None = None) -> None:
         super().__init__()
+        self.triton = triton
         # gate and up in one matmul; silu_and_mul splits [gate | up]
         self.gate_up_proj = nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=a.mlp_bias)
         self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=a.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(kernels.silu_and_mul(self.gate_up_proj(x), self.triton))
 
 
 class RMSNorm(nn.Module):
     """Holds the weight; the math is ``kernels.rms_norm`` / ``fused_add_rms_norm``."""
 
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, triton: bool | None = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.triton = triton
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (norm(x + residual), x + residual); with no residual yet, x is it."""
         if residual is None:
-            return kernels.rms_norm(x, self.weight, self.eps), x
-        return kernels.fused_add_rms_norm(x, residual, self.weight, self.eps)
+            return kernels.rms_norm(x, self.weight, self.eps, self.triton), x
+        return kernels.fused_add_rms_norm(x, residual, self.weight, self.eps, self.triton)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, a: LlamaArgs) -> None:
+    def __init__(self, a: LlamaArgs, triton: bool | None = None) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.self_attn = LlamaAttention(a)
-        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.mlp = LlamaMLP(a)
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, triton)
+        self.self_attn = LlamaAttention(a, triton)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps, triton)
+        self.mlp = LlamaMLP(a, triton)
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
@@ -169,12 +172,14 @@ class LlamaForCausalLM(nn.Module):
     """``forward`` gives final hidden states for all tokens; ``compute_logits`` is called only
     on the rows that sample (the last token of each request that reaches its end)."""
 
-    def __init__(self, a: LlamaArgs) -> None:
+    def __init__(self, a: LlamaArgs, triton: bool | None = None) -> None:
+        """``triton``: force the Triton kernels (True) or the torch references (False); None
+        picks by device (kernels.dispatch). Held by each module: no process-wide switch."""
         super().__init__()
         self.args = a
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(a) for _ in range(a.num_layers))
-        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(a, triton) for _ in range(a.num_layers))
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps, triton)
         self.lm_head = None if a.tie_word_embeddings else nn.Linear(
             a.hidden_size, a.vocab_size, bias=False
         )
@@ -183,11 +188,12 @@ class LlamaForCausalLM(nn.Module):
     @classmethod
     def from_state_dict(
         cls, a: LlamaArgs, state: dict[str, torch.Tensor], max_positions: int,
+        triton: bool | None = None,
     ) -> LlamaForCausalLM:
         """Build on the meta device (no random init of weights we overwrite), then take the
         checkpoint tensors as they are (their dtype and device)."""
         with torch.device("meta"):
-            model = cls(a)
+            model = cls(a, triton)
         model.load_hf_weights(state)
         if model.embed_tokens.weight.device.type == "cpu":
             model.use_input_major_linear_weights()

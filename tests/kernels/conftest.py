@@ -6,12 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from kernels import set_use_triton
-
 
 @pytest.fixture
-def force_triton() -> Iterator[None]:
+def force_triton(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Route the public kernels functions to the Triton path (run by the interpreter)."""
-    set_use_triton(True)
+    monkeypatch.setenv("CARPOOL_FORCE_TRITON", "1")
     yield
-    set_use_triton(None)

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import kernels
-from kernels.dispatch import set_use_triton, use_triton
+from kernels.dispatch import use_triton
 from tests.kernels.factories import make_paged_batch
 
 
-def _calls() -> dict[str, Callable[[], Any]]:
+def _calls(triton: bool | None = None) -> dict[str, Callable[[], Any]]:
     x = torch.randn(2, 32)
     w = torch.ones(32)
     q, k = torch.randn(2, 2, 16), torch.randn(2, 1, 16)
@@ -21,13 +21,14 @@ def _calls() -> dict[str, Callable[[], Any]]:
     batch = make_paged_batch([1], [3], num_heads=2, num_kv_heads=1, head_dim=16)
     table = kernels.rope_cos_sin(16, 8, 10000.0)
     return {
-        "rms_norm": lambda: kernels.rms_norm(x, w, 1e-6),
-        "fused_add_rms_norm": lambda: kernels.fused_add_rms_norm(x, x, w, 1e-6),
-        "rotary_embedding": lambda: kernels.rotary_embedding(torch.tensor([0, 1]), q, k, table),
-        "silu_and_mul": lambda: kernels.silu_and_mul(x),
+        "rms_norm": lambda: kernels.rms_norm(x, w, 1e-6, triton=triton),
+        "fused_add_rms_norm": lambda: kernels.fused_add_rms_norm(x, x, w, 1e-6, triton=triton),
+        "rotary_embedding": lambda: kernels.rotary_embedding(
+            torch.tensor([0, 1]), q, k, table, triton=triton),
+        "silu_and_mul": lambda: kernels.silu_and_mul(x, triton=triton),
         "write_kv_cache": lambda: kernels.write_kv_cache(k, k, cache, cache.clone(),
-                                                         torch.tensor([0, 1])),
-        "paged_attention": lambda: kernels.paged_attention(*batch.args()),
+                                                         torch.tensor([0, 1]), triton=triton),
+        "paged_attention": lambda: kernels.paged_attention(*batch.args(), triton=triton),
     }
 
 
@@ -42,11 +43,8 @@ def _spy_all(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def _automatic_dispatch(monkeypatch: pytest.MonkeyPatch) -> Any:
+def _automatic_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CARPOOL_FORCE_TRITON", raising=False)
-    set_use_triton(None)
-    yield
-    set_use_triton(None)
 
 
 def test_cpu_tensors_use_the_references(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,22 +55,23 @@ def test_cpu_tensors_use_the_references(monkeypatch: pytest.MonkeyPatch) -> None
     assert called == []
 
 
-@pytest.mark.parametrize("how", ["set_use_triton", "env"])
+@pytest.mark.parametrize("how", ["argument", "env"])
 def test_forcing_routes_every_op_to_triton(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     called = _spy_all(monkeypatch)
     if how == "env":
         monkeypatch.setenv("CARPOOL_FORCE_TRITON", "1")
-    else:
-        set_use_triton(True)
-    for op, call in _calls().items():
+    for op, call in _calls(triton=True if how == "argument" else None).items():
         with pytest.raises(RuntimeError, match="triton path taken"):
             call()
         assert called[-1] == op
     assert len(called) == len(_calls())
 
 
-def test_set_use_triton_false_beats_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forcing_false_beats_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CARPOOL_FORCE_TRITON", "1")
-    set_use_triton(False)
-    assert not use_triton(torch.zeros(1))
+    called = _spy_all(monkeypatch)
+    assert not use_triton(torch.zeros(1), force=False)
+    for call in _calls(triton=False).values():
+        call()
+    assert called == []
 

@@ -37,7 +37,6 @@ def triton_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
 
         monkeypatch.setattr(kernels, f"{op}_triton", counted)
     yield counts
-    kernels.set_use_triton(None)  # the engine sets the process-wide switch
 
 
 def _generate(model_dir: Path, use_triton: bool, **overrides: Any) -> list[list[int]]:
@@ -69,3 +68,15 @@ def test_triton_path_matches_reference_gqa3_block32(
     got = _generate(model_dir, use_triton=True, block_size=32, num_blocks=16)
     assert got == expected
     assert triton_calls["paged_attention"] >= PARAMS.max_tokens
+
+
+def test_two_engines_in_one_process_keep_their_own_kernel_choice(
+    tiny_model_dir: Path, triton_calls: Counter[str]
+) -> None:
+    forced = LLM(model=str(tiny_model_dir), use_triton=True, **ENGINE)
+    reference = LLM(model=str(tiny_model_dir), use_triton=False, **ENGINE)  # built second
+    forced.generate(PROMPTS[:1], PARAMS)
+    assert triton_calls["paged_attention"] > 0
+    triton_calls.clear()
+    reference.generate(PROMPTS[:1], PARAMS)
+    assert not triton_calls

@@ -60,15 +60,28 @@ class LeanClient:
         return await self.request("POST", path, json.dumps(body).encode())
 
     async def request(self, method: str, path: str, body: bytes | None = None) -> Response:
-        """Send one request and read the whole response (chunked or not); raise on non-2xx."""
-        conn = self._idle.pop() if self._idle else _Conn(
-            *await asyncio.open_connection(self.host, self.port))
+        """Send one request and read the whole response (chunked or not); raise on non-2xx.
+        A kept-alive connection the server closed meanwhile (uvicorn drops idle ones after
+        5 s) fails before any byte of the answer: the request is sent again, once, on a new
+        connection, as httpx does (the server never saw it)."""
         head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n{self._head}"
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        conn.writer.write(head.encode() + b"\r\n" + (body or b""))
+        data = head.encode() + b"\r\n" + (body or b"")
+        while self._idle:
+            conn = self._idle.pop()
+            try:
+                return await self._exchange(conn, data)
+            except (asyncio.IncompleteReadError, ConnectionError) as exc:
+                if isinstance(exc, asyncio.IncompleteReadError) and exc.partial:
+                    raise
+        conn = _Conn(*await asyncio.open_connection(self.host, self.port))
+        return await self._exchange(conn, data)
+
+    async def _exchange(self, conn: _Conn, data: bytes) -> Response:
         try:
-            status, data, keep = await _read_response(conn.reader)
+            conn.writer.write(data)
+            status, body, keep = await _read_response(conn.reader)
         except BaseException:
             conn.writer.close()
             raise
@@ -77,8 +90,8 @@ class LeanClient:
         else:
             conn.writer.close()
         if not 200 <= status < 300:
-            raise BenchHTTPError(f"HTTP {status}: {data[:200]!r}")
-        return Response(status, data)
+            raise BenchHTTPError(f"HTTP {status}: {body[:200]!r}")
+        return Response(status, body)
 
 
 async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:

@@ -59,3 +59,32 @@ async def test_error_status_raises(echo_gateway: Any) -> None:
             await client.post_json("/v1/completions", BODY)
     finally:
         await client.aclose()
+
+
+async def test_stale_keep_alive_connection_is_retried_once() -> None:
+    """A server that closes each connection after one answer (as uvicorn does to idle ones)
+    without saying so: the next request on the pooled connection gets EOF, and is sent again
+    on a new connection."""
+    import asyncio
+
+    served: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        served.append(1)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = LeanClient("127.0.0.1", port)
+    try:
+        assert (await client.get("/a")).body == b"ok"
+        await asyncio.sleep(0.05)  # the server has closed the pooled connection by now
+        assert (await client.get("/b")).body == b"ok"
+        assert len(served) == 2
+    finally:
+        await client.aclose()
+        server.close()
+        await server.wait_closed()

@@ -80,6 +80,7 @@ def serve(config: GatewayConfig) -> int:
     redis_url = config.redis_url
     url_file = runtime_url_file(config)
     if redis_url is None:
+        _exit_cleanly_on_sigterm()
         embedded = EmbeddedRedis()
         redis_url = embedded.start()
         url_file.parent.mkdir(parents=True, exist_ok=True)
@@ -112,6 +113,17 @@ def run_loop(coro: Any) -> Any:
         return asyncio.run(coro)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(coro)
+
+
+def _exit_cleanly_on_sigterm() -> None:
+    """SIGTERM -> SystemExit, so ``finally`` and atexit stop the embedded Redis. uvicorn
+    re-raises the SIGTERM it caught once its graceful shutdown is done; under the default
+    action the process died right there and left the server running."""
+
+    def handler(_signum: int, _frame: object) -> None:
+        raise SystemExit(0)  # a requested stop that completed
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def run_http(config: GatewayConfig, redis_url: str, secret: bytes) -> None:

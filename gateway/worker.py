@@ -113,8 +113,9 @@ class Worker:
             rec = Inflight(msg.request_id, env.tier, env.entry_id)
             if status == "run" and time.time() > msg.deadline_unix > 0:
                 self._finish_now(rec, msg, "error", "deadline exceeded before the request started")
+            elif status == "run" and (refused := self._run(rec, msg)) is not None:
+                self._finish_now(rec, msg, "error", refused)
             elif status == "run":
-                self._run(rec, msg)
                 started.append((msg.request_id, len(cmds)))
                 cmds.append(("HGET", self.keys.req(msg.request_id), "cancel"))
             elif status == "lost":
@@ -130,13 +131,21 @@ class Worker:
             if mark is not None:  # a cancel raced our claim: its publish found no owner
                 self._cancel(CancelMsg(rid, reader_gone=mark in (b"gone", "gone")))
 
-    def _run(self, rec: Inflight, msg: SubmitMsg) -> None:
+    def _run(self, rec: Inflight, msg: SubmitMsg) -> str | None:
+        """Hand the request to the engine; returns why the engine refused it, if it did (a
+        prompt this model can't embed, e.g. from a gateway serving another model). Raising
+        here instead would strand the rest of the batch and redeliver the bad entry forever."""
         self.inflight[rec.request_id] = rec
-        self.engine.add_request(rec.request_id, msg.prompt_token_ids, msg.sampling_params(),
-                                msg.priority)
+        try:
+            self.engine.add_request(rec.request_id, msg.prompt_token_ids,
+                                    msg.sampling_params(), msg.priority)
+        except ValueError as exc:
+            del self.inflight[rec.request_id]
+            return str(exc)
         wait = max(0.0, time.time() - msg.arrival_unix) if msg.arrival_unix else 0.0
         rec.queue_wait_s = wait  # the FinishMsg carries it to the gateway's request span
         self.events.dispatched(rec.tier, rec.request_id, wait, traceparent=msg.traceparent)
+        return None
 
     def _finish_now(self, rec: Inflight, msg: SubmitMsg, reason: str, error: str) -> None:
         out = RequestOutput(rec.request_id, [], "", True, reason, len(msg.prompt_token_ids), 0,

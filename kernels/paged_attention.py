@@ -100,18 +100,20 @@ def _decode_batched(
 ) -> torch.Tensor:
     """R decode queries [R, Hq, D], each attending to its own ctx[r] cached tokens.
 
-    One row gather per token slot (padded to the longest context, masked), then one fused
-    SDPA call over strided head views with GQA: no permute copies, no repeated KV heads, and
-    one parallel region per layer instead of a matmul/softmax chain per KV head."""
+    One gather of whole KV blocks through the block tables (12 KB copies rather than one per
+    token slot; the tail of the last block is masked), then one fused SDPA call over strided
+    head views with GQA: no permute copies, no repeated KV heads, and one parallel region per
+    layer instead of a matmul/softmax chain per KV head."""
     num_rows, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
-    length = int(ctx.max())
-    pos = torch.arange(length, device=q.device)
-    slots = tables[:, pos // block_size].long() * block_size + pos % block_size  # [R, L]
-    width = num_kv_heads * head_dim
+    num_blocks = (int(ctx.max()) + block_size - 1) // block_size
+    length = num_blocks * block_size
+    blocks = tables[:, :num_blocks].long()  # [R, nb]; padding entries are masked below
     shape = (num_rows, length, num_kv_heads, head_dim)
-    k = F.embedding(slots, k_cache.reshape(-1, width)).view(shape).transpose(1, 2).to(q.dtype)
-    v = F.embedding(slots, v_cache.reshape(-1, width)).view(shape).transpose(1, 2).to(q.dtype)
+    k = F.embedding(blocks, k_cache.reshape(k_cache.shape[0], -1)).view(shape)
+    v = F.embedding(blocks, v_cache.reshape(v_cache.shape[0], -1)).view(shape)
+    k, v = k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype)
+    pos = torch.arange(length, device=q.device)
     keep = (pos < ctx.to(q.device).unsqueeze(1)).view(num_rows, 1, 1, length)
     out = F.scaled_dot_product_attention(
         q.view(num_rows, num_heads, 1, head_dim), k, v, attn_mask=keep, scale=scale,

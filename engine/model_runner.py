@@ -137,15 +137,22 @@ class ModelRunner:
         blocks = self.cpu_cache[:, :, torch.tensor(src)].to(self.device)
         self.kv_cache[:, :, torch.tensor(dst, device=self.device)] = blocks
 
+    def _padding_row(self, scheduled: list[ScheduledRequest]) -> ScheduledRequest:
+        ctx = max((s.start_pos + len(s.token_ids) for s in scheduled), default=1)
+        blocks = [self.padding_block] * -(-ctx // self.block_size)
+        return ScheduledRequest("", [0], ctx - 1, blocks, True, _PAD_PARAMS, 0)
+
     def prepare_inputs(
         self, scheduled: list[ScheduledRequest], num_padding_rows: int = 0
     ) -> StepInputs:
         """Flatten the step into index tensors: one ``torch.tensor`` call per list.
 
-        ``num_padding_rows`` dummy one-token rows (a fixed-shape batch's finished seats) go
-        last, each a fresh sequence in the scratch block, with logits rows after the real ones.
+        ``num_padding_rows`` dummy decode rows (a fixed-shape batch's finished seats) go last,
+        with logits rows after the real ones. Like a padded ``generate`` row, each attends over
+        the batch's longest context, here the scratch block read over and over, so a seat
+        costs the same whether its request is still running or not.
         """
-        pad = ScheduledRequest("", [0], 0, [self.padding_block], True, _PAD_PARAMS, 0)
+        pad = self._padding_row(scheduled)
         scheduled = [*scheduled, *[pad] * num_padding_rows] if num_padding_rows else scheduled
         ids: list[int] = []
         positions: list[int] = []

@@ -118,6 +118,9 @@ def test_padding_rows_cost_compute_but_change_no_token_and_no_pool_block(
     inputs = padded.prepare_inputs(scheduled, num_padding_rows=3)
     assert inputs.input_ids.numel() == len(a) + len(b) + 3
     assert inputs.logits_indices.numel() == 5 and len(inputs.sample_rows) == 2
+    # like a padded generate row, a padding row attends over the batch's longest context
+    assert inputs.meta.seq_lens.tolist() == [len(a), len(b), len(a), len(a), len(a)]
+    assert set(inputs.meta.block_tables[2:].flatten().tolist()) == {padded.padding_block}
 
 
 def test_runner_exposes_tokenizer_and_limits(tiny_model_dir: Path) -> None:

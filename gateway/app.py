@@ -134,6 +134,10 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
             if eng is not None and engine is None:
                 await eng.shutdown()
             await redis.aclose()
+            if freeze_gc:
+                # Frozen objects are never finalized at exit; triton's nanobind bindings
+                # then print hundreds of "leaked instance" lines on every stop.
+                gc.unfreeze()
 
     return Starlette(
         routes=ROUTES,

@@ -43,15 +43,38 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
         if size > limit:
             raise APIError(413, f"request body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        body = json.loads(b"".join(chunks))
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}") from exc
     except RecursionError as exc:  # '[[[[...' nested past the parser's stack
         raise bad_request("request body is nested too deeply") from exc
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
+    if b"\\u" in raw and _has_lone_surrogate(body):
+        raise bad_request("request body has a string with a lone UTF-16 surrogate "
+                          "(\\ud800-\\udfff escape without its pair)")
     return body
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """json.loads accepts '\\ud800' alone; such a str can't be encoded as UTF-8 (tokenizer,
+    orjson), so it must be refused here rather than fail later as a 500."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 def choose_tier(tenant: Tenant, parsed: ParsedRequest, header: str | None) -> str:

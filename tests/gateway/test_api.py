@@ -202,6 +202,25 @@ def test_malformed_json_and_non_object(client: httpx.Client) -> None:
         assert r.json()["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("where", ["stop", "prompt", "chat"])
+def test_lone_surrogate_in_a_string_is_400_not_500(client: httpx.Client, model: str,
+                                                   where: str) -> None:
+    fields = {
+        "stop": '"prompt": "hi", "stop": ["\\ud800"]',
+        "prompt": '"prompt": "a\\udc00b"',
+        "chat": '"messages": [{"role": "user", "content": "\\ud83d"}]',
+    }[where]
+    path = "/v1/chat/completions" if where == "chat" else "/v1/completions"
+    raw = f'{{"model": "{model}", "max_tokens": 2, {fields}}}'.encode()
+    r = client.post(path, content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert "surrogate" in r.json()["error"]["message"]
+    # a proper pair (an emoji) is fine
+    ok = f'{{"model": "{model}", "max_tokens": 2, "prompt": "\\ud83d\\ude00"}}'.encode()
+    r = client.post("/v1/completions", content=ok, headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+
+
 def test_body_too_large_is_413(client: httpx.Client, model: str) -> None:
     big = json.dumps({"model": model, "prompt": "a" * (2 << 20)})
     r = client.post("/v1/completions", content=big, headers={"Content-Type": "application/json"})

@@ -63,6 +63,7 @@ class RespConnection:
         self.username, self.password = username, password
         self._proto: _Protocol | None = None
         self._connecting = asyncio.Lock()
+        self._closed = False
 
     @classmethod
     def for_client(cls, redis: Any) -> RespConnection | None:
@@ -79,6 +80,8 @@ class RespConnection:
 
     async def call(self, *args: Any) -> Any:
         """Send one command and return its raw reply."""
+        if self._closed:  # a late caller must not open a connection nobody will close
+            raise RedisConnectionError("connection closed")
         proto = self._proto
         if proto is None or proto.lost:
             proto = await self._connect()
@@ -94,6 +97,7 @@ class RespConnection:
             return await self.call("EVAL", script.source, len(keys), *keys, *args)
 
     async def close(self) -> None:
+        self._closed = True
         proto, self._proto = self._proto, None
         if proto is not None and proto.transport is not None:
             proto.transport.close()
@@ -101,9 +105,12 @@ class RespConnection:
 
     def _send(self, proto: _Protocol, args: tuple[Any, ...]) -> asyncio.Future[Any]:
         assert proto.transport is not None
+        # Pack first: a waiter queued for a command that never went out would take the
+        # next command's reply, and every reply after it would go to the wrong caller.
+        data = hiredis.pack_command(args)
         fut = asyncio.get_running_loop().create_future()
         proto.waiters.append(fut)
-        proto.transport.write(hiredis.pack_command(args))
+        proto.transport.write(data)
         return fut
 
     async def _connect(self) -> _Protocol:
@@ -116,11 +123,16 @@ class RespConnection:
             except OSError as exc:
                 raise RedisConnectionError(f"cannot connect to Redis at "
                                            f"{self.host}:{self.port}: {exc}") from exc
-            if self.password:
-                auth = (self.username, self.password) if self.username else (self.password,)
-                await self._send(proto, ("AUTH", *auth))
-            if self.db:
-                await self._send(proto, ("SELECT", self.db))
+            try:
+                if self.password:
+                    auth = (self.username, self.password) if self.username else (self.password,)
+                    await self._send(proto, ("AUTH", *auth))
+                if self.db:
+                    await self._send(proto, ("SELECT", self.db))
+            except BaseException:  # a failed or cancelled handshake must not leak the socket
+                if proto.transport is not None:
+                    proto.transport.close()
+                raise
             self._proto = proto
             return proto
 

@@ -77,3 +77,48 @@ def test_calls_errors_scripts_and_reconnect(redis_url: str, loop_name: str) -> N
 
 def test_not_for_unix_sockets() -> None:
     assert RespConnection.for_client(aioredis.Redis(unix_socket_path="/tmp/none.sock")) is None
+
+
+def test_unpackable_argument_fails_its_call_only(redis_url: str) -> None:
+    key = f"resp:{uuid.uuid4().hex}"
+
+    async def main() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        conn = RespConnection.for_client(client)
+        assert conn is not None
+        try:
+            await conn.call("SET", key, "v")
+            with pytest.raises(TypeError):
+                await conn.call("SET", key, None)
+            # the connection stays in step: the next call gets its own reply, not a stale one
+            assert await asyncio.wait_for(conn.call("GET", key), 5) == b"v"
+        finally:
+            await conn.close()
+            await client.delete(key)
+            await client.aclose()
+
+    run_on("asyncio", main)
+
+
+def test_failed_handshake_leaks_no_socket_and_closed_refuses(redis_url: str) -> None:
+    async def main() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        good = RespConnection.for_client(client)
+        assert good is not None
+        bad = RespConnection(good.host, good.port, db=99_999)  # SELECT fails
+        try:
+            before = len(await client.client_list())
+            for _ in range(3):
+                with pytest.raises(ResponseError):
+                    await bad.call("PING")
+            await asyncio.sleep(0.1)
+            assert len(await client.client_list()) == before
+            assert await good.call("PING") == b"PONG"
+            await good.close()
+            with pytest.raises(RedisConnectionError):
+                await good.call("PING")  # closed: no silent reconnect
+        finally:
+            await bad.close()
+            await client.aclose()
+
+    run_on("asyncio", main)

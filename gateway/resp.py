@@ -68,13 +68,16 @@ class RespConnection:
     @classmethod
     def for_client(cls, redis: Any) -> RespConnection | None:
         """A connection to the server ``redis`` (a redis-py asyncio client) talks to, with
-        its credentials and database; None unless it is a plain TCP connection."""
+        its credentials and database; None unless it is a plain TCP connection with a plain
+        username/password (TLS, unix sockets and credential providers stay on redis-py)."""
         from redis.asyncio.connection import Connection
 
         pool = getattr(redis, "connection_pool", None)
         if pool is None or pool.connection_class is not Connection:
             return None
         kw = pool.connection_kwargs
+        if kw.get("credential_provider") is not None:
+            return None  # credentials we can't replay here: redis-py keeps the whole path
         return cls(kw.get("host", "localhost"), int(kw.get("port", 6379)), db=int(kw.get("db") or 0),
                    username=kw.get("username"), password=kw.get("password"))
 

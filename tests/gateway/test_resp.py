@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 import uvloop
+from redis.credentials import UsernamePasswordCredentialProvider
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
@@ -75,8 +76,11 @@ def test_calls_errors_scripts_and_reconnect(redis_url: str, loop_name: str) -> N
     run_on(loop_name, main)
 
 
-def test_not_for_unix_sockets() -> None:
+def test_not_for_unix_sockets_or_credential_providers() -> None:
     assert RespConnection.for_client(aioredis.Redis(unix_socket_path="/tmp/none.sock")) is None
+    provider = UsernamePasswordCredentialProvider("u", "p")
+    assert RespConnection.for_client(aioredis.Redis(credential_provider=provider)) is None
+    assert RespConnection.for_client(aioredis.Redis(password="p")) is not None
 
 
 def test_unpackable_argument_fails_its_call_only(redis_url: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from starlette.applications import Starlette
@@ -77,13 +77,20 @@ async def load_tenants(store: TenantStore, path: str) -> int:
     return len(tenants)
 
 
-def freeze_startup_objects() -> None:
+@contextlib.contextmanager
+def startup_objects_frozen() -> Iterator[None]:
     """Move everything alive after start-up (modules, tokenizer, model) out of the cyclic
-    GC's reach. A full collection walks every tracked object: ~300k after the imports, a
-    ~100-200 ms pause that lands on the requests in flight (the p99 in ``carpool bench
-    gateway``); after this it walks only what serving allocated."""
+    GC's reach while serving. A full collection walks every tracked object: ~300k after the
+    imports, a ~100-200 ms pause that lands on the requests in flight (the p99 in ``carpool
+    bench gateway``); frozen, it walks only what serving allocated. Unfrozen on the way out:
+    frozen objects are never finalized at exit, and triton's nanobind bindings then print
+    hundreds of "leaked instance" lines on every stop."""
     gc.collect()
     gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
@@ -91,7 +98,7 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
                events: GatewayEvents | None = None, freeze_gc: bool = False) -> Starlette:
     """The gateway app. With ``config.role == "all"`` it also runs a worker driving ``engine``
     (built from the config when not given); with ``"gateway"`` it only serves HTTP.
-    ``freeze_gc``: ``freeze_startup_objects()`` once started (``carpool serve``; tests that
+    ``freeze_gc``: ``startup_objects_frozen()`` once started (``carpool serve``; tests that
     start many apps in one process leave it off)."""
 
     @contextlib.asynccontextmanager
@@ -121,23 +128,18 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
         app.state.services = svc
         app.state.telemetry = getattr(svc.events, "telemetry", None)
         await svc.events.start(svc)
-        if freeze_gc:
-            freeze_startup_objects()
-        try:
-            yield
-        finally:
-            if svc.worker is not None:
-                await svc.worker.stop()
-            await svc.events.stop()
-            await svc.mux.stop()
-            await svc.quota.close()
-            if eng is not None and engine is None:
-                await eng.shutdown()
-            await redis.aclose()
-            if freeze_gc:
-                # Frozen objects are never finalized at exit; triton's nanobind bindings
-                # then print hundreds of "leaked instance" lines on every stop.
-                gc.unfreeze()
+        with startup_objects_frozen() if freeze_gc else contextlib.nullcontext():
+            try:
+                yield
+            finally:
+                if svc.worker is not None:
+                    await svc.worker.stop()
+                await svc.events.stop()
+                await svc.mux.stop()
+                await svc.quota.close()
+                if eng is not None and engine is None:
+                    await eng.shutdown()
+                await redis.aclose()
 
     return Starlette(
         routes=ROUTES,

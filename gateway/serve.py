@@ -138,7 +138,7 @@ def run_http(config: GatewayConfig, redis_url: str, secret: bytes) -> None:
 
 async def run_worker(config: GatewayConfig, redis_url: str, secret: bytes) -> None:
     """A worker process: no HTTP, just the drainer/engine loop until SIGTERM/SIGINT."""
-    from gateway.app import freeze_startup_objects, redis_client
+    from gateway.app import redis_client, startup_objects_frozen
     from gateway.model_info import build_engine
     from gateway.telemetry.gateway_events import events_for
     from gateway.worker import Worker
@@ -153,14 +153,14 @@ async def run_worker(config: GatewayConfig, redis_url: str, secret: bytes) -> No
         loop.add_signal_handler(sig, stop.set)
     await worker.start()
     await events.start(worker)
-    freeze_startup_objects()
     if config.metrics_port:
         events.telemetry.serve_metrics(config.metrics_port, config.host)
     print(f"worker {worker.consumer} ready", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await worker.stop()
-        await events.stop()
-        await engine.shutdown()
-        await redis.aclose()
+    with startup_objects_frozen():
+        try:
+            await stop.wait()
+        finally:
+            await worker.stop()
+            await events.stop()
+            await engine.shutdown()
+            await redis.aclose()

@@ -152,8 +152,9 @@ class ModelRunner:
         the batch's longest context, here the scratch block read over and over, so a seat
         costs the same whether its request is still running or not.
         """
-        pad = self._padding_row(scheduled)
-        scheduled = [*scheduled, *[pad] * num_padding_rows] if num_padding_rows else scheduled
+        pad = self._padding_row(scheduled) if num_padding_rows else None
+        if pad is not None:
+            scheduled = [*scheduled, *[pad] * num_padding_rows]
         ids: list[int] = []
         positions: list[int] = []
         qsl = [0]

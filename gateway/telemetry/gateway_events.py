@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from engine.outputs import RequestOutput
 from engine.protocol import EngineLoad
+from engine.stats import SchedulerStats
 from gateway.events import GatewayEvents
 from gateway.telemetry import names
 from gateway.telemetry.config import TelemetryConfig
@@ -70,6 +71,7 @@ class TelemetryEvents(GatewayEvents):
         self._causes: dict[str, str] = {}
         self._traces: dict[str, WorkerRequestTrace] = {}
         self._engine: Any = None
+        self._sample_each_step = False  # the engine keeps scheduler stats (step histograms)
         self._observer: StepObserver | None = None
         self._observers: list[Any] = []
         self._sampler: asyncio.Task[None] | None = None
@@ -85,7 +87,9 @@ class TelemetryEvents(GatewayEvents):
         self._engine = getattr(services, "engine", None) or getattr(worker, "engine", None)
         queues = getattr(worker, "queues", None)
         if self._engine is not None:
-            self._attach_step_observer(getattr(self._engine, "engine", None))
+            inner = getattr(self._engine, "engine", None)
+            self._sample_each_step = isinstance(getattr(inner, "stats", None), SchedulerStats)
+            self._attach_step_observer(inner)
         if queues is not None or self._engine is not None:
             self._sampler = asyncio.create_task(self._sample_forever(queues), name="telemetry")
 
@@ -236,7 +240,9 @@ class TelemetryEvents(GatewayEvents):
                 rec = self._recorders.get(out.request_id)
                 if rec is not None:
                     rec.set_engine_info(num_preemptions=trace.num_preemptions)
-        if self._engine is not None:  # per-step histograms: sample on every step we hear of
+        # Per-step histograms: sample on every step we hear of. An engine with only a load
+        # snapshot (the echo engine) has gauges alone, which the 1 s sampler keeps.
+        if self._sample_each_step:
             try:
                 self.telemetry.engine_sampler.sample_engine(self._engine)
             except RuntimeError:  # read raced the engine thread (see engine_sampler): skip

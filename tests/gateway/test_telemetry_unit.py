@@ -13,6 +13,7 @@ from engine.stats import SchedulerStats
 from gateway.telemetry import TelemetryConfig, extract_context, names
 from gateway.telemetry.tracing import (
     build_tracer_provider,
+    inject_traceparent,
     monotonic_to_epoch_ns,
     stream_id_to_epoch_ns,
 )
@@ -204,6 +205,15 @@ def test_config_reads_only_whether_otlp_is_set() -> None:
     assert any(isinstance(p, BatchSpanProcessor) for p in processors)
     provider.shutdown()
     assert not build_tracer_provider(TelemetryConfig())._active_span_processor._span_processors
+
+
+def test_spans_are_only_recorded_when_something_receives_them() -> None:
+    quiet = build_tracer_provider(TelemetryConfig()).get_tracer("t").start_span("x")
+    assert not quiet.is_recording()  # no exporter: nothing is built to be dropped
+    assert quiet.get_span_context().is_valid  # ... but the trace context still propagates
+    assert inject_traceparent(quiet) is not None
+    rec = make_telemetry()[0].tracer.start_span("y")  # an in-memory exporter listens
+    assert rec.is_recording()
 
 
 def test_stream_id_gives_the_enqueue_time() -> None:

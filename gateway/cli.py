@@ -33,6 +33,8 @@ def _add_serve(sub: Any) -> None:
                    help="print finished spans to stdout (OTLP: set OTEL_EXPORTER_OTLP_ENDPOINT)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="--role worker: serve /metrics on this port")
+    p.add_argument("--access-log", action="store_const", const=True, default=None,
+                   help="log a line per HTTP request (off by default)")
     g = p.add_argument_group("engine options (passed to EngineConfig.from_kwargs)")
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-num-seqs", type=int, default=None)
@@ -49,7 +51,8 @@ def _add_serve(sub: Any) -> None:
 ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                 "num_blocks", "block_size", "kv_cache_memory_gb", "preemption_mode", "device")
 CONFIG_FLAGS = ("host", "port", "role", "engine", "model", "tenants_file", "namespace",
-                "create_demo_tenant", "echo_step_ms", "trace_console", "metrics_port")
+                "create_demo_tenant", "echo_step_ms", "trace_console", "metrics_port",
+                "access_log")
 
 
 def _run_serve(args: argparse.Namespace) -> int:

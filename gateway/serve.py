@@ -133,7 +133,7 @@ def run_http(config: GatewayConfig, redis_url: str, secret: bytes) -> None:
 
     app = create_app(config, redis_url, secret, freeze_gc=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="info",
-                timeout_graceful_shutdown=5)
+                access_log=config.access_log, timeout_graceful_shutdown=5)
 
 
 async def run_worker(config: GatewayConfig, redis_url: str, secret: bytes) -> None:

@@ -13,7 +13,8 @@ this process, so on a small machine both share the CPUs. By default it is the le
 HTTP/1.1 keep-alive client of ``bench_client.py`` (``--client httpx`` for the heavier httpx);
 whatever it costs is still counted as gateway latency. The direct baseline and the load
 generator run on the same event loop implementation as the gateway's uvicorn (uvloop when
-installed), so the FAKE engine's step timer behaves the same on both sides.
+installed). The FAKE engine steps on a thread of its own at a fixed cadence, as the real
+engine does, on both sides: the gateway's work on the event loop cannot stretch its steps.
 """
 
 from __future__ import annotations

@@ -5,19 +5,32 @@ step (cycling when ``max_tokens`` exceeds the prompt). It exists to measure the 
 (``carpool bench gateway``, ``carpool serve --engine echo``) and to test gateway mechanics
 (queues, WRR, multi-process) without paying for a forward pass. Tests that need real model
 behaviour use ``engine.async_engine.AsyncEngine`` on a tiny random checkpoint.
+
+It runs like the real ``AsyncEngine``: steps on a thread of their own, outputs handed to the
+event loop with ``call_soon_threadsafe``, requests and aborts passed in through an inbox. So a
+step starts ``step_ms`` after the previous one started, whatever the event loop is busy with,
+as a real engine's forward pass does; a fake that stepped on the gateway's own loop would bill
+the gateway's work to the engine's cadence, and timers there are millisecond-granular. It
+never runs more than one step ahead of the loop (it waits for the last step's outputs to be
+handed out), so ``step_ms=0`` means "as fast as the loop takes the outputs".
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import queue
+import threading
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from engine.outputs import RequestOutput
 from engine.protocol import EngineLoad, StepCallback
 from engine.sampling_params import SamplingParams
+
+_IDLE_WAIT_S = 0.5  # the step thread re-checks its stop flag this often when idle
 
 
 @dataclass
@@ -25,21 +38,18 @@ class _EchoRequest:
     request_id: str
     prompt: list[int]
     params: SamplingParams
-    priority: int
     produced: int = 0
     aborted: bool = False
-    queue: asyncio.Queue[RequestOutput] | None = field(default=None, repr=False)
 
 
 class FakeEchoEngine:
-    """Echo engine (fake). ``step_ms`` is the pause between steps (0 = as fast as possible)."""
+    """Echo engine (fake). ``step_ms`` is the time from one step's start to the next's."""
 
     def __init__(self, tokenizer: Any, model_name: str = "echo", max_model_len: int = 2048,
                  step_ms: float = 0.0, max_num_seqs: int = 256) -> None:
         self.tokenizer = tokenizer
         # Per-token text straight from the fast tokenizer when there is one (same text, ~8x
-        # cheaper than the transformers wrapper): in ``--role all`` this fake engine's steps
-        # run on the gateway's own event loop, and the bench should measure the gateway.
+        # cheaper than the transformers wrapper).
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._decode = (functools.partial(backend.decode, skip_special_tokens=False)
                         if backend is not None else tokenizer.decode)
@@ -47,89 +57,143 @@ class FakeEchoEngine:
         self.max_model_len = max_model_len
         self.step_s = step_ms / 1000.0
         self.max_num_seqs = max_num_seqs
-        self._active: dict[str, _EchoRequest] = {}
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._handed_out = threading.Event()  # the last step's outputs reached the loop
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # event-loop side: added and not yet reported finished (id -> priority)
+        self._live: dict[str, int] = {}
+        self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._callbacks: list[StepCallback] = []
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self.num_steps = 0
         self.max_running_seen = 0
         self.started_ids: list[str] = []  # admission order (tests check WRR through it)
 
     async def start(self) -> None:
-        if self._task is None:
-            self._wake = asyncio.Event()
-            self._task = asyncio.create_task(self._loop(), name="fake-echo-engine")
+        if self._thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="fake-echo-engine",
+                                            daemon=True)
+            self._thread.start()
 
     async def shutdown(self) -> None:
-        for req in self._active.values():
-            req.aborted = True
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        self._stop.set()
+        self._wake.set()
+        self._handed_out.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10.0)
+            self._thread = None
+        left = [RequestOutput(rid, [], "", True, "abort") for rid in list(self._live)]
+        if left:  # end every open stream, as the real engine does at shutdown
+            self._dispatch(left)
+
+    # -- requests (event loop) --------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     priority: int = 0) -> None:
-        if request_id in self._active:
+        if request_id in self._live:
             raise ValueError(f"duplicate request id {request_id!r}")
-        self._active[request_id] = _EchoRequest(request_id, list(prompt_token_ids), params, priority)
+        self._live[request_id] = priority
         self.started_ids.append(request_id)
-        self.max_running_seen = max(self.max_running_seen, len(self._active))
+        self.max_running_seen = max(self.max_running_seen, len(self._live))
+        self._inbox.put(("add", _EchoRequest(request_id, list(prompt_token_ids), params)))
         self._wake.set()
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
+        stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._streams[request_id] = stream
         self.add_request(request_id, prompt_token_ids, params, priority)
-        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._active[request_id].queue = q
-        while True:
-            out = await q.get()
-            yield out
-            if out.finished:
-                return
+        finished = False
+        try:
+            while not finished:
+                out = await stream.get()
+                finished = out.finished
+                yield out
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        req = self._active.get(request_id)
-        if req is not None:
-            req.aborted = True
+        self._inbox.put(("abort", request_id))
+        self._wake.set()
 
     def add_step_callback(self, callback: StepCallback) -> None:
         self._callbacks.append(callback)
 
     def load(self) -> EngineLoad:
-        return EngineLoad(len(self._active), 0, 0, 1000, 1000, self.max_num_seqs,
-                          max((r.priority for r in self._active.values()), default=None))
+        return EngineLoad(len(self._live), 0, 0, 1000, 1000, self.max_num_seqs,
+                          max(self._live.values(), default=None))
 
     def has_capacity(self, priority: int) -> bool:
-        return len(self._active) < self.max_num_seqs
+        return len(self._live) < self.max_num_seqs
 
-    async def _loop(self) -> None:
-        while True:
-            if not self._active:
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        self._handed_out.set()
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
+                stream.put_nowait(out)
+            if out.finished:
+                self._live.pop(out.request_id, None)
+        for cb in self._callbacks:
+            cb(outputs)
+
+    # -- step thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        active: dict[str, _EchoRequest] = {}
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            self._drain_inbox(active)
+            if not active:
+                self._wake.wait(_IDLE_WAIT_S)
                 self._wake.clear()
-                await self._wake.wait()
-            outputs = [self._advance(r) for r in list(self._active.values())]
-            self.num_steps += 1
+                next_at = time.monotonic()
+                continue
+            outputs = [self._advance(r) for r in active.values()]
             for out in outputs:
                 if out.finished:
-                    self._active.pop(out.request_id, None)
-            for cb in self._callbacks:
-                cb(outputs)
-            await asyncio.sleep(self.step_s)
+                    del active[out.request_id]
+            self.num_steps += 1
+            self._hand_out(outputs)
+            next_at += self.step_s
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            else:  # late (a busy machine): go on now, without a burst to catch up
+                next_at = time.monotonic()
+            self._handed_out.wait()  # at most one step ahead of the loop
+
+    def _drain_inbox(self, active: dict[str, _EchoRequest]) -> None:
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                active[payload.request_id] = payload
+            elif payload in active:
+                active[payload].aborted = True
+
+    def _hand_out(self, outputs: list[RequestOutput]) -> None:
+        assert self._loop is not None
+        self._handed_out.clear()
+        try:
+            self._loop.call_soon_threadsafe(self._dispatch, outputs)
+        except RuntimeError:  # the loop closed under us (shutdown)
+            self._stop.set()
 
     def _advance(self, req: _EchoRequest) -> RequestOutput:
         n_prompt = len(req.prompt)
         if req.aborted:
-            out = RequestOutput(req.request_id, [], "", True, "abort", n_prompt, req.produced)
-        else:
-            token = req.prompt[req.produced % n_prompt]
-            req.produced += 1
-            done = req.produced >= req.params.max_tokens
-            out = RequestOutput(req.request_id, [token], self._decode([token]), done,
-                                "length" if done else None, n_prompt, req.produced)
-        if req.queue is not None:
-            req.queue.put_nowait(out)
-        return out
+            return RequestOutput(req.request_id, [], "", True, "abort", n_prompt, req.produced)
+        token = req.prompt[req.produced % n_prompt]
+        req.produced += 1
+        done = req.produced >= req.params.max_tokens
+        return RequestOutput(req.request_id, [token], self._decode([token]), done,
+                             "length" if done else None, n_prompt, req.produced)

@@ -63,36 +63,56 @@ class RelayResponse:
         self.ctx = ctx
         self.state = RelayState()
         self.closing = False  # set on the way out: the reader loop stops at its next turn
+        self.answering = False  # the output is complete and going out
+        self.disconnected = False  # the watcher saw the client leave and cancelled the relay
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = self.ctx
-        loop = asyncio.get_running_loop()
-        watcher = asyncio.create_task(wait_for_disconnect(receive))
-        work = asyncio.create_task(self._stream(send) if ctx.stream else self._collect())
+        # The relay runs right here, not in a task of its own: the output reaches the client
+        # two event-loop turns sooner (a task's end, then the wait on it, were turns on every
+        # request's path). The watcher cancels this task when the client goes away.
+        me = asyncio.current_task()
+        watcher = asyncio.create_task(self._watch(receive, me))
+        deadline = asyncio.timeout_at(ctx.deadline)
         cancel_source: str | None = None
         try:
-            done, _ = await asyncio.wait({watcher, work}, timeout=max(0.0, ctx.deadline - loop.time()),
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if work in done and isinstance(work.exception(), Stalled):
-                cancel_source = "stalled"
-            elif work in done and work.exception() is not None:
-                cancel_source = "error"  # nobody reads this output any more: stop generating
-                work.result()  # re-raise; the clean-up below still cancels and settles
-            elif work in done:
-                if not ctx.stream:
-                    await self._send_full(send)
-            elif watcher in done:
-                cancel_source = "disconnect"
-            else:
-                cancel_source = "deadline"
-                await self._send_timeout(send)
+            async with deadline:
+                if ctx.stream:
+                    await self._stream(send)
+                else:
+                    await self._collect()
+            self.answering = True  # from here a disconnect no longer cancels: we answer
+            if not ctx.stream:
+                await self._send_full(send)
+        except TimeoutError:
+            if not deadline.expired():
+                cancel_source = "error"
+                raise
+            cancel_source = "deadline"
+            await self._send_timeout(send)
+        except Stalled:
+            cancel_source = "stalled"
+        except asyncio.CancelledError:
+            if not self.disconnected or me is None:
+                raise  # cancelled from outside (shutdown): the clean-up below still runs
+            me.uncancel()  # our own cancel, handled: the rest of this task runs normally
+            cancel_source = "disconnect"
+        except Exception:
+            cancel_source = "error"  # nobody reads this output any more: stop generating
+            raise  # the clean-up below still cancels and settles
         finally:
             self.closing = True
-            for task in (watcher, work):
-                task.cancel()
+            watcher.cancel()
             # Clean-up runs in its own task with bounded waits: whatever happens to this one
             # (cancelled at shutdown, an error above), the cancel and the settle still happen.
-            await asyncio.shield(self._finish(cancel_source, (watcher, work)))
+            await asyncio.shield(self._finish(cancel_source, (watcher,)))
+
+    async def _watch(self, receive: Receive, relay: asyncio.Task[Any] | None) -> None:
+        """Cancel the relay when the client disconnects, unless it is already answering."""
+        await wait_for_disconnect(receive)
+        if not (self.answering or self.closing) and relay is not None:
+            self.disconnected = True
+            relay.cancel()
 
     async def _finish(self, cancel_source: str | None, tasks: tuple[asyncio.Task[Any], ...]) -> None:
         await asyncio.wait(tasks, timeout=CLEANUP_TIMEOUT_S)

@@ -73,6 +73,14 @@ class Inflight:
     entry_id: str
     reader_gone: bool = False  # set by a cancel whose reader left
     queue_wait_s: float | None = None  # enqueue -> taken by this worker (for the FinishMsg)
+    # Started before its claim answered (``Worker._start_early``): the claim's status. Its
+    # outputs are written only once that is "run"; None = claimed before it started.
+    claim: asyncio.Future[str] | None = None
+
+    @property
+    def owned(self) -> bool:
+        """Whether this worker may write the request's outputs (its claim said "run")."""
+        return self.claim is None or (self.claim.done() and self.claim.result() == "run")
 
 
 class OutputWriter:
@@ -107,6 +115,12 @@ class OutputWriter:
         items, self._retry = self._retry or await self._queue.get(), []
         while not self._queue.empty():  # coalesce steps produced during the last write
             items.extend(self._queue.get_nowait())
+        claims = {rec.claim for rec, _ in items if rec.claim is not None and not rec.claim.done()}
+        if claims:  # an early-started request's first step came before its claim's answer
+            await asyncio.wait(claims)
+            while not self._queue.empty():
+                items.extend(self._queue.get_nowait())
+        items = [(rec, out) for rec, out in items if rec.owned]
         try:
             await self._write(items)
         except Exception:

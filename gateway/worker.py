@@ -104,12 +104,24 @@ class Worker:
         for env in envs:
             if env.msg is None:  # deleted by a cancel before we read it
                 cmds += self.queues.done_commands(env.tier, env.entry_id)
-        statuses = await self.queues.claim_many(
-            [e.msg.request_id for e in todo if e.msg is not None], self.consumer, reclaim)
+        early = {} if reclaim else self._start_early(todo)
+        try:
+            statuses = await self.queues.claim_many(
+                [e.msg.request_id for e in todo if e.msg is not None], self.consumer, reclaim)
+        except BaseException:
+            for rec in early.values():  # unclaimed: the entries stay pending for a reclaim
+                self._resolve_claim(rec, "unclaimed")
+            raise
         started: list[tuple[str, int]] = []  # (request id, index of its HGET in cmds)
         for env, status in zip(todo, statuses):
             msg = env.msg
             assert msg is not None
+            if (early_rec := early.get(msg.request_id)) is not None:
+                self._resolve_claim(early_rec, status)
+            if status == "run" and early_rec is not None:
+                # In ``inflight`` since before the claim: a cancel that comes after the claim
+                # finds it through its publish, so no mark lookup is needed for it.
+                continue
             rec = Inflight(msg.request_id, env.tier, env.entry_id)
             if status == "run" and time.time() > msg.deadline_unix > 0:
                 self._finish_now(rec, msg, "error", "deadline exceeded before the request started")
@@ -130,6 +142,34 @@ class Worker:
             mark = results[at]
             if mark is not None:  # a cancel raced our claim: its publish found no owner
                 self._cancel(CancelMsg(rid, reader_gone=mark in (b"gone", "gone")))
+
+    def _start_early(self, todo: list[Envelope]) -> dict[str, Inflight]:
+        """Hand fresh entries to the engine before their claim answers (it almost always says
+        "run"): the claim's round trip then overlaps the engine's first step instead of
+        delaying it, on every request's path. The writer holds a request's outputs until its
+        claim has answered and drops them unless it said "run" (``_resolve_claim``). Entries
+        past their deadline, or that the engine refuses, wait for the claim as before."""
+        loop = asyncio.get_running_loop()
+        early: dict[str, Inflight] = {}
+        for env in todo:
+            msg = env.msg
+            assert msg is not None
+            if time.time() > msg.deadline_unix > 0:
+                continue
+            rec = Inflight(msg.request_id, env.tier, env.entry_id, claim=loop.create_future())
+            if self._run(rec, msg) is None:
+                early[msg.request_id] = rec
+        return early
+
+    def _resolve_claim(self, rec: Inflight, status: str) -> None:
+        """Tell the writer what the claim of an early-started request said; one that is not
+        ours to run (cancelled while queued, gone, a failed claim) is stopped in the engine,
+        which frees its KV at its next step, and nothing it produced is written."""
+        assert rec.claim is not None
+        if not rec.claim.done():
+            rec.claim.set_result(status)
+        if status != "run":
+            self.engine.abort(rec.request_id)
 
     def _run(self, rec: Inflight, msg: SubmitMsg) -> str | None:
         """Hand the request to the engine; returns why the engine refused it, if it did (a

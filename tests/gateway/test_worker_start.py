@@ -4,6 +4,7 @@ replies to str (real embedded Redis; a recording stub engine)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from engine.async_engine import AsyncEngine
-from gateway.messages import SubmitMsg
+from engine.model_loader import load_tokenizer
+from gateway.echo_engine import FakeEchoEngine
+from gateway.messages import FinishMsg, SubmitMsg, TokenMsg, decode
 from gateway.queues import Envelope
 from gateway.worker import Worker
 from policies.tiers import TIERS
@@ -55,7 +58,9 @@ async def test_cancel_mark_raced_with_claim_aborts(redis_url: str, decode: bool)
     envs += [Envelope(tier, f"{i + 2}-1", SubmitMsg(rid, "t", tier, 0, [1, 2], 4))
              for i, rid in enumerate(ids)]
     try:
-        await worker._start(envs)
+        # reclaimed entries go into the engine after their claim, so a cancel that landed in
+        # between is found by the mark lookup (fresh ones are in ``inflight`` before it)
+        await worker._start(envs, reclaim=True)
         assert engine.added == ids
         assert engine.aborted == ["r-gone", "r-live"]
         assert worker.inflight["r-gone"].reader_gone
@@ -88,4 +93,46 @@ async def test_a_prompt_the_engine_refuses_ends_in_error_and_the_batch_goes_on(
         assert "prompt token ids" in (out.error or "")
     finally:
         await client.delete(keys.req("r-bad"), keys.req("r-ok"), keys.queue(tier))
+        await client.aclose()
+
+
+async def test_early_start_writes_nothing_for_a_request_its_claim_does_not_give_us(
+    redis_url: str, tiny_model_dir: Path
+) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    engine = FakeEchoEngine(load_tokenizer(tiny_model_dir), step_ms=0.0)
+    worker = Worker(client, engine, make_config())
+    keys, tier = worker.keys, TIERS[0]
+    await client.hset(keys.req("r-cancelled"),
+                      mapping={"state": "queued", "tenant": "t", "cancel": "gone"})
+    await client.hset(keys.req("r-ok"), mapping={"state": "queued", "tenant": "t"})
+    real_claim = worker.queues.claim_many
+
+    async def slow_claim(*args: Any, **kwargs: Any) -> list[str]:
+        await asyncio.sleep(0.1)  # the engine runs both requests to their end meanwhile
+        return await real_claim(*args, **kwargs)
+
+    worker.queues.claim_many = slow_claim  # type: ignore[method-assign]
+    await engine.start()
+    engine.add_step_callback(worker._on_step)
+    writer = asyncio.create_task(worker.writer.run())
+    envs = [Envelope(tier, f"{i + 1}-1", SubmitMsg(rid, "t", tier, 0, [1, 2], 4))
+            for i, rid in enumerate(("r-cancelled", "r-ok"))]
+    try:
+        await worker._start(envs)
+        assert engine.started_ids == ["r-cancelled", "r-ok"]  # before the claim answered
+        while worker.inflight or engine.load().num_running:
+            await asyncio.sleep(0.01)
+        await worker.writer.flush()
+        assert not await client.exists(keys.out("r-cancelled"))
+        entries: Any = await client.xrange(keys.out("r-ok"))
+        msgs = [decode({k.decode(): v for k, v in fields.items()}) for _, fields in entries]
+        assert sum(len(m.token_ids) for m in msgs if isinstance(m, TokenMsg)) == 4
+        assert isinstance(msgs[-1], FinishMsg) and msgs[-1].finish_reason == "length"
+        assert await client.hget(keys.req("r-cancelled"), "state") == b"queued"
+    finally:
+        writer.cancel()
+        await engine.shutdown()
+        await client.delete(keys.req("r-cancelled"), keys.req("r-ok"), keys.out("r-ok"),
+                            keys.queue(tier), keys.stats)
         await client.aclose()

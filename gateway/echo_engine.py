@@ -12,7 +12,10 @@ step starts ``step_ms`` after the previous one started, whatever the event loop 
 as a real engine's forward pass does; a fake that stepped on the gateway's own loop would bill
 the gateway's work to the engine's cadence, and timers there are millisecond-granular. It
 never runs more than one step ahead of the loop (it waits for the last step's outputs to be
-handed out), so ``step_ms=0`` means "as fast as the loop takes the outputs".
+handed out), so ``step_ms=0`` means "as fast as the loop takes the outputs". Step times vary
+uniformly by ``step_jitter`` around ``step_ms`` (seeded), as a real engine's do: with a fixed
+cadence, a load generator's millisecond timers phase-lock with the steps, and a request's wait
+for the next step (the same for every path through the gateway) stops being random.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import queue
+import random
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -43,10 +47,14 @@ class _EchoRequest:
 
 
 class FakeEchoEngine:
-    """Echo engine (fake). ``step_ms`` is the time from one step's start to the next's."""
+    """Echo engine (fake). ``step_ms`` is the mean time from one step's start to the next's,
+    each within ``step_ms * (1 +- step_jitter)``."""
 
     def __init__(self, tokenizer: Any, model_name: str = "echo", max_model_len: int = 2048,
-                 step_ms: float = 0.0, max_num_seqs: int = 256) -> None:
+                 step_ms: float = 0.0, max_num_seqs: int = 256, step_jitter: float = 0.2,
+                 seed: int = 0) -> None:
+        if not 0 <= step_jitter < 1 or step_ms < 0:
+            raise ValueError("need step_ms >= 0 and 0 <= step_jitter < 1")
         self.tokenizer = tokenizer
         # Per-token text straight from the fast tokenizer when there is one (same text, ~8x
         # cheaper than the transformers wrapper).
@@ -56,6 +64,8 @@ class FakeEchoEngine:
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.step_s = step_ms / 1000.0
+        self.step_jitter = step_jitter
+        self._rng = random.Random(seed)  # used on the step thread only
         self.max_num_seqs = max_num_seqs
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -161,7 +171,7 @@ class FakeEchoEngine:
                     del active[out.request_id]
             self.num_steps += 1
             self._hand_out(outputs)
-            next_at += self.step_s
+            next_at += self.step_s * (1 + self.step_jitter * self._rng.uniform(-1, 1))
             delay = next_at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)

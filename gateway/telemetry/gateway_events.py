@@ -153,7 +153,8 @@ class TelemetryEvents(GatewayEvents):
         if len(self._recorders) > MAX_OPEN:  # a path that never finished its request: end it
             oldest = next(iter(self._recorders))
             self._recorders.pop(oldest).finish("error", error="telemetry lost track")
-        return rec.traceparent
+        # not tracing here (no exporter): the client's own trace context goes on to the worker
+        return rec.traceparent or incoming_traceparent
 
     @_safe
     def request_rejected(self, tenant_id: str | None, status: int, reason: str,

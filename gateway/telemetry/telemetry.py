@@ -10,6 +10,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor
 from starlette.requests import Request
 from starlette.responses import Response
@@ -18,7 +19,12 @@ from gateway.telemetry.config import TelemetryConfig
 from gateway.telemetry.engine_sampler import EngineSampler
 from gateway.telemetry.metrics import CONTENT_TYPE, Metrics
 from gateway.telemetry.request_span import RequestInfo, RequestRecorder
-from gateway.telemetry.tracing import build_tracer_provider, extract_context, now_ns
+from gateway.telemetry.tracing import (
+    build_tracer_provider,
+    extract_context,
+    now_ns,
+    receives_spans,
+)
 from gateway.telemetry.worker_trace import WorkerRequestTrace
 
 
@@ -29,7 +35,10 @@ class Telemetry:
     ) -> None:
         self.config = config or TelemetryConfig()
         self.tracer_provider = build_tracer_provider(self.config, span_processors)
-        self.tracer = self.tracer_provider.get_tracer("carpool")
+        # with nobody to receive spans, none are built (the SDK's would be made and dropped)
+        self.tracing = receives_spans(self.config, span_processors)
+        self.tracer: trace.Tracer = (self.tracer_provider.get_tracer("carpool") if self.tracing
+                                     else trace.NoOpTracer())
         self.metrics = Metrics()
         self.engine_sampler = EngineSampler(self.metrics)
         self._metrics_server: Any = None

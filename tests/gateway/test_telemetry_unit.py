@@ -11,9 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.outputs import RequestOutput
 from engine.stats import SchedulerStats
 from gateway.telemetry import TelemetryConfig, extract_context, names
+from gateway.telemetry.gateway_events import TelemetryEvents
+from gateway.telemetry.telemetry import Telemetry
 from gateway.telemetry.tracing import (
     build_tracer_provider,
-    inject_traceparent,
     monotonic_to_epoch_ns,
     stream_id_to_epoch_ns,
 )
@@ -207,13 +208,25 @@ def test_config_reads_only_whether_otlp_is_set() -> None:
     assert not build_tracer_provider(TelemetryConfig())._active_span_processor._span_processors
 
 
-def test_spans_are_only_recorded_when_something_receives_them() -> None:
-    quiet = build_tracer_provider(TelemetryConfig()).get_tracer("t").start_span("x")
-    assert not quiet.is_recording()  # no exporter: nothing is built to be dropped
-    assert quiet.get_span_context().is_valid  # ... but the trace context still propagates
-    assert inject_traceparent(quiet) is not None
-    rec = make_telemetry()[0].tracer.start_span("y")  # an in-memory exporter listens
-    assert rec.is_recording()
+def test_spans_are_only_built_when_something_receives_them() -> None:
+    quiet = Telemetry(TelemetryConfig())  # no exporter: a no-op tracer, no span is built
+    assert not quiet.tracing
+    rec = quiet.start_request(make_info())
+    assert not rec.span.is_recording() and rec.traceparent is None
+    rec.finish("stop", completion_tokens=1)
+    assert sample_value(quiet, "carpool_requests_total", tier="interactive", tenant="acme",
+                        finish_reason="stop") == 1  # the metrics are still kept
+    tel, _ = make_telemetry()  # an in-memory exporter listens
+    assert tel.tracing
+    rec = tel.start_request(make_info())
+    assert rec.span.is_recording() and rec.traceparent is not None
+
+
+def test_without_tracing_the_clients_trace_context_goes_on_to_the_worker() -> None:
+    events = TelemetryEvents(Telemetry(TelemetryConfig()))
+    theirs = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert events.request_started("r", "acme", "interactive", "m", 3, 4, False, theirs) == theirs
+    assert events.request_started("r2", "acme", "interactive", "m", 3, 4, False, None) is None
 
 
 def test_stream_id_gives_the_enqueue_time() -> None:

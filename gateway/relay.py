@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from starlette.types import Receive, Scope, Send
 
 from gateway.cancel import wait_for_disconnect
@@ -206,11 +206,12 @@ class RelayResponse:
             status, body = err.status, error_bytes(err)
         else:
             status = 200
-            body = json.dumps(ctx.formatter.full("".join(self.state.text), finish.finish_reason,
-                                                 ctx.prompt_tokens, finish.completion_tokens
-                                                 or self.state.completion_tokens)).encode()
+            body = orjson.dumps(ctx.formatter.full("".join(self.state.text), finish.finish_reason,
+                                                   ctx.prompt_tokens, finish.completion_tokens
+                                                   or self.state.completion_tokens))
         await self._send(send, {"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", b"application/json"), (b"x-request-id", ctx.request_id.encode())]})
+            (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+            (b"x-request-id", ctx.request_id.encode())]})
         await self._send(send, {"type": "http.response.body", "body": body})
 
     async def _send_timeout(self, send: Send) -> None:

@@ -34,6 +34,10 @@ class SubmitMsg:
     arrival_unix: float = 0.0
     deadline_unix: float = 0.0  # the worker drops/aborts it after this
     traceparent: str | None = None  # W3C trace context, so one trace spans gateway and worker
+    # False: the reader wants the whole answer only (a non-streaming response): the worker
+    # writes the first tokens (the gateway measures TTFT on them) and the rest with the
+    # finish, not a message per engine step
+    stream: bool = True
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(

@@ -135,7 +135,7 @@ async def _completion(request: Request, kind: str) -> Response:
         request_id=rid, tenant_id=tenant.id, tier=tier, priority=tier_priority(tier),
         prompt_token_ids=parsed.prompt_token_ids, max_tokens=max_tokens,
         temperature=parsed.temperature, top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop,
-        arrival_unix=now, deadline_unix=now + timeout,
+        arrival_unix=now, deadline_unix=now + timeout, stream=parsed.stream,
         traceparent=svc.events.request_started(
             rid, tenant.id, tier, svc.model.name, len(parsed.prompt_token_ids), max_tokens,
             parsed.stream, request.headers.get("traceparent")),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.outputs import RequestOutput
@@ -73,6 +73,11 @@ class Inflight:
     entry_id: str
     reader_gone: bool = False  # set by a cancel whose reader left
     queue_wait_s: float | None = None  # enqueue -> taken by this worker (for the FinishMsg)
+    # Non-streaming reader: after the first tokens, outputs are held here (``held``) and
+    # written with the finish (``_hold_back``)
+    final_only: bool = False
+    first_sent: bool = False
+    held: list[RequestOutput] = field(default_factory=list)
     # Started before its claim answered (``Worker._start_early``): the claim's status. Its
     # outputs are written only once that is "run"; None = claimed before it started.
     claim: asyncio.Future[str] | None = None
@@ -112,15 +117,16 @@ class OutputWriter:
         """One write. A failed batch is written again, ahead of newer outputs, at the next
         step (after the backoff): losing a finish would hang its reader until the deadline,
         while a repeat only happens if the failure came after Redis applied the pipeline."""
-        items, self._retry = self._retry or await self._queue.get(), []
+        retry, self._retry = self._retry, []  # already sorted out below when it first came
+        fresh = [] if retry else await self._queue.get()
         while not self._queue.empty():  # coalesce steps produced during the last write
-            items.extend(self._queue.get_nowait())
-        claims = {rec.claim for rec, _ in items if rec.claim is not None and not rec.claim.done()}
+            fresh.extend(self._queue.get_nowait())
+        claims = {rec.claim for rec, _ in fresh if rec.claim is not None and not rec.claim.done()}
         if claims:  # an early-started request's first step came before its claim's answer
             await asyncio.wait(claims)
             while not self._queue.empty():
-                items.extend(self._queue.get_nowait())
-        items = [(rec, out) for rec, out in items if rec.owned]
+                fresh.extend(self._queue.get_nowait())
+        items = retry + _hold_back([(rec, out) for rec, out in fresh if rec.owned])
         try:
             await self._write(items)
         except Exception:
@@ -155,6 +161,27 @@ class OutputWriter:
             else:
                 await self._script(keys=keys, args=args)
             self.writes += 1
+
+
+def _hold_back(items: list[tuple[Inflight, RequestOutput]]
+               ) -> list[tuple[Inflight, RequestOutput]]:
+    """What to write now. A non-streaming request's outputs after its first tokens wait in
+    its record and go out with its finish: its reader only answers at the end, so a message
+    per engine step would cost Redis and the gateway a write and a read each for nothing
+    (vLLM's FINAL_ONLY outputs; the first tokens still go out, for TTFT)."""
+    out: list[tuple[Inflight, RequestOutput]] = []
+    for rec, o in items:
+        if not rec.final_only:
+            out.append((rec, o))
+        elif o.finished:
+            out += [(rec, h) for h in rec.held] + [(rec, o)]
+            rec.held = []
+        elif rec.first_sent:
+            rec.held.append(o)
+        else:
+            rec.first_sent = bool(o.new_token_ids or o.text_delta)
+            out.append((rec, o))
+    return out
 
 
 def _by_request(items: list[tuple[Inflight, RequestOutput]]

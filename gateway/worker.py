@@ -122,7 +122,7 @@ class Worker:
                 # In ``inflight`` since before the claim: a cancel that comes after the claim
                 # finds it through its publish, so no mark lookup is needed for it.
                 continue
-            rec = Inflight(msg.request_id, env.tier, env.entry_id)
+            rec = Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream)
             if status == "run" and time.time() > msg.deadline_unix > 0:
                 self._finish_now(rec, msg, "error", "deadline exceeded before the request started")
             elif status == "run" and (refused := self._run(rec, msg)) is not None:
@@ -156,7 +156,8 @@ class Worker:
             assert msg is not None
             if time.time() > msg.deadline_unix > 0:
                 continue
-            rec = Inflight(msg.request_id, env.tier, env.entry_id, claim=loop.create_future())
+            rec = Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream,
+                           claim=loop.create_future())
             if self._run(rec, msg) is None:
                 early[msg.request_id] = rec
         return early

@@ -5,6 +5,7 @@ tokens with the finish event, acks and deletes the queue entry and counts the ou
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -91,3 +92,32 @@ async def test_finish_writes_tokens_and_finish_and_acks(setup: Any) -> None:
     assert (await client.xpending(queue, GROUP))["pending"] == 0
     assert await client.hget(keys.stats, "completed") == b"1"
     await client.delete(keys.out("f"), keys.req("f"))
+
+
+async def test_a_non_streaming_request_gets_its_first_tokens_then_the_rest_with_the_finish(
+    setup: Any,
+) -> None:
+    client, keys, writer = setup
+    task = asyncio.create_task(writer.run())
+    rec = Inflight("n", TIERS[0], "0-1", final_only=True)
+    streamed = Inflight("s", TIERS[0], "0-2")
+
+    async def step(*items: tuple[Inflight, RequestOutput]) -> None:
+        before = writer.writes
+        writer.submit(list(items))
+        async with asyncio.timeout(5):
+            while writer.writes == before:
+                await asyncio.sleep(0.005)
+
+    try:
+        for n, (token, text) in enumerate([(7, "a"), (8, "b"), (9, "c")], start=1):
+            await step((rec, tok("n", token, text, n)), (streamed, tok("s", token, text, n)))
+        assert await entries(client, keys.out("n")) == [TokenMsg([7], "a")]  # TTFT only
+        assert len(await entries(client, keys.out("s"))) == 3  # one message per step
+        await step((rec, RequestOutput("n", [10], "d", True, "length", 3, 4)))
+        got = await entries(client, keys.out("n"))
+        assert got[:2] == [TokenMsg([7], "a"), TokenMsg([8, 9, 10], "bcd")]
+        assert isinstance(got[2], FinishMsg) and got[2].completion_tokens == 4
+    finally:
+        task.cancel()
+        await client.delete(keys.out("n"), keys.out("s"), keys.req("n"))

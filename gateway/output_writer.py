@@ -97,6 +97,8 @@ class OutputWriter:
         self._queue: asyncio.Queue[list[tuple[Inflight, RequestOutput]]] = asyncio.Queue()
         self.writes = 0  # Redis calls made (one per step when keeping up)
         self._retry: list[tuple[Inflight, RequestOutput]] = []  # a batch whose write failed
+        self._parked: list[tuple[Inflight, RequestOutput]] = []  # their claim has not answered
+        self._watched: set[asyncio.Future[str]] = set()  # claims that wake us when answered
         self._script = redis.register_script(STEP_LUA)
         # its own lean connection (``resp.py``): this call is made once per engine step
         self._conn = RespConnection.for_client(redis)
@@ -116,26 +118,38 @@ class OutputWriter:
     async def _step(self) -> None:
         """One write. A failed batch is written again, ahead of newer outputs, at the next
         step (after the backoff): losing a finish would hang its reader until the deadline,
-        while a repeat only happens if the failure came after Redis applied the pipeline."""
+        while a repeat only happens if the failure came after Redis applied the pipeline.
+        Outputs of a request whose claim has not answered yet (``Worker._start_early``) wait
+        in ``_parked``, the others go on; once it answers they are written, or dropped if the
+        request is not ours."""
         retry, self._retry = self._retry, []  # already sorted out below when it first came
         fresh = [] if retry else await self._queue.get()
         while not self._queue.empty():  # coalesce steps produced during the last write
             fresh.extend(self._queue.get_nowait())
-        claims = {rec.claim for rec, _ in fresh if rec.claim is not None and not rec.claim.done()}
-        if claims:  # an early-started request's first step came before its claim's answer
-            await asyncio.wait(claims)
-            while not self._queue.empty():
-                fresh.extend(self._queue.get_nowait())
-        items = retry + _hold_back([(rec, out) for rec, out in fresh if rec.owned])
+        fresh, self._parked = self._parked + fresh, []  # parked ones first: they are older
+        ready = []
+        for rec, out in fresh:
+            if rec.claim is not None and not rec.claim.done():
+                if rec.claim not in self._watched:
+                    self._watched.add(rec.claim)
+                    rec.claim.add_done_callback(self._claim_answered)
+                self._parked.append((rec, out))
+            else:
+                ready.append((rec, out))
+        items = retry + _hold_back([(rec, out) for rec, out in ready if rec.owned])
         try:
             await self._write(items)
         except Exception:
             self._retry = items
             raise
 
+    def _claim_answered(self, claim: asyncio.Future[str]) -> None:
+        self._watched.discard(claim)
+        self._queue.put_nowait([])  # wake the loop: its parked outputs can go now
+
     async def flush(self) -> None:
         """Wait until everything submitted so far is written (tests, shutdown)."""
-        while not self._queue.empty() or self._retry:
+        while not self._queue.empty() or self._retry or self._parked:
             await asyncio.sleep(0.005)
 
     async def _write(self, items: list[tuple[Inflight, RequestOutput]]) -> None:

@@ -104,21 +104,22 @@ class Worker:
         for env in envs:
             if env.msg is None:  # deleted by a cancel before we read it
                 cmds += self.queues.done_commands(env.tier, env.entry_id)
-        early = {} if reclaim else self._start_early(todo)
+        early: dict[int, Inflight] = {}  # position in todo -> started before its claim
         try:
+            if not reclaim:
+                self._start_early(todo, early)
             statuses = await self.queues.claim_many(
                 [e.msg.request_id for e in todo if e.msg is not None], self.consumer, reclaim)
-        except BaseException:
-            for rec in early.values():  # unclaimed: the entries stay pending for a reclaim
-                self._resolve_claim(rec, "unclaimed")
-            raise
+            for i, rec in early.items():
+                self._resolve_claim(rec, statuses[i])
+        finally:  # whatever failed, no early claim is left open: the writer would wait on it
+            for rec in early.values():
+                self._resolve_claim(rec, "unclaimed")  # the entry stays pending: reclaimed
         started: list[tuple[str, int]] = []  # (request id, index of its HGET in cmds)
-        for env, status in zip(todo, statuses):
+        for i, (env, status) in enumerate(zip(todo, statuses, strict=True)):
             msg = env.msg
             assert msg is not None
-            if (early_rec := early.get(msg.request_id)) is not None:
-                self._resolve_claim(early_rec, status)
-            if status == "run" and early_rec is not None:
+            if status == "run" and i in early:
                 # In ``inflight`` since before the claim: a cancel that comes after the claim
                 # finds it through its publish, so no mark lookup is needed for it.
                 continue
@@ -143,32 +144,35 @@ class Worker:
             if mark is not None:  # a cancel raced our claim: its publish found no owner
                 self._cancel(CancelMsg(rid, reader_gone=mark in (b"gone", "gone")))
 
-    def _start_early(self, todo: list[Envelope]) -> dict[str, Inflight]:
+    def _start_early(self, todo: list[Envelope], early: dict[int, Inflight]) -> None:
         """Hand fresh entries to the engine before their claim answers (it almost always says
-        "run"): the claim's round trip then overlaps the engine's first step instead of
-        delaying it, on every request's path. The writer holds a request's outputs until its
-        claim has answered and drops them unless it said "run" (``_resolve_claim``). Entries
-        past their deadline, or that the engine refuses, wait for the claim as before."""
+        "run"), recording them in ``early`` as they go: the claim's round trip then overlaps
+        the engine's first step instead of delaying it, on every request's path. The writer
+        holds a request's outputs until its claim has answered and drops them unless it said
+        "run" (``_resolve_claim``). Entries past their deadline, that the engine refuses, or
+        a second entry of one request, wait for the claim as before."""
         loop = asyncio.get_running_loop()
-        early: dict[str, Inflight] = {}
-        for env in todo:
+        ids: set[str] = set()
+        for i, env in enumerate(todo):
             msg = env.msg
             assert msg is not None
-            if time.time() > msg.deadline_unix > 0:
+            if time.time() > msg.deadline_unix > 0 or msg.request_id in ids:
                 continue
+            ids.add(msg.request_id)
             rec = Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream,
                            claim=loop.create_future())
             if self._run(rec, msg) is None:
-                early[msg.request_id] = rec
-        return early
+                early[i] = rec
 
     def _resolve_claim(self, rec: Inflight, status: str) -> None:
-        """Tell the writer what the claim of an early-started request said; one that is not
-        ours to run (cancelled while queued, gone, a failed claim) is stopped in the engine,
-        which frees its KV at its next step, and nothing it produced is written."""
+        """Tell the writer what the claim of an early-started request said (the first answer
+        counts); one that is not ours to run (cancelled while queued, gone, a failed claim)
+        is stopped in the engine, which frees its KV at its next step, and nothing it
+        produced is written."""
         assert rec.claim is not None
-        if not rec.claim.done():
-            rec.claim.set_result(status)
+        if rec.claim.done():
+            return
+        rec.claim.set_result(status)
         if status != "run":
             self.engine.abort(rec.request_id)
 
@@ -180,9 +184,12 @@ class Worker:
         try:
             self.engine.add_request(rec.request_id, msg.prompt_token_ids,
                                     msg.sampling_params(), msg.priority)
-        except ValueError as exc:
-            del self.inflight[rec.request_id]
-            return str(exc)
+        except BaseException as exc:
+            if self.inflight.get(rec.request_id) is rec:
+                del self.inflight[rec.request_id]
+            if isinstance(exc, ValueError):
+                return str(exc)
+            raise
         wait = max(0.0, time.time() - msg.arrival_unix) if msg.arrival_unix else 0.0
         rec.queue_wait_s = wait  # the FinishMsg carries it to the gateway's request span
         self.events.dispatched(rec.tier, rec.request_id, wait, traceparent=msg.traceparent)

@@ -103,8 +103,9 @@ async def test_early_start_writes_nothing_for_a_request_its_claim_does_not_give_
     engine = FakeEchoEngine(load_tokenizer(tiny_model_dir), step_ms=0.0)
     worker = Worker(client, engine, make_config())
     keys, tier = worker.keys, TIERS[0]
+    # what the cancel script leaves of a request cancelled while queued (its reader gone)
     await client.hset(keys.req("r-cancelled"),
-                      mapping={"state": "queued", "tenant": "t", "cancel": "gone"})
+                      mapping={"state": "cancelled", "tenant": "t", "cancel": "gone"})
     await client.hset(keys.req("r-ok"), mapping={"state": "queued", "tenant": "t"})
     real_claim = worker.queues.claim_many
 
@@ -129,7 +130,7 @@ async def test_early_start_writes_nothing_for_a_request_its_claim_does_not_give_
         msgs = [decode({k.decode(): v for k, v in fields.items()}) for _, fields in entries]
         assert sum(len(m.token_ids) for m in msgs if isinstance(m, TokenMsg)) == 4
         assert isinstance(msgs[-1], FinishMsg) and msgs[-1].finish_reason == "length"
-        assert await client.hget(keys.req("r-cancelled"), "state") == b"queued"
+        assert await client.hget(keys.req("r-cancelled"), "state") == b"cancelled"
     finally:
         writer.cancel()
         await engine.shutdown()

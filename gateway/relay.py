@@ -1,10 +1,11 @@
 """Relays one admitted request's output stream (``out:{id}``) to its HTTP client.
 
-The response is an ASGI callable that runs two tasks: the relay (read the output stream through
-the process's ``OutputMux``, write SSE chunks or collect the full body) and a watcher on the ASGI receive channel for
-``http.disconnect``. Whichever ends first decides: a finished relay answers; a disconnect, the
-request's deadline, or a client that stops reading (a send blocked past the stall timeout)
-cancels the request end to end. In every case the quota reservation is settled exactly once.
+The response is an ASGI callable that relays (reads the output stream through the process's
+``OutputMux``, writes SSE chunks or collects the full body) while a watcher task waits on the
+ASGI receive channel for ``http.disconnect`` and cancels the relay if it comes first. A
+finished relay answers; a disconnect, the request's deadline, or a client that stops reading
+(a send blocked past the stall timeout) cancels the request end to end. In every case the
+quota reservation is settled exactly once.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class RelayResponse:
         self.ctx = ctx
         self.state = RelayState()
         self.closing = False  # set on the way out: the reader loop stops at its next turn
-        self.answering = False  # the output is complete and going out
+        self.relaying = False  # reading the output (a disconnect now cancels the relay)
         self.disconnected = False  # the watcher saw the client leave and cancelled the relay
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -76,12 +77,15 @@ class RelayResponse:
         deadline = asyncio.timeout_at(ctx.deadline)
         cancel_source: str | None = None
         try:
-            async with deadline:
-                if ctx.stream:
-                    await self._stream(send)
-                else:
-                    await self._collect()
-            self.answering = True  # from here a disconnect no longer cancels: we answer
+            self.relaying = True  # only meanwhile does a disconnect cancel this task
+            try:
+                async with deadline:
+                    if ctx.stream:
+                        await self._stream(send)
+                    else:
+                        await self._collect()
+            finally:
+                self.relaying = False
             if not ctx.stream:
                 await self._send_full(send)
         except TimeoutError:
@@ -95,8 +99,9 @@ class RelayResponse:
         except asyncio.CancelledError:
             if not self.disconnected or me is None:
                 raise  # cancelled from outside (shutdown): the clean-up below still runs
-            me.uncancel()  # our own cancel, handled: the rest of this task runs normally
             cancel_source = "disconnect"
+            if me.uncancel() > 0:  # our cancel is handled; one from outside still ends us
+                raise
         except Exception:
             cancel_source = "error"  # nobody reads this output any more: stop generating
             raise  # the clean-up below still cancels and settles
@@ -105,17 +110,18 @@ class RelayResponse:
             watcher.cancel()
             # Clean-up runs in its own task with bounded waits: whatever happens to this one
             # (cancelled at shutdown, an error above), the cancel and the settle still happen.
-            await asyncio.shield(self._finish(cancel_source, (watcher,)))
+            await asyncio.shield(self._finish(cancel_source, watcher))
 
     async def _watch(self, receive: Receive, relay: asyncio.Task[Any] | None) -> None:
-        """Cancel the relay when the client disconnects, unless it is already answering."""
+        """Cancel the relay when the client disconnects while it relays (not while it sends
+        the answer or the timeout error: uvicorn drops sends to a client that has left)."""
         await wait_for_disconnect(receive)
-        if not (self.answering or self.closing) and relay is not None:
+        if self.relaying and relay is not None:
             self.disconnected = True
             relay.cancel()
 
-    async def _finish(self, cancel_source: str | None, tasks: tuple[asyncio.Task[Any], ...]) -> None:
-        await asyncio.wait(tasks, timeout=CLEANUP_TIMEOUT_S)
+    async def _finish(self, cancel_source: str | None, watcher: asyncio.Task[Any]) -> None:
+        await asyncio.wait({watcher}, timeout=CLEANUP_TIMEOUT_S)
         try:
             async with asyncio.timeout(CLEANUP_TIMEOUT_S):
                 outcome = await self._cancel(cancel_source) if cancel_source else _outcome(

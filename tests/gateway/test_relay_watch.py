@@ -1,0 +1,121 @@
+"""The relay's disconnect watcher against stub services: it cancels the relay only while it
+relays, and a cancel from outside in the same turn as a disconnect still ends the relay."""
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gateway.relay import RelayContext, RelayResponse
+
+pytestmark = pytest.mark.timeout(10)
+
+
+class Mux:
+    def __init__(self) -> None:
+        self.queues: dict[str, asyncio.Queue[Any]] = {}
+
+    def register(self, key: str) -> asyncio.Queue[Any]:
+        return self.queues.setdefault(key, asyncio.Queue())
+
+    def unregister(self, key: str) -> None:
+        self.queues.pop(key, None)
+
+
+def make_services(calls: list[str]) -> Any:
+    async def cancel(rid: str, reader_gone: bool, reason: str) -> str:
+        calls.append(f"cancel:{reason}")
+        return "running"
+
+    async def delete(*keys: str) -> int:
+        return 1
+
+    async def settle(*args: Any, **kwargs: Any) -> None:
+        calls.append(f"settle:{args[4]}")
+
+    ev = SimpleNamespace(first_token=lambda *a, **k: None, tokens=lambda *a, **k: None,
+                         request_cancelled=lambda *a, **k: None,
+                         request_finished=lambda *a, **k: None)
+    return SimpleNamespace(
+        mux=Mux(), keys=SimpleNamespace(out=lambda rid: f"out:{rid}"), events=ev,
+        config=SimpleNamespace(stall_timeout_s=5.0, request_timeout_s=0.05),
+        canceller=SimpleNamespace(cancel=cancel), redis=SimpleNamespace(delete=delete),
+        quota=SimpleNamespace(settle=settle))
+
+
+def make_ctx(deadline_in: float, stream: bool = False) -> RelayContext:
+    loop = asyncio.get_running_loop()
+    return RelayContext("r1", SimpleNamespace(id="t"), "interactive", 3, 10, stream, False,
+                        SimpleNamespace(kind="text"), loop.time(), loop.time() + deadline_in)
+
+
+async def test_disconnect_while_sending_the_504_does_not_escape_as_cancelled() -> None:
+    """Deadline fires -> the 504's send blocks (client not reading) -> the client leaves:
+    nothing cancels the relay in the middle of its error handling."""
+    calls: list[str] = []
+    relay = RelayResponse(make_services(calls), make_ctx(0.02))
+    gone = asyncio.Event()
+    send_blocked = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        send_blocked.set()
+        await asyncio.sleep(0.3)  # the socket's buffer is full
+
+    task = asyncio.create_task(relay({"type": "http"}, receive, send))
+    await send_blocked.wait()
+    gone.set()
+    await asyncio.wait({task}, timeout=3)
+    assert calls == ["cancel:deadline", "settle:settled:aborted"]
+    assert not task.cancelled(), "our own disconnect cancel escaped __call__"
+
+
+async def test_external_cancel_in_the_same_turn_as_a_disconnect_is_not_swallowed() -> None:
+    calls: list[str] = []
+    relay = RelayResponse(make_services(calls), make_ctx(5.0))
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    real_watch = relay._watch
+
+    async def watch_then_shutdown(receive: Any, me: Any) -> None:
+        await real_watch(receive, me)  # relay.cancel() (count 1)
+        me.cancel()  # uvicorn's shutdown cancel in the same turn (count 2)
+
+    relay._watch = watch_then_shutdown  # type: ignore[method-assign]
+    task = asyncio.create_task(relay({"type": "http"}, receive, send))
+    await asyncio.sleep(0.01)
+    gone.set()
+    await asyncio.wait({task}, timeout=3)
+    assert task.cancelled(), "the shutdown cancel was swallowed by uncancel()"
+
+
+async def test_a_disconnect_while_relaying_cancels_end_to_end() -> None:
+    calls: list[str] = []
+    relay = RelayResponse(make_services(calls), make_ctx(5.0))
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        raise AssertionError("nothing is sent to a client that left")
+
+    task = asyncio.create_task(relay({"type": "http"}, receive, send))
+    await asyncio.sleep(0.01)  # waiting for output that never comes
+    gone.set()
+    await asyncio.wait({task}, timeout=3)
+    assert task.done() and not task.cancelled()
+    assert calls == ["cancel:disconnect", "settle:settled:aborted"]

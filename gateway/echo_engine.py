@@ -7,21 +7,22 @@ step (cycling when ``max_tokens`` exceeds the prompt). It exists to measure the 
 behaviour use ``engine.async_engine.AsyncEngine`` on a tiny random checkpoint.
 
 It runs like the real ``AsyncEngine``: steps on a thread of their own, outputs handed to the
-event loop with ``call_soon_threadsafe``, requests and aborts passed in through an inbox. So a
-step starts ``step_ms`` after the previous one started, whatever the event loop is busy with,
-as a real engine's forward pass does; a fake that stepped on the gateway's own loop would bill
-the gateway's work to the engine's cadence, and timers there are millisecond-granular. It
-never runs more than one step ahead of the loop (it waits for the last step's outputs to be
-handed out), so ``step_ms=0`` means "as fast as the loop takes the outputs". Step times vary
-uniformly by ``step_jitter`` around ``step_ms`` (seeded), as a real engine's do: with a fixed
-cadence, a load generator's millisecond timers phase-lock with the steps, and a request's wait
-for the next step (the same for every path through the gateway) stops being random.
+event loop with ``call_soon_threadsafe``, requests and aborts passed in through an inbox. A
+step starts ``step_ms`` after the previous one started, as a real engine's forward pass does,
+unless the loop is ``MAX_AHEAD`` steps behind in taking the outputs (a real engine is never
+held back; the bound keeps ``step_ms=0``, "as fast as the loop takes outputs", from flooding
+the loop). A fake that stepped on the gateway's own loop would bill the gateway's work to the
+engine's cadence, and timers there are millisecond-granular. Step times vary uniformly by
+``step_jitter`` around ``step_ms`` (seeded), as a real engine's do: with a fixed cadence, a
+load generator's millisecond timers phase-lock with the steps, and a request's wait for the
+next step (the same for every path through the gateway) stops being random.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import queue
 import random
 import threading
@@ -34,7 +35,10 @@ from engine.outputs import RequestOutput
 from engine.protocol import EngineLoad, StepCallback
 from engine.sampling_params import SamplingParams
 
+log = logging.getLogger("carpool.worker")
+
 _IDLE_WAIT_S = 0.5  # the step thread re-checks its stop flag this often when idle
+MAX_AHEAD = 8  # steps whose outputs the loop has not handed out yet
 
 
 @dataclass
@@ -69,7 +73,7 @@ class FakeEchoEngine:
         self.max_num_seqs = max_num_seqs
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._handed_out = threading.Event()  # the last step's outputs reached the loop
+        self._ahead = threading.Semaphore(MAX_AHEAD)  # a step's outputs not yet handed out
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -85,6 +89,7 @@ class FakeEchoEngine:
         if self._thread is None:
             self._loop = asyncio.get_running_loop()
             self._stop.clear()
+            self._ahead = threading.Semaphore(MAX_AHEAD)
             self._thread = threading.Thread(target=self._run, name="fake-echo-engine",
                                             daemon=True)
             self._thread.start()
@@ -92,10 +97,13 @@ class FakeEchoEngine:
     async def shutdown(self) -> None:
         self._stop.set()
         self._wake.set()
-        self._handed_out.set()
+        self._ahead.release(MAX_AHEAD)  # a step thread waiting on the loop stops now
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10.0)
-            self._thread = None
+            if not self._thread.is_alive():  # else a restart would run a second one
+                self._thread = None
+        while not self._inbox.empty():  # ended below: a restart must not run them
+            self._inbox.get_nowait()
         left = [RequestOutput(rid, [], "", True, "abort") for rid in list(self._live)]
         if left:  # end every open stream, as the real engine does at shutdown
             self._dispatch(left)
@@ -143,7 +151,7 @@ class FakeEchoEngine:
         return len(self._live) < self.max_num_seqs
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        self._handed_out.set()
+        self._ahead.release()
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is not None:
@@ -157,6 +165,14 @@ class FakeEchoEngine:
 
     def _run(self) -> None:
         active: dict[str, _EchoRequest] = {}
+        try:
+            self._steps(active)
+        except Exception as exc:  # end every request rather than hang it, as AsyncEngine does
+            log.exception("fake echo engine step thread died")
+            self._hand_out([RequestOutput(rid, [], "", True, "error", error=repr(exc))
+                            for rid in active])
+
+    def _steps(self, active: dict[str, _EchoRequest]) -> None:
         next_at = time.monotonic()
         while not self._stop.is_set():
             self._drain_inbox(active)
@@ -165,6 +181,8 @@ class FakeEchoEngine:
                 self._wake.clear()
                 next_at = time.monotonic()
                 continue
+            if not self._room_ahead():
+                return
             outputs = [self._advance(r) for r in active.values()]
             for out in outputs:
                 if out.finished:
@@ -175,9 +193,17 @@ class FakeEchoEngine:
             delay = next_at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            else:  # late (a busy machine): go on now, without a burst to catch up
+            else:  # late (a busy machine): this step starts now, the cadence counts from it
                 next_at = time.monotonic()
-            self._handed_out.wait()  # at most one step ahead of the loop
+
+    def _room_ahead(self) -> bool:
+        """Wait until fewer than MAX_AHEAD steps' outputs are waiting for the loop; False if
+        the engine is stopping or its loop is gone (the thread must end, not wait forever)."""
+        assert self._loop is not None
+        while not self._ahead.acquire(timeout=_IDLE_WAIT_S):
+            if self._stop.is_set() or self._loop.is_closed():
+                return False
+        return not self._stop.is_set()
 
     def _drain_inbox(self, active: dict[str, _EchoRequest]) -> None:
         while True:
@@ -192,10 +218,9 @@ class FakeEchoEngine:
 
     def _hand_out(self, outputs: list[RequestOutput]) -> None:
         assert self._loop is not None
-        self._handed_out.clear()
         try:
             self._loop.call_soon_threadsafe(self._dispatch, outputs)
-        except RuntimeError:  # the loop closed under us (shutdown)
+        except RuntimeError:  # the loop closed under us: nobody takes outputs any more
             self._stop.set()
 
     def _advance(self, req: _EchoRequest) -> RequestOutput:

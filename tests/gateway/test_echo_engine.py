@@ -1,5 +1,5 @@
-"""The FAKE echo engine: what it echoes, how it ends requests, and that its step thread never
-runs ahead of the event loop that takes its outputs."""
+"""The FAKE echo engine: what it echoes, how it ends requests, and that its step thread runs
+at most MAX_AHEAD steps ahead of the event loop that takes its outputs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from engine.model_loader import load_tokenizer
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from gateway.echo_engine import FakeEchoEngine
+from gateway.echo_engine import MAX_AHEAD, FakeEchoEngine
 
 
 @pytest.fixture(scope="module")
@@ -77,14 +77,46 @@ async def test_abort_and_shutdown_end_requests(tokenizer: Any) -> None:
     assert engine.load().num_running == 0
 
 
-async def test_never_more_than_one_step_ahead_of_the_loop(tokenizer: Any) -> None:
+async def test_never_more_than_max_ahead_steps_ahead_of_the_loop(tokenizer: Any) -> None:
     engine = make_engine(tokenizer)  # step_ms=0: as fast as the loop takes outputs
     await engine.start()
     try:
         engine.add_request("a", [1], SamplingParams(max_tokens=10_000))
-        time.sleep(0.1)  # noqa: ASYNC251  (blocks the loop on purpose: nobody hands outputs out)
-        assert engine.num_steps == 1
+        # The loop is blocked on purpose (nobody hands the outputs out) while we watch.
+        deadline = time.monotonic() + 5
+        while engine.num_steps < MAX_AHEAD and time.monotonic() < deadline:
+            time.sleep(0.01)  # noqa: ASYNC251
+        time.sleep(0.1)  # noqa: ASYNC251  (time for a step too many, if it would take one)
+        assert engine.num_steps == MAX_AHEAD
         await asyncio.sleep(0.05)
-        assert engine.num_steps > 1
+        assert engine.num_steps > MAX_AHEAD
     finally:
         await engine.shutdown()
+
+
+def test_the_step_thread_ends_when_its_loop_closes_without_shutdown(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer, step_ms=1.0)
+
+    async def forgets_shutdown() -> None:  # a test that failed early, a crash
+        await engine.start()
+        engine.add_request("a", [1], SamplingParams(max_tokens=100_000))
+        await asyncio.sleep(0.05)
+
+    asyncio.run(forgets_shutdown())
+    assert engine._thread is not None
+    engine._thread.join(5.0)
+    assert not engine._thread.is_alive()
+
+
+async def test_a_restart_runs_only_requests_added_after_it(tokenizer: Any) -> None:
+    engine = make_engine(tokenizer, step_ms=1.0)
+    await engine.start()
+    await engine.shutdown()
+    engine.add_request("stale", [1], SamplingParams(max_tokens=3))  # added while stopped
+    await engine.shutdown()  # ends it with an abort
+    seen: list[str] = []
+    engine.add_step_callback(lambda outs: seen.extend(o.request_id for o in outs))
+    await engine.start()
+    outs = await collect(engine, "new", [1], max_tokens=2)
+    await engine.shutdown()
+    assert len(outs) == 2 and set(seen) == {"new"}

@@ -261,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
           f"(pinned row: client on CPU {cpus[0]}, gateway and Redis on the rest; split-roles "
           f"rows: gateway and worker+engine in two processes)\n"
           f"load generator: {client} in the bench process; direct baseline and load generator "
-          f"on {loop_name}, the gateway on uvicorn's default loop ({loop_name})\n")
+          f"on {loop_name}, the gateway on uvicorn's default loop ({loop_name}); gateway "
+          f"settings as served: access log off, span export {_export_state()}, echo steps "
+          f"+-20% jitter\n")
     print(table(direct, gw, args))
     if args.json:
         Path(args.json).write_text(json.dumps([{
@@ -282,6 +284,14 @@ def _runner() -> tuple[str, Callable[[Any], Any]]:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(coro)
     return "uvloop", run
+
+
+def _export_state() -> str:
+    """What the serving processes inherit: spans are built only when something exports them."""
+    from gateway.telemetry.config import OTLP_ENDPOINT_VARS
+
+    set_vars = [v for v in OTLP_ENDPOINT_VARS if os.environ.get(v)]
+    return f"ON ({', '.join(set_vars)} set)" if set_vars else "off (no OTLP endpoint set)"
 
 
 def _free_port() -> int:

@@ -75,7 +75,7 @@ def local_server(config: GatewayConfig, rpm: Mapping[str, int]) -> Iterator[Loca
         app = create_app(config, redis_url, secret)
         server = uvicorn.Server(uvicorn.Config(
             app, host="127.0.0.1", port=config.port, log_level="warning", lifespan="on",
-            timeout_graceful_shutdown=5))
+            access_log=config.access_log, timeout_graceful_shutdown=5))
         thread = threading.Thread(target=server.run, name="carpool-loadtest-server",
                                   daemon=True)
         thread.start()

@@ -31,13 +31,13 @@ from gateway.telemetry.telemetry import metrics_endpoint
 from gateway.tenants import TenantStore, load_tenants_file
 from gateway.worker import Worker
 
-ROUTES = [
+ROUTES = [  # matched in order: the completions, on every request's path, first
+    Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+    Route("/v1/completions", api.completions, methods=["POST"]),
     Route("/healthz", api.healthz, methods=["GET"]),
     Route("/readyz", api.readyz, methods=["GET"]),
     Route("/metrics", metrics_endpoint, methods=["GET"]),
     Route("/v1/models", api.list_models, methods=["GET"]),
-    Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
-    Route("/v1/completions", api.completions, methods=["POST"]),
     Route("/v1/requests/{request_id}", api.get_request, methods=["GET"]),
     Route("/v1/requests/{request_id}/cancel", api.cancel_request, methods=["POST"]),
     *ADMIN_ROUTES,

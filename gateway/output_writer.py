@@ -2,7 +2,8 @@
 
 The engine calls the worker's step callback on the event loop with all outputs of a step; the
 writer turns them into ``TokenMsg``/``FinishMsg`` entries on ``out:{id}`` with one Lua call
-(``STEP_LUA``), coalescing steps that queued up while a write was in flight. A finished
+(``STEP_LUA``), sent from the callback itself when no write is in flight, else coalescing the
+steps that queued up meanwhile into the next write. A finished
 request's queue entry is acknowledged in the same call — entries are acked only once finished.
 When the reader is gone (client disconnected, deadline), its stream is deleted instead of
 written. One call rather than a pipeline of XADD/EXPIRE per request: the Python client's cost
@@ -17,6 +18,8 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import Any
+
+from redis.exceptions import ResponseError
 
 from engine.outputs import RequestOutput
 from gateway.backoff import run_forever
@@ -94,7 +97,8 @@ class OutputWriter:
         self.keys = keys
         self.queues = queues
         self.ttl = stream_ttl_s
-        self._queue: asyncio.Queue[list[tuple[Inflight, RequestOutput]]] = asyncio.Queue()
+        self._queue: asyncio.Queue[list[tuple[Inflight, RequestOutput]] | _Sent] = asyncio.Queue()
+        self._waiting = False  # the task waits for work: nothing queued or being written
         self.writes = 0  # Redis calls made (one per step when keeping up)
         self._retry: list[tuple[Inflight, RequestOutput]] = []  # a batch whose write failed
         self._parked: list[tuple[Inflight, RequestOutput]] = []  # their claim has not answered
@@ -109,8 +113,17 @@ class OutputWriter:
             await self._conn.close()
 
     def submit(self, items: list[tuple[Inflight, RequestOutput]]) -> None:
-        if items:
-            self._queue.put_nowait(items)
+        """Take one engine step's outputs (on the event loop). When nothing is queued or
+        being written they are written right here, a loop turn sooner than by the writer's
+        task; otherwise they queue up and are coalesced into the next write."""
+        if not items:
+            return
+        if self._waiting and self._queue.empty() and not self._retry:
+            sent = self._write_now(items)
+            if sent is not None:
+                self._queue.put_nowait(sent)  # the task sees its reply before anything newer
+                return
+        self._queue.put_nowait(items)
 
     async def run(self) -> None:
         await run_forever(self._step, "output writer", log)
@@ -118,14 +131,32 @@ class OutputWriter:
     async def _step(self) -> None:
         """One write. A failed batch is written again, ahead of newer outputs, at the next
         step (after the backoff): losing a finish would hang its reader until the deadline,
-        while a repeat only happens if the failure came after Redis applied the pipeline.
-        Outputs of a request whose claim has not answered yet (``Worker._start_early``) wait
-        in ``_parked``, the others go on; once it answers they are written, or dropped if the
-        request is not ours."""
-        retry, self._retry = self._retry, []  # already sorted out below when it first came
-        fresh = [] if retry else await self._queue.get()
+        while a repeat only happens if the failure came after Redis applied the pipeline."""
+        retry, self._retry = self._retry, []  # already sorted out when it first came
+        if retry:
+            await self._write_retrying(retry)
+            return
+        self._waiting = True
+        try:
+            first = await self._queue.get()
+        finally:
+            self._waiting = False
+        if isinstance(first, _Sent):  # written by ``submit``: see that it went through
+            await self._confirm(first)
+            return
+        fresh = list(first)
         while not self._queue.empty():  # coalesce steps produced during the last write
-            fresh.extend(self._queue.get_nowait())
+            more = self._queue.get_nowait()
+            assert not isinstance(more, _Sent)  # ``submit`` sends only when nothing is queued
+            fresh.extend(more)
+        await self._write_retrying(self._sort_out(fresh))
+
+    def _sort_out(self, fresh: list[tuple[Inflight, RequestOutput]]
+                  ) -> list[tuple[Inflight, RequestOutput]]:
+        """What to write of ``fresh`` (and of the parked outputs before it). Outputs of a
+        request whose claim has not answered yet (``Worker._start_early``) wait in
+        ``_parked``; once it answers they are written, or dropped if the request is not
+        ours. Non-streaming requests' outputs are held back (``_hold_back``)."""
         fresh, self._parked = self._parked + fresh, []  # parked ones first: they are older
         ready = []
         for rec, out in fresh:
@@ -136,12 +167,7 @@ class OutputWriter:
                 self._parked.append((rec, out))
             else:
                 ready.append((rec, out))
-        items = retry + _hold_back([(rec, out) for rec, out in ready if rec.owned])
-        try:
-            await self._write(items)
-        except Exception:
-            self._retry = items
-            raise
+        return _hold_back([(rec, out) for rec, out in ready if rec.owned])
 
     def _claim_answered(self, claim: asyncio.Future[str]) -> None:
         self._watched.discard(claim)
@@ -149,10 +175,58 @@ class OutputWriter:
 
     async def flush(self) -> None:
         """Wait until everything submitted so far is written (tests, shutdown)."""
-        while not self._queue.empty() or self._retry or self._parked:
+        while not self._queue.empty() or self._retry or self._parked or not self._waiting:
             await asyncio.sleep(0.005)
 
+    def _write_now(self, fresh: list[tuple[Inflight, RequestOutput]]) -> _Sent | None:
+        """Sort out and send ``fresh`` without waiting; None if the lean connection is not
+        up (the task then writes it). Nothing to write is a write that went through."""
+        if self._conn is None or not self._conn.ready:
+            return None
+        items = self._sort_out(fresh)
+        call = self._script_call(items)
+        reply = None
+        if call is not None:
+            keys, args = call
+            reply = self._conn.send_now("EVALSHA", self._lean_script.sha, len(keys), *keys, *args)
+        return _Sent(items, reply)
+
+    async def _confirm(self, sent: _Sent) -> None:
+        if sent.reply is None:
+            return
+        try:
+            await sent.reply
+            self.writes += 1
+        except ResponseError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                self._retry = sent.items
+                raise
+            await self._write_retrying(sent.items)  # run_script loads the script
+        except Exception:
+            self._retry = sent.items
+            raise
+
+    async def _write_retrying(self, items: list[tuple[Inflight, RequestOutput]]) -> None:
+        try:
+            await self._write(items)
+        except Exception:
+            self._retry = items
+            raise
+
     async def _write(self, items: list[tuple[Inflight, RequestOutput]]) -> None:
+        call = self._script_call(items)
+        if call is None:
+            return
+        keys, args = call
+        if self._conn is not None:
+            await self._conn.run_script(self._lean_script, keys, args)
+        else:
+            await self._script(keys=keys, args=args)
+        self.writes += 1
+
+    def _script_call(self, items: list[tuple[Inflight, RequestOutput]]
+                     ) -> tuple[list[Any], list[Any]] | None:
+        """STEP_LUA's keys and args for ``items``; None when there is nothing to write."""
         keys: list[str] = [self.keys.stats]
         args: list[Any] = [self.ttl, self.ttl * 2 // 3, GROUP, TOKEN_TYPE, FINISH_TYPE]
         for rec, outs in _by_request(items):
@@ -169,12 +243,15 @@ class OutputWriter:
                      encode(TokenMsg(ids, text))["d"] if has_tokens else "",
                      encode(_finish(rec, last))["d"] if last.finished else "",
                      rec.entry_id, _outcome(last)]
-        if len(keys) > 1:
-            if self._conn is not None:
-                await self._conn.run_script(self._lean_script, keys, args)
-            else:
-                await self._script(keys=keys, args=args)
-            self.writes += 1
+        return (keys, args) if len(keys) > 1 else None
+
+
+@dataclass
+class _Sent:
+    """A write ``submit`` made itself: its items (to write again if it failed) and reply."""
+
+    items: list[tuple[Inflight, RequestOutput]]
+    reply: asyncio.Future[Any] | None
 
 
 def _hold_back(items: list[tuple[Inflight, RequestOutput]]

@@ -90,6 +90,19 @@ class RespConnection:
             proto = await self._connect()
         return await self._send(proto, args)
 
+    @property
+    def ready(self) -> bool:
+        """Connected and not closed: ``send_now`` will send."""
+        return not self._closed and self._proto is not None and not self._proto.lost
+
+    def send_now(self, *args: Any) -> asyncio.Future[Any] | None:
+        """Send one command right away, from synchronous code, and return the future of its
+        reply; None (nothing sent) unless the connection is ``ready``."""
+        if not self.ready:
+            return None
+        assert self._proto is not None
+        return self._send(self._proto, args)
+
     async def run_script(self, script: Script, keys: list[Any], args: list[Any]) -> Any:
         """EVALSHA, loading the script with EVAL when the server does not have it."""
         try:

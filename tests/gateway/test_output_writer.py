@@ -121,3 +121,60 @@ async def test_a_non_streaming_request_gets_its_first_tokens_then_the_rest_with_
     finally:
         task.cancel()
         await client.delete(keys.out("n"), keys.out("s"), keys.req("n"))
+
+
+async def run_steps(writer: OutputWriter, *batches: list[tuple[Inflight, RequestOutput]],
+                    writes: int) -> None:
+    """Submit ``batches`` (each written by ``submit`` itself when the writer is idle) and wait
+    until the writer has made ``writes`` Redis calls in all."""
+    for batch in batches:
+        async with asyncio.timeout(5):
+            while not writer._waiting:  # idle again: the next submit writes it right away
+                await asyncio.sleep(0.002)
+        writer.submit(batch)
+    async with asyncio.timeout(5):
+        while writer.writes < writes:
+            await asyncio.sleep(0.005)
+
+
+async def test_a_step_written_by_submit_survives_a_script_flush(setup: Any) -> None:
+    client, keys, writer = setup
+    task = asyncio.create_task(writer.run())
+    rec = Inflight("sf", TIERS[0], "0-1")
+    try:
+        await run_steps(writer, [(rec, tok("sf", 7, "a", 1))], writes=1)  # connects, loads
+        await client.script_flush()  # a restarted Redis: the next EVALSHA gets NOSCRIPT
+        await run_steps(writer, [(rec, tok("sf", 8, "b", 2))], writes=2)
+        assert await entries(client, keys.out("sf")) == [TokenMsg([7], "a"), TokenMsg([8], "b")]
+    finally:
+        task.cancel()
+        await client.delete(keys.out("sf"))
+
+
+async def test_a_step_written_by_submit_is_written_again_when_its_reply_fails(
+    setup: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client, keys, writer = setup
+    task = asyncio.create_task(writer.run())
+    rec = Inflight("rf", TIERS[0], "0-1")
+    try:
+        await run_steps(writer, [(rec, tok("rf", 7, "a", 1))], writes=1)
+        assert writer._conn is not None
+        real, failed = writer._conn.send_now, []
+
+        def lost_reply(*args: Any) -> Any:
+            real(*args)  # applied by Redis, but the reply never came back
+            failed.append(1)
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(ConnectionError("injected: connection reset"))
+            return fut
+
+        monkeypatch.setattr(writer._conn, "send_now", lost_reply)
+        await run_steps(writer, [(rec, tok("rf", 8, "b", 2))], writes=2)
+        assert failed == [1]
+        # written again: a repeat is possible, a loss is not
+        assert await entries(client, keys.out("rf")) == [
+            TokenMsg([7], "a"), TokenMsg([8], "b"), TokenMsg([8], "b")]
+    finally:
+        task.cancel()
+        await client.delete(keys.out("rf"))

@@ -19,6 +19,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.fresh_thread import run_on_fresh_thread
+from engine.output_streams import OutputStreams
 from engine.outputs import RequestOutput
 from engine.protocol import EngineLoad, StepCallback
 from engine.sampling_params import SamplingParams
@@ -42,7 +43,7 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._streams = OutputStreams()  # what ``generate`` callers wait on
         self._callbacks: list[StepCallback] = []
         self._live: set[str] = set()  # added and not yet reported finished (event-loop side)
         self.step_error: BaseException | None = None
@@ -88,23 +89,13 @@ class AsyncEngine:
         self._inbox.put(("add", (request_id, ids, params, priority)))
         self._wake.set()
 
-    async def generate(
+    def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
-        stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._streams[request_id] = stream
-        self.add_request(request_id, prompt_token_ids, params, priority)
-        finished = False
-        try:
-            while not finished:
-                out = await stream.get()
-                finished = out.finished
-                yield out
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished:  # consumer went away: cancel reaches the scheduler
-                self.abort(request_id)
+        return self._streams.generate(
+            request_id, lambda: self.add_request(request_id, prompt_token_ids, params, priority),
+            lambda: self.abort(request_id))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
@@ -180,9 +171,7 @@ class AsyncEngine:
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
-            stream = self._streams.get(out.request_id)
-            if stream is not None:
-                stream.put_nowait(out)
+            self._streams.put(out)
             if out.finished:
                 self._live.discard(out.request_id)
         for cb in self._callbacks:

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from engine.output_streams import OutputStreams
 from engine.outputs import RequestOutput
 from engine.protocol import EngineLoad, StepCallback
 from engine.sampling_params import SamplingParams
@@ -79,7 +80,7 @@ class FakeEchoEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         # event-loop side: added and not yet reported finished (id -> priority)
         self._live: dict[str, int] = {}
-        self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._streams = OutputStreams()  # what ``generate`` callers wait on
         self._callbacks: list[StepCallback] = []
         self.num_steps = 0
         self.max_running_seen = 0
@@ -120,21 +121,11 @@ class FakeEchoEngine:
         self._inbox.put(("add", _EchoRequest(request_id, list(prompt_token_ids), params)))
         self._wake.set()
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+    def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
-        stream: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._streams[request_id] = stream
-        self.add_request(request_id, prompt_token_ids, params, priority)
-        finished = False
-        try:
-            while not finished:
-                out = await stream.get()
-                finished = out.finished
-                yield out
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                self.abort(request_id)
+        return self._streams.generate(
+            request_id, lambda: self.add_request(request_id, prompt_token_ids, params, priority),
+            lambda: self.abort(request_id))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
@@ -153,9 +144,7 @@ class FakeEchoEngine:
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         self._ahead.release()
         for out in outputs:
-            stream = self._streams.get(out.request_id)
-            if stream is not None:
-                stream.put_nowait(out)
+            self._streams.put(out)
             if out.finished:
                 self._live.pop(out.request_id, None)
         for cb in self._callbacks:

@@ -51,17 +51,24 @@ def make_ctx(deadline_in: float, stream: bool = False) -> RelayContext:
                         SimpleNamespace(kind="text"), loop.time(), loop.time() + deadline_in)
 
 
+def client_that_leaves() -> tuple[asyncio.Event, Any]:
+    """An ASGI receive that reports ``http.disconnect`` once the event is set."""
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    return gone, receive
+
+
 async def test_disconnect_while_sending_the_504_does_not_escape_as_cancelled() -> None:
     """Deadline fires -> the 504's send blocks (client not reading) -> the client leaves:
     nothing cancels the relay in the middle of its error handling."""
     calls: list[str] = []
     relay = RelayResponse(make_services(calls), make_ctx(0.02))
-    gone = asyncio.Event()
+    gone, receive = client_that_leaves()
     send_blocked = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        await gone.wait()
-        return {"type": "http.disconnect"}
 
     async def send(message: dict[str, Any]) -> None:
         send_blocked.set()
@@ -78,11 +85,7 @@ async def test_disconnect_while_sending_the_504_does_not_escape_as_cancelled() -
 async def test_external_cancel_in_the_same_turn_as_a_disconnect_is_not_swallowed() -> None:
     calls: list[str] = []
     relay = RelayResponse(make_services(calls), make_ctx(5.0))
-    gone = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        await gone.wait()
-        return {"type": "http.disconnect"}
+    gone, receive = client_that_leaves()
 
     async def send(message: dict[str, Any]) -> None:
         pass
@@ -104,11 +107,7 @@ async def test_external_cancel_in_the_same_turn_as_a_disconnect_is_not_swallowed
 async def test_a_disconnect_while_relaying_cancels_end_to_end() -> None:
     calls: list[str] = []
     relay = RelayResponse(make_services(calls), make_ctx(5.0))
-    gone = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        await gone.wait()
-        return {"type": "http.disconnect"}
+    gone, receive = client_that_leaves()
 
     async def send(message: dict[str, Any]) -> None:
         raise AssertionError("nothing is sent to a client that left")

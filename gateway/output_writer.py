@@ -26,7 +26,7 @@ from gateway.backoff import run_forever
 from gateway.messages import FinishMsg, TokenMsg, encode
 from gateway.queues import TierQueues
 from gateway.redis_keys import GROUP, RedisKeys
-from gateway.resp import RespConnection, Script
+from gateway.resp import LuaScript, RespConnection
 
 log = logging.getLogger("carpool.worker")
 
@@ -103,10 +103,9 @@ class OutputWriter:
         self._retry: list[tuple[Inflight, RequestOutput]] = []  # a batch whose write failed
         self._parked: list[tuple[Inflight, RequestOutput]] = []  # their claim has not answered
         self._watched: set[asyncio.Future[str]] = set()  # claims that wake us when answered
-        self._script = redis.register_script(STEP_LUA)
         # its own lean connection (``resp.py``): this call is made once per engine step
         self._conn = RespConnection.for_client(redis)
-        self._lean_script = Script(STEP_LUA)
+        self._script = LuaScript(redis, self._conn, STEP_LUA)
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -188,7 +187,7 @@ class OutputWriter:
         reply = None
         if call is not None:
             keys, args = call
-            reply = self._conn.send_now("EVALSHA", self._lean_script.sha, len(keys), *keys, *args)
+            reply = self._conn.send_now("EVALSHA", self._script.sha, len(keys), *keys, *args)
         return _Sent(items, reply)
 
     async def _confirm(self, sent: _Sent) -> None:
@@ -218,10 +217,7 @@ class OutputWriter:
         if call is None:
             return
         keys, args = call
-        if self._conn is not None:
-            await self._conn.run_script(self._lean_script, keys, args)
-        else:
-            await self._script(keys=keys, args=args)
+        await self._script(keys=keys, args=args)
         self.writes += 1
 
     def _script_call(self, items: list[tuple[Inflight, RequestOutput]]

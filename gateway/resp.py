@@ -169,6 +169,7 @@ class LuaScript:
         self._redis_py = redis.register_script(source)
         self._conn = conn
         self._script = Script(source)
+        self.sha = self._script.sha
 
     async def __call__(self, keys: list[Any], args: list[Any]) -> Any:
         if self._conn is None:

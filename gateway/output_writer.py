@@ -41,6 +41,9 @@ FINISH_TYPE = encode(FinishMsg("stop", 0, 0))["t"]
 # 'gone') gets its stream deleted, not recreated until the TTL. A stream's TTL is set at its
 # first write and refreshed once it fell below ``refresh-below`` (not on every step), and set
 # afresh with the finish; a stream recreated after a reader's DEL gets one at its next write.
+# The first write also marks the request 'sent' (the claim script's 'lost': its reader has
+# output, even once a held-back stream has expired). A finish is written once: a retried write
+# whose first try was applied finds the request finished and only acks again.
 STEP_LUA = """
 local ttl, low, group = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 for i = 0, (#KEYS - 1) / 3 - 1 do
@@ -48,20 +51,27 @@ for i = 0, (#KEYS - 1) / 3 - 1 do
   local a = 6 + 6 * i
   local gone, tok = ARGV[a + 1] == '1', ARGV[a + 2]
   if ARGV[a] == '1' then
-    if gone or redis.call('HGET', req, 'cancel') == 'gone' then
+    if redis.call('HGET', req, 'state') == 'finished' then
+      -- written already: a write whose reply was lost, written again
+    elseif gone or redis.call('HGET', req, 'cancel') == 'gone' then
       redis.call('DEL', out)
     else
       if tok ~= '' then redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok) end
       redis.call('XADD', out, '*', 't', ARGV[5], 'd', ARGV[a + 3])
       redis.call('EXPIRE', out, ttl)
     end
-    redis.call('HSET', req, 'state', 'finished')
+    if redis.call('HGET', req, 'state') ~= 'finished' then
+      redis.call('HSET', req, 'state', 'finished')
+      redis.call('HINCRBY', KEYS[1], ARGV[a + 5], 1)
+    end
     redis.call('XACK', queue, group, ARGV[a + 4])
     redis.call('XDEL', queue, ARGV[a + 4])
-    redis.call('HINCRBY', KEYS[1], ARGV[a + 5], 1)
   elseif not gone and tok ~= '' then
     redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok)
-    if redis.call('TTL', out) < low then redis.call('EXPIRE', out, ttl) end
+    if redis.call('TTL', out) < low then
+      redis.call('EXPIRE', out, ttl)
+      redis.call('HSET', req, 'sent', '1')  -- the reader has output: a reclaim must not rerun it
+    end
   end
 end
 """
@@ -173,7 +183,9 @@ class OutputWriter:
         self._queue.put_nowait([])  # wake the loop: its parked outputs can go now
 
     async def flush(self) -> None:
-        """Wait until everything submitted so far is written (tests, shutdown)."""
+        """Wait until everything submitted so far is written or held back (a non-streaming
+        request's outputs go out with its finish) and the writer waits for more. For tests;
+        the writer's task must be running."""
         while not self._queue.empty() or self._retry or self._parked or not self._waiting:
             await asyncio.sleep(0.005)
 

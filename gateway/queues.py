@@ -19,16 +19,17 @@ from gateway.messages import MessageError, SubmitMsg, decode
 from gateway.redis_keys import GROUP, RedisKeys
 from gateway.resp import LuaScript, RespConnection
 
-# KEYS: per request: req, out;  ARGV: consumer, reclaim (0/1)
-# Returns one status per request: run | lost (reclaimed with tokens already sent) | abort
+# KEYS: per request: req;  ARGV: consumer, reclaim (0/1)
+# Returns one status per request: run | lost (reclaimed with output already sent: its 'sent'
+# mark, set by the step writer, outlives a held-back output stream that expired) | abort
 # (reclaimed after an explicit cancel its dead worker never answered: the live reader needs a
 # final event) | cancelled | finished | gone.  One call for a whole batch: the claim is on the
 # path of every request, and a pipeline holding a script costs redis-py an extra SCRIPT EXISTS
 # round trip per execute.
 CLAIM_LUA = """
 local out = {}
-for i = 1, #KEYS, 2 do
-  local req, stream = KEYS[i], KEYS[i + 1]
+for i = 1, #KEYS do
+  local req = KEYS[i]
   local st = redis.call('HGET', req, 'state')
   local c = st and redis.call('HGET', req, 'cancel')
   local res
@@ -38,7 +39,7 @@ for i = 1, #KEYS, 2 do
     res = (c == 'live' and st == 'running') and 'abort' or 'cancelled'
   elseif st == 'queued' or (st == 'running' and ARGV[2] == '1') then
     redis.call('HSET', req, 'state', 'running', 'worker', ARGV[1])
-    res = (st == 'running' and redis.call('EXISTS', stream) == 1) and 'lost' or 'run'
+    res = (st == 'running' and redis.call('HGET', req, 'sent')) and 'lost' or 'run'
   else
     res = st
   end
@@ -135,7 +136,7 @@ class TierQueues:
         """Claim each request (queued -> running) in one script call."""
         if not request_ids:
             return []
-        keys = [k for rid in request_ids for k in (self.keys.req(rid), self.keys.out(rid))]
+        keys = [self.keys.req(rid) for rid in request_ids]
         res = await self._claim(keys=keys, args=[consumer, 1 if reclaim else 0])
         return [r.decode() if isinstance(r, bytes) else str(r) for r in res]
 

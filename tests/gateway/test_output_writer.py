@@ -137,15 +137,24 @@ async def run_steps(writer: OutputWriter, *batches: list[tuple[Inflight, Request
             await asyncio.sleep(0.005)
 
 
-async def test_a_step_written_by_submit_survives_a_script_flush(setup: Any) -> None:
+async def test_a_step_written_by_submit_survives_a_script_flush(
+    setup: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
     client, keys, writer = setup
     task = asyncio.create_task(writer.run())
     rec = Inflight("sf", TIERS[0], "0-1")
     try:
         await run_steps(writer, [(rec, tok("sf", 7, "a", 1))], writes=1)  # connects, loads
+        assert writer._conn is not None
+        sent_now: list[Any] = []
+        real = writer._conn.send_now
+        monkeypatch.setattr(writer._conn, "send_now",
+                            lambda *args: sent_now.append(args[0]) or real(*args))
         await client.script_flush()  # a restarted Redis: the next EVALSHA gets NOSCRIPT
         await run_steps(writer, [(rec, tok("sf", 8, "b", 2))], writes=2)
+        assert sent_now == ["EVALSHA"]  # written by submit, then loaded and run again
         assert await entries(client, keys.out("sf")) == [TokenMsg([7], "a"), TokenMsg([8], "b")]
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]  # no failure path
     finally:
         task.cancel()
         await client.delete(keys.out("sf"))
@@ -178,3 +187,34 @@ async def test_a_step_written_by_submit_is_written_again_when_its_reply_fails(
     finally:
         task.cancel()
         await client.delete(keys.out("rf"))
+
+
+async def test_a_held_back_request_whose_stream_expired_is_still_lost_to_a_reclaim(
+    setup: Any,
+) -> None:
+    client, keys, writer = setup
+    queues = TierQueues(client, keys, TIERS)
+    rec = Inflight("h", TIERS[0], "0-1", final_only=True)
+    await client.hset(keys.req("h"), mapping={"state": "running", "worker": "w1"})
+    try:
+        await writer._write([(rec, tok("h", 7, "a", 1))])  # the first tokens reach the reader
+        await client.delete(keys.out("h"))  # its TTL ran out while the rest was held back
+        # the worker died: another one must not run it again behind what the reader has
+        assert await queues.claim_many(["h"], "w2", reclaim=True) == ["lost"]
+    finally:
+        await client.delete(keys.req("h"))
+
+
+async def test_a_finish_written_again_after_a_lost_reply_is_written_once(setup: Any) -> None:
+    client, keys, writer = setup
+    rec = Inflight("f2", TIERS[0], "0-1")
+    await client.hset(keys.req("f2"), mapping={"state": "running"})
+    finish = [(rec, RequestOutput("f2", [8], "y", True, "length", 3, 1))]
+    try:
+        await writer._write(finish)
+        await writer._write(finish)  # the retry of a write Redis had applied
+        got = await entries(client, keys.out("f2"))
+        assert sum(isinstance(m, FinishMsg) for m in got) == 1
+        assert await client.hget(keys.stats, "completed") == b"1"
+    finally:
+        await client.delete(keys.out("f2"), keys.req("f2"))

@@ -99,11 +99,17 @@ class Worker:
     async def _start(self, envs: list[Envelope], reclaim: bool = False) -> None:
         """Run a batch of envelopes, or drop them (cancelled, past deadline, lost) and ack
         them: one pipelined claim round trip and one for the acks and cancel checks."""
-        todo = [e for e in envs if e.msg is not None and e.msg.request_id not in self.inflight]
+        todo: list[Envelope] = []
         cmds: list[tuple[Any, ...]] = []
         for env in envs:
             if env.msg is None:  # deleted by a cancel before we read it
                 cmds += self.queues.done_commands(env.tier, env.entry_id)
+            elif env.msg.request_id in self.inflight:
+                continue  # ours already (a reclaim of what we run): its finish acks it
+            elif any(e.msg is not None and e.msg.request_id == env.msg.request_id for e in todo):
+                cmds += self.queues.done_commands(env.tier, env.entry_id)  # a second entry
+            else:
+                todo.append(env)
         early: dict[int, Inflight] = {}  # position in todo -> started before its claim
         try:
             if not reclaim:
@@ -149,16 +155,14 @@ class Worker:
         "run"), recording them in ``early`` as they go: the claim's round trip then overlaps
         the engine's first step instead of delaying it, on every request's path. The writer
         holds a request's outputs until its claim has answered and drops them unless it said
-        "run" (``_resolve_claim``). Entries past their deadline, that the engine refuses, or
-        a second entry of one request, wait for the claim as before."""
+        "run" (``_resolve_claim``). Entries past their deadline, or that the engine refuses,
+        wait for the claim as before."""
         loop = asyncio.get_running_loop()
-        ids: set[str] = set()
         for i, env in enumerate(todo):
             msg = env.msg
             assert msg is not None
-            if time.time() > msg.deadline_unix > 0 or msg.request_id in ids:
+            if time.time() > msg.deadline_unix > 0:
                 continue
-            ids.add(msg.request_id)
             rec = Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream,
                            claim=loop.create_future())
             if self._run(rec, msg) is None:

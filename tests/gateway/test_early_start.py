@@ -156,3 +156,14 @@ async def test_a_second_entry_of_one_request_leaves_the_first_running(client: An
         assert "dup" in worker.inflight and worker.inflight["dup"].owned
     finally:
         await cleanup(client, worker, "dup")
+
+
+async def test_a_reclaimed_request_with_two_entries_runs_once(client: Any) -> None:
+    engine = StubEngine()
+    worker = await make_worker(client, engine, "dup")
+    try:
+        await worker._start(envelopes("dup", "dup"), reclaim=True)
+        assert engine.added == ["dup"] and engine.aborted == []
+        assert "dup" in worker.inflight
+    finally:
+        await cleanup(client, worker, "dup")

@@ -58,6 +58,7 @@ class Drainer:
             return
         open_tiers = [t for t in self.weights if self.engine.has_capacity(tier_priority(t))]
         if not open_tiers:
+            self.quiet = False  # a backlog may build meanwhile: plan it by weight
             await self._wait_for_room()
             return
         envs = await self._pull(open_tiers)

@@ -79,3 +79,15 @@ async def test_a_held_drainer_counts_backlogs_when_released() -> None:
     drainer.paused = False
     await drainer._step()
     assert queues.calls == ["backlogs", "read count=1", "backlogs", "read count=1"]
+
+
+async def test_a_full_engine_ends_quiet_mode_like_a_hold() -> None:
+    drainer, queues, _ = make_drainer([["interactive"]])
+    await drainer._step()
+    assert drainer.quiet
+    room = {"open": False}  # a backlog may build while the engine has no room
+    drainer.engine.has_capacity = lambda priority: room["open"]  # type: ignore[method-assign]
+    await drainer._step()
+    room["open"] = True
+    await drainer._step()
+    assert queues.calls == ["backlogs", "read count=1", "backlogs", "read count=1"]

@@ -95,7 +95,8 @@ class RequestRecorder:
             self._first = t
             self._metrics.ttft.labels(tier).observe(t - self._start)
             self.span.add_event(names.EVENT_FIRST_TOKEN, timestamp=monotonic_to_epoch_ns(t))
-        elif self._last is not None:
+        elif self._last is not None and self.info.stream:
+            # (a non-streaming answer's tokens come back in two messages: no gaps to see)
             gap = (t - self._last) / count  # tokens of one step arrive together: share the gap
             itl = self._metrics.itl.labels(tier)  # looked up once, not per token
             for _ in range(count):

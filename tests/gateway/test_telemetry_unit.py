@@ -245,3 +245,20 @@ def test_hooks_never_raise_into_the_request_path(caplog: pytest.LogCaptureFixtur
     events.engine_step(1, load, [object()])  # type: ignore[list-item]
     assert "telemetry hook engine_step failed" in caplog.text
     assert events.request_started("cmpl-1", "t", "batch", "m", 3, 4, False, "bad") is not None
+
+
+def test_a_non_streaming_request_records_ttft_and_tpot_but_no_inter_token_gaps() -> None:
+    tel, _ = make_telemetry()
+    t0 = time.monotonic()
+    rec = tel.start_request(make_info(stream=False), started_at=t0)
+    rec.on_tokens(1, now=t0 + 1.0)  # the first tokens, written at once
+    rec.on_tokens(4, now=t0 + 3.0)  # the rest, held back and sent with the finish
+    summary = rec.finish("length", now=t0 + 3.0)
+    assert summary.ttft_ms == pytest.approx(1000.0) and summary.tpot_ms == pytest.approx(500.0)
+    assert sample_value(tel, "carpool_inter_token_latency_seconds_count",
+                        tier="interactive") == 0
+    streamed = tel.start_request(make_info(request_id="req-2"), started_at=t0)
+    streamed.on_tokens(1, now=t0 + 1.0)
+    streamed.on_tokens(2, now=t0 + 1.2)
+    assert sample_value(tel, "carpool_inter_token_latency_seconds_count",
+                        tier="interactive") == 2

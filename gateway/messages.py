@@ -133,7 +133,12 @@ def _build(kind: str, data: str) -> Message:
         raise MessageError(f"unknown message type {kind!r}")
     try:
         values = orjson.loads(data)
-        return cls(**values)  # type: ignore[no-any-return]
+        if not isinstance(values, dict):
+            raise TypeError("not a JSON object")
+        # fields a newer sender added are left out: old and new processes run side by side
+        # during an upgrade (a new field's default must keep the old behaviour)
+        known = {k: v for k, v in values.items() if k in _FIELDS[cls]}
+        return cls(**known)  # type: ignore[no-any-return]
     except (TypeError, ValueError) as exc:
         raise MessageError(f"bad {kind} message: {exc}") from exc
 

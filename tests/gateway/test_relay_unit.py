@@ -1,13 +1,17 @@
-"""The relay's disconnect watcher against stub services: it cancels the relay only while it
-relays, and a cancel from outside in the same turn as a disconnect still ends the relay."""
+"""The relay against stub services: the disconnect watcher cancels it only while it relays,
+a cancel from outside in the same turn as a disconnect still ends it, and output that queued
+up while it was busy goes out as one SSE event."""
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from gateway.messages import FinishMsg, TokenMsg
+from gateway.openai_format import Formatter
 from gateway.relay import RelayContext, RelayResponse
 
 pytestmark = pytest.mark.timeout(10)
@@ -118,3 +122,34 @@ async def test_a_disconnect_while_relaying_cancels_end_to_end() -> None:
     await asyncio.wait({task}, timeout=3)
     assert task.done() and not task.cancelled()
     assert calls == ["cancel:disconnect", "settle:settled:aborted"]
+
+
+async def test_batches_that_queued_up_go_out_as_one_sse_event() -> None:
+    calls: list[str] = []
+    services = make_services(calls)
+    ctx = make_ctx(5.0, stream=True)
+    ctx = RelayContext(ctx.request_id, ctx.tenant, ctx.tier, ctx.prompt_tokens,
+                       ctx.reserved_tokens, True, True,
+                       Formatter("completion", "r1", "m", 0, "interactive"),
+                       ctx.started, ctx.deadline)
+    relay = RelayResponse(services, ctx)
+    queue = services.mux.register("out:r1")
+    # three engine steps the relay has not read yet (a busy loop), then the finish
+    for text in ("Hel", "lo", " there"):
+        queue.put_nowait([TokenMsg([1], text)])
+    queue.put_nowait([FinishMsg("length", 3, 3)])
+    sent: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            sent.append(message["body"])
+
+    _, receive = client_that_leaves()
+    await asyncio.wait_for(relay({"type": "http"}, receive, send), 3)
+    events = [e for e in b"".join(sent).split(b"\n\n") if e]
+    texts = [json.loads(e[6:])["choices"][0]["text"] for e in events
+             if e.startswith(b"data: {") and b'"text"' in e]
+    assert texts[0] == "Hello there"  # one event for the three steps already there
+    assert events[-1] == b"data: [DONE]"
+    assert b'"completion_tokens":3' in b"".join(sent)
+    assert calls == ["settle:settled:completed"]

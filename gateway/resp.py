@@ -20,11 +20,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
+import socket
 from typing import Any
 
 import hiredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+
+# idle seconds before the first probe, seconds between probes, probes before giving up
+_KEEPALIVE = (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
 
 
 class _Protocol(asyncio.Protocol):
@@ -36,6 +40,13 @@ class _Protocol(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # a Redis that vanished (half-open TCP) shows up as a lost
+            # connection in about a minute, not never: the blocking readers would wait forever
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for opt, value in _KEEPALIVE:
+                if hasattr(socket, opt):
+                    sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)

@@ -6,6 +6,7 @@ EVALSHA falling back to EVAL, and a reconnect after the server drops the connect
 from __future__ import annotations
 
 import asyncio
+import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -126,3 +127,23 @@ def test_failed_handshake_leaks_no_socket_and_closed_refuses(redis_url: str) -> 
             await client.aclose()
 
     run_on("asyncio", main)
+
+
+def test_connections_probe_a_silent_redis(redis_url: str) -> None:
+    async def main() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        conn = RespConnection.for_client(client)
+        assert conn is not None
+        try:
+            await conn.call("PING")
+            assert conn._proto is not None
+            sock = conn._proto.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            if hasattr(socket, "TCP_KEEPIDLE"):
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+        finally:
+            await conn.close()
+            await client.aclose()
+
+    for name in ("asyncio", "uvloop"):
+        run_on(name, main)

@@ -6,9 +6,10 @@ EVALSHA falling back to EVAL, and a reconnect after the server drops the connect
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -29,15 +30,27 @@ def run_on(loop_name: str, main: Callable[[], Awaitable[None]]) -> None:
         runner.run(main())
 
 
+@contextlib.asynccontextmanager
+async def lean(redis_url: str, *keys: str) -> AsyncIterator[tuple[Any, RespConnection]]:
+    """A redis-py client and the lean connection built from it; ``keys`` deleted after."""
+    client = aioredis.Redis.from_url(redis_url)
+    conn = RespConnection.for_client(client)
+    assert conn is not None
+    try:
+        yield client, conn
+    finally:
+        await conn.close()
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+
 @pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
 def test_calls_errors_scripts_and_reconnect(redis_url: str, loop_name: str) -> None:
     key = f"resp:{uuid.uuid4().hex}"
 
     async def main() -> None:
-        client = aioredis.Redis.from_url(redis_url)
-        conn = RespConnection.for_client(client)
-        assert conn is not None
-        try:
+        async with lean(redis_url, key, key + ":x") as (client, conn):
             assert await conn.call("PING") == b"PONG"
             # concurrent calls are pipelined and each gets its own reply
             replies = await asyncio.gather(*(conn.call("INCR", key) for _ in range(50)))
@@ -69,10 +82,6 @@ def test_calls_errors_scripts_and_reconnect(redis_url: str, loop_name: str) -> N
             with pytest.raises(RedisConnectionError):
                 await waiting
             assert await conn.call("GET", key) == b"50"
-        finally:
-            await conn.close()
-            await client.delete(key, key + ":x")
-            await client.aclose()
 
     run_on(loop_name, main)
 
@@ -88,19 +97,12 @@ def test_unpackable_argument_fails_its_call_only(redis_url: str) -> None:
     key = f"resp:{uuid.uuid4().hex}"
 
     async def main() -> None:
-        client = aioredis.Redis.from_url(redis_url)
-        conn = RespConnection.for_client(client)
-        assert conn is not None
-        try:
+        async with lean(redis_url, key) as (_, conn):
             await conn.call("SET", key, "v")
             with pytest.raises(TypeError):
                 await conn.call("SET", key, None)
             # the connection stays in step: the next call gets its own reply, not a stale one
             assert await asyncio.wait_for(conn.call("GET", key), 5) == b"v"
-        finally:
-            await conn.close()
-            await client.delete(key)
-            await client.aclose()
 
     run_on("asyncio", main)
 
@@ -131,19 +133,13 @@ def test_failed_handshake_leaks_no_socket_and_closed_refuses(redis_url: str) -> 
 
 def test_connections_probe_a_silent_redis(redis_url: str) -> None:
     async def main() -> None:
-        client = aioredis.Redis.from_url(redis_url)
-        conn = RespConnection.for_client(client)
-        assert conn is not None
-        try:
+        async with lean(redis_url) as (_, conn):
             await conn.call("PING")
             assert conn._proto is not None
             sock = conn._proto.transport.get_extra_info("socket")
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
             if hasattr(socket, "TCP_KEEPIDLE"):
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
-        finally:
-            await conn.close()
-            await client.aclose()
 
     for name in ("asyncio", "uvloop"):
         run_on(name, main)

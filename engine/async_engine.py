@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.fresh_thread import run_on_fresh_thread
+from engine.inbox import Inbox
 from engine.output_streams import OutputStreams
 from engine.outputs import RequestOutput
 from engine.protocol import EngineLoad, StepCallback
@@ -38,8 +38,7 @@ class AsyncEngine:
         self.model_name: str = self.engine.model_name
         self.max_model_len: int = self.engine.max_model_len
         self.tokenizer: Any = self.engine.tokenizer
-        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._wake = threading.Event()
+        self._inbox = Inbox()  # requests and aborts for the step thread
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -63,7 +62,7 @@ class AsyncEngine:
         for rid in list(self._live):
             self.abort(rid)
         self._stop.set()
-        self._wake.set()
+        self._inbox.wake()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10.0)
             self._thread = None
@@ -86,8 +85,7 @@ class AsyncEngine:
         if not self.healthy:  # the step thread died: fail the request now, never hang it
             self._fail([request_id], self.step_error or RuntimeError("engine not running"))
             return
-        self._inbox.put(("add", (request_id, ids, params, priority)))
-        self._wake.set()
+        self._inbox.post("add", (request_id, ids, params, priority))
 
     def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -98,8 +96,7 @@ class AsyncEngine:
             lambda: self.abort(request_id))
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
-        self._wake.set()
+        self._inbox.post("abort", request_id)
 
     def add_step_callback(self, callback: StepCallback) -> None:
         self._callbacks.append(callback)
@@ -135,27 +132,21 @@ class AsyncEngine:
             while not self._stop.is_set():
                 self._drain_inbox()
                 if not self.engine.has_unfinished_requests():
-                    self._wake.wait(_IDLE_WAIT_S)
-                    self._wake.clear()
+                    self._inbox.wait(_IDLE_WAIT_S)
                     continue
                 outputs = self.engine.step()
                 if outputs:
                     self._publish(outputs)
                 elif self.engine.stats.num_scheduled_tokens == 0:
                     # e.g. dynamic batching holding requests for max_wait_ms: don't spin
-                    self._wake.wait(_HOLD_WAIT_S)
-                    self._wake.clear()
+                    self._inbox.wait(_HOLD_WAIT_S)
         except Exception as exc:  # surface to callers instead of hanging them
             logger.exception("engine step thread died; failing every request")
             self.step_error = exc
             self._fail(list(self._live), exc)
 
     def _drain_inbox(self) -> None:
-        while True:
-            try:
-                kind, payload = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+        for kind, payload in self._inbox.drain():
             if kind == "add":
                 rid, ids, params, priority = payload
                 self.engine.add_request(ids, params, request_id=rid, priority=priority)

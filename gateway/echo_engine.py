@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import queue
 import random
 import threading
 import time
@@ -31,6 +30,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from engine.inbox import Inbox
 from engine.output_streams import OutputStreams
 from engine.outputs import RequestOutput
 from engine.protocol import EngineLoad, StepCallback
@@ -72,8 +72,7 @@ class FakeEchoEngine:
         self.step_jitter = step_jitter
         self._rng = random.Random(seed)  # used on the step thread only
         self.max_num_seqs = max_num_seqs
-        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._wake = threading.Event()
+        self._inbox = Inbox()  # requests and aborts for the step thread
         self._ahead = threading.Semaphore(MAX_AHEAD)  # a step's outputs not yet handed out
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -97,14 +96,14 @@ class FakeEchoEngine:
 
     async def shutdown(self) -> None:
         self._stop.set()
-        self._wake.set()
+        self._inbox.wake()
         self._ahead.release(MAX_AHEAD)  # a step thread waiting on the loop stops now
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10.0)
             if not self._thread.is_alive():  # else a restart would run a second one
                 self._thread = None
-        while not self._inbox.empty():  # ended below: a restart must not run them
-            self._inbox.get_nowait()
+        for _ in self._inbox.drain():  # ended below: a restart must not run them
+            pass
         left = [RequestOutput(rid, [], "", True, "abort") for rid in list(self._live)]
         if left:  # end every open stream, as the real engine does at shutdown
             self._dispatch(left)
@@ -118,8 +117,7 @@ class FakeEchoEngine:
         self._live[request_id] = priority
         self.started_ids.append(request_id)
         self.max_running_seen = max(self.max_running_seen, len(self._live))
-        self._inbox.put(("add", _EchoRequest(request_id, list(prompt_token_ids), params)))
-        self._wake.set()
+        self._inbox.post("add", _EchoRequest(request_id, list(prompt_token_ids), params))
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
@@ -128,8 +126,7 @@ class FakeEchoEngine:
             lambda: self.abort(request_id))
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
-        self._wake.set()
+        self._inbox.post("abort", request_id)
 
     def add_step_callback(self, callback: StepCallback) -> None:
         self._callbacks.append(callback)
@@ -166,8 +163,7 @@ class FakeEchoEngine:
         while not self._stop.is_set():
             self._drain_inbox(active)
             if not active:
-                self._wake.wait(_IDLE_WAIT_S)
-                self._wake.clear()
+                self._inbox.wait(_IDLE_WAIT_S)
                 next_at = time.monotonic()
                 continue
             if not self._room_ahead():
@@ -195,11 +191,7 @@ class FakeEchoEngine:
         return not self._stop.is_set()
 
     def _drain_inbox(self, active: dict[str, _EchoRequest]) -> None:
-        while True:
-            try:
-                kind, payload = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+        for kind, payload in self._inbox.drain():
             if kind == "add":
                 active[payload.request_id] = payload
             elif payload in active:

@@ -51,16 +51,15 @@ for i = 0, (#KEYS - 1) / 3 - 1 do
   local a = 6 + 6 * i
   local gone, tok = ARGV[a + 1] == '1', ARGV[a + 2]
   if ARGV[a] == '1' then
-    if redis.call('HGET', req, 'state') == 'finished' then
-      -- written already: a write whose reply was lost, written again
-    elseif gone or redis.call('HGET', req, 'cancel') == 'gone' then
-      redis.call('DEL', out)
-    else
-      if tok ~= '' then redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok) end
-      redis.call('XADD', out, '*', 't', ARGV[5], 'd', ARGV[a + 3])
-      redis.call('EXPIRE', out, ttl)
-    end
+    -- finished already: a write whose reply was lost, written again (only ack again)
     if redis.call('HGET', req, 'state') ~= 'finished' then
+      if gone or redis.call('HGET', req, 'cancel') == 'gone' then
+        redis.call('DEL', out)
+      else
+        if tok ~= '' then redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok) end
+        redis.call('XADD', out, '*', 't', ARGV[5], 'd', ARGV[a + 3])
+        redis.call('EXPIRE', out, ttl)
+      end
       redis.call('HSET', req, 'state', 'finished')
       redis.call('HINCRBY', KEYS[1], ARGV[a + 5], 1)
     end

@@ -100,16 +100,18 @@ class Worker:
         """Run a batch of envelopes, or drop them (cancelled, past deadline, lost) and ack
         them: one pipelined claim round trip and one for the acks and cancel checks."""
         todo: list[Envelope] = []
+        taken: set[str] = set()  # request ids in todo
         cmds: list[tuple[Any, ...]] = []
         for env in envs:
             if env.msg is None:  # deleted by a cancel before we read it
                 cmds += self.queues.done_commands(env.tier, env.entry_id)
             elif env.msg.request_id in self.inflight:
                 continue  # ours already (a reclaim of what we run): its finish acks it
-            elif any(e.msg is not None and e.msg.request_id == env.msg.request_id for e in todo):
+            elif env.msg.request_id in taken:
                 cmds += self.queues.done_commands(env.tier, env.entry_id)  # a second entry
             else:
                 todo.append(env)
+                taken.add(env.msg.request_id)
         early: dict[int, Inflight] = {}  # position in todo -> started before its claim
         try:
             if not reclaim:

@@ -154,7 +154,7 @@ class TierQueues:
         return [self._envelope(key, eid, fields) for eid, fields in entries]
 
     def done_commands(self, tier: str, entry_id: str) -> list[tuple[Any, ...]]:
-        """The commands of ``done`` (acknowledge and delete), for ``execute``."""
+        """The commands that acknowledge and delete a finished entry, for ``execute``."""
         return [("XACK", self.keys.queue(tier), GROUP, entry_id),
                 ("XDEL", self.keys.queue(tier), entry_id)]
 
@@ -174,10 +174,6 @@ class TierQueues:
         for command in commands:
             pipe.execute_command(*command)
         return list(await pipe.execute())
-
-    async def done(self, tier: str, entry_id: str) -> None:
-        """Acknowledge and delete a finished entry."""
-        await self.execute(self.done_commands(tier, entry_id))
 
     def _envelope(self, key: Any, entry_id: Any, fields: Any) -> Envelope:
         if isinstance(fields, list):  # a raw reply: [field, value, field, value, ...]

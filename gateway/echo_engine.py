@@ -120,7 +120,7 @@ class FakeEchoEngine:
         self._inbox.post("add", _EchoRequest(request_id, list(prompt_token_ids), params))
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+                 priority: int = 0) -> AsyncIterator[RequestOutput]:
         return self._streams.generate(
             request_id, lambda: self.add_request(request_id, prompt_token_ids, params, priority),
             lambda: self.abort(request_id))

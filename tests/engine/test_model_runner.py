@@ -112,8 +112,15 @@ def test_padding_rows_cost_compute_but_change_no_token_and_no_pool_block(
     assert got.sampled == want.sampled == {
         "a": int(hf_logits(ref, a)[-1].argmax()), "b": int(hf_logits(ref, b)[-1].argmax())
     }
-    pool = slice(0, plain.num_blocks)
-    assert torch.equal(padded.kv_cache[:, :, pool], plain.kv_cache[:, :, pool])
+    # The padding rows write only the scratch block: pool blocks nobody holds stay exactly
+    # zero. The held blocks match closely, not bit for bit: a batch with more rows may take
+    # another BLAS kernel or thread split on another CPU (seen on a 2-core EPYC w/o AVX-512).
+    held = sorted(set(blocks.tables["a"]) | set(blocks.tables["b"]))
+    free = [i for i in range(padded.num_blocks) if i not in held]
+    assert torch.count_nonzero(padded.kv_cache[:, :, free]) == 0
+    torch.testing.assert_close(padded.kv_cache[:, :, held], plain.kv_cache[:, :, held],
+                               atol=1e-12, rtol=1e-9)
+    assert plain.kv_cache[:, :, held].abs().sum() > 0
     assert padded.kv_cache[:, :, padded.padding_block].abs().sum() > 0  # the rows really ran
     inputs = padded.prepare_inputs(scheduled, num_padding_rows=3)
     assert inputs.input_ids.numel() == len(a) + len(b) + 3

@@ -8,26 +8,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.sampling_params import SamplingParams
+from engine.core.sampling_params import SamplingParams
 
 __all__ = ["LLM", "AsyncEngine", "EngineConfig", "LLMEngine", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "LLM":
-        from engine.llm import LLM
+        from engine.frontend.llm import LLM
 
         return LLM
     if name == "AsyncEngine":
-        from engine.async_engine import AsyncEngine
+        from engine.frontend.async_engine import AsyncEngine
 
         return AsyncEngine
     if name == "LLMEngine":
-        from engine.engine import LLMEngine
+        from engine.llm_engine import LLMEngine
 
         return LLMEngine
     if name == "EngineConfig":
-        from engine.config import EngineConfig
+        from engine.core.config import EngineConfig
 
         return EngineConfig
     raise AttributeError(name)

@@ -29,7 +29,7 @@ class ModelInfo:
 
 def load_model_info(config: GatewayConfig) -> ModelInfo:
     """Tokenizer and limits from the model folder (the bundled SmolLM2 when ``model`` is None)."""
-    from engine.model_loader import load_tokenizer, model_name, resolve_model_dir
+    from engine.runner.loader import load_tokenizer, model_name, resolve_model_dir
 
     model_dir = resolve_model_dir(config.model)
     tokenizer = load_tokenizer(model_dir)
@@ -45,12 +45,12 @@ def load_model_info(config: GatewayConfig) -> ModelInfo:
 def build_engine(config: GatewayConfig, info: ModelInfo | None = None) -> Any:
     """The engine a worker drives: the real ``AsyncEngine`` or the fake echo engine."""
     if config.engine == "echo":
-        from gateway.echo_engine import FakeEchoEngine
+        from engine.frontend.echo import FakeEchoEngine
 
         info = info or load_model_info(config)
         return FakeEchoEngine(info.tokenizer, ECHO_MODEL_NAME, info.max_model_len,
                               step_ms=config.echo_step_ms)
-    from engine.async_engine import AsyncEngine
-    from engine.config import EngineConfig
+    from engine.core.config import EngineConfig
+    from engine.frontend.async_engine import AsyncEngine
 
     return AsyncEngine(EngineConfig.from_kwargs(model=config.model, **dict(config.engine_options)))

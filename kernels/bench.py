@@ -224,8 +224,8 @@ def bench_engine_decode(
 ) -> dict[str, float]:
     """Engine decode throughput (generated tokens/s, prompt included in the wall time, which is
     small at these lengths) with the Triton kernels vs the torch references, on CUDA."""
-    from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
+    from engine.core.sampling_params import SamplingParams
+    from engine.frontend.llm import LLM
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     prompts = [[(7 * i + j) % 1000 + 100 for j in range(prompt_len)] for i in range(batch)]

@@ -7,7 +7,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 # Servers, Redis and engines share 2 cores in these tests: no OpenMP busy-waiting (see
-# gateway/cli.py). Set before torch is imported.
+# gateway/cli/main.py). Set before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from engine.model_loader import resolve_model_dir
+from engine.runner.loader import resolve_model_dir
 
 TOKENIZER_FILES = (
     "tokenizer.json",

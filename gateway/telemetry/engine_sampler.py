@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from engine.core.stats import SchedulerStats
 from engine.protocol import EngineLoad
-from engine.stats import SchedulerStats
 from gateway.telemetry.metrics import Metrics
 
 

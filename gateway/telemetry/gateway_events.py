@@ -1,4 +1,4 @@
-"""``TelemetryEvents``: the gateway's observability hooks (``gateway.events.GatewayEvents``)
+"""``TelemetryEvents``: the gateway's observability hooks (``gateway.telemetry.events.GatewayEvents``)
 implemented with this package's spans and metrics.
 
 The same object serves the gateway side (request spans, latency histograms, rejections) and the
@@ -16,12 +16,12 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from engine.outputs import RequestOutput
+from engine.core.outputs import RequestOutput
+from engine.core.stats import SchedulerStats
 from engine.protocol import EngineLoad
-from engine.stats import SchedulerStats
-from gateway.events import GatewayEvents
 from gateway.telemetry import names
 from gateway.telemetry.config import TelemetryConfig
+from gateway.telemetry.events import GatewayEvents
 from gateway.telemetry.request_span import RequestInfo, RequestRecorder
 from gateway.telemetry.step_observer import StepFact, StepObserver
 from gateway.telemetry.telemetry import Telemetry

@@ -15,8 +15,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.outputs import SchedulerOutput
-from engine.request import RequestStatus
+from engine.core.outputs import SchedulerOutput
+from engine.core.request import RequestStatus
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import now_ns
 

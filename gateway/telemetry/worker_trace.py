@@ -23,7 +23,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from engine.outputs import RequestOutput
+from engine.core.outputs import RequestOutput
 from gateway.telemetry import names
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import extract_context, monotonic_to_epoch_ns, now_ns

@@ -13,11 +13,11 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from engine.config import CacheConfig, SchedulerConfig
-from engine.outputs import ModelRunnerOutput, SchedulerOutput
-from engine.request import Request
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.core.config import CacheConfig, SchedulerConfig
+from engine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.core.request import Request
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler
 
 VOCAB = 101
 

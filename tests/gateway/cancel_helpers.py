@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gateway.redis_keys import GROUP, RedisKeys
+from gateway.bus.keys import GROUP, RedisKeys
 from policies.tiers import TIERS
 from tests.gateway.harness import redis_sync
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.redis_server import EmbeddedRedis
+from gateway.bus.embedded import EmbeddedRedis
 
 
 @pytest.fixture(scope="session")

@@ -16,10 +16,10 @@ from typing import Any
 import redis as sync_redis
 import uvicorn
 
-from gateway.app import create_app
+from gateway.bus.keys import RedisKeys
 from gateway.config import GatewayConfig
-from gateway.redis_keys import RedisKeys
-from gateway.tenants import Tenant, TenantQuota, TenantStore
+from gateway.http.app import create_app
+from gateway.tenancy.tenants import Tenant, TenantQuota, TenantStore
 
 SECRET = b"test-secret-0123456789abcdef"
 

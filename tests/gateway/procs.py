@@ -56,7 +56,7 @@ def _ready(url: str) -> bool:
 def spawn(role: str, redis_url: str, namespace: str, model_dir: Path, tmp: Path,
           *extra: str, env: dict[str, str] | None = None) -> Iterator[Proc]:
     port = free_port() if role != "worker" else None
-    args = [sys.executable, "-m", "gateway.cli", "serve", "--role", role, "--engine", "echo",
+    args = [sys.executable, "-m", "gateway.cli.main", "serve", "--role", role, "--engine", "echo",
             "--model", str(model_dir), "--no-demo", *extra]
     if port is not None:
         args += ["--port", str(port)]

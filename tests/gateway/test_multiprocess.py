@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.redis_keys import GROUP, RedisKeys
+from gateway.bus.keys import GROUP, RedisKeys
 from policies.tiers import TIERS
 from tests.gateway.harness import make_tenant, redis_sync
 from tests.gateway.procs import spawn

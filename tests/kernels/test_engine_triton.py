@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import kernels
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
+from engine.core.sampling_params import SamplingParams
+from engine.frontend.llm import LLM
 from tests.model_factories import make_tiny_llama_dir
 
 # Lengths cross the 16-token block edge; a small token budget chunks the long prompts, so

@@ -1,4 +1,4 @@
-"""Token-bucket math for per-minute limits (the Lua in gateway/quota.py mirrors it; a gateway
+"""Token-bucket math for per-minute limits (the Lua in gateway/tenancy/quota.py mirrors it; a gateway
 test runs both on the same sequences)."""
 
 from __future__ import annotations

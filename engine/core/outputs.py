@@ -1,0 +1,94 @@
+"""Plain dataclasses that cross boundaries: scheduler -> runner -> scheduler -> caller.
+
+Torch-free: the runner turns these lists into tensors; everything before it is testable
+without a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core.sampling_params import SamplingParams
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step.
+
+    ``token_ids`` are the tokens to compute now, at positions
+    ``start_pos .. start_pos + len(token_ids) - 1``. ``block_ids`` is the request's whole
+    device block table (covering at least ``start_pos + len(token_ids)`` tokens).
+    ``sample`` is true when this step reaches the end of the known tokens, so the last
+    position's logits produce the next token; false for a non-final prefill chunk.
+    ``output_index`` is how many output tokens exist already (seeded sampling uses it).
+    """
+
+    request_id: str
+    token_ids: list[int]
+    start_pos: int
+    block_ids: list[int]
+    sample: bool
+    sampling_params: SamplingParams
+    output_index: int
+    # Only needed when sampling with penalties/stops in the runner; kept small on purpose.
+
+
+@dataclass
+class SchedulerOutput:
+    """What the runner must do this step, in this order: swap_out, swap_in, forward."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device_block, cpu_block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu_block, device_block)
+    preempted_ids: list[str] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)  # finished/aborted since last step
+    # Fixed-shape (static/dynamic) batches only: seats whose member finished while the batch
+    # runs. The runner computes that many dummy decode rows and discards them.
+    num_padding_rows: int = 0
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.scheduled or self.swap_out or self.swap_in)
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Sampled next token per request that had ``sample=True``."""
+
+    sampled: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class RequestOutput:
+    """Incremental output of one request after one engine step (a delta, not a total)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    text_delta: str
+    finished: bool
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+    # time.monotonic stamps for observability
+    arrival_time: float = 0.0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+
+
+@dataclass
+class CompletionOutput:
+    """Final result of one offline ``LLM.generate`` prompt."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    error: str | None = None

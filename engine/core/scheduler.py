@@ -1,0 +1,426 @@
+"""Token-level continuous-batching scheduler over the paged KV block manager. Torch-free.
+
+One step is ``out = schedule()``, the runner executes ``out`` (swap-outs, swap-ins, forward),
+then ``update_from_output(out, result)``. Progress is one counter per request:
+``num_computed_tokens`` catches up to ``num_tokens``; a chunk that reaches the end samples.
+
+``schedule()`` runs named phases:
+
+1. ``_schedule_running``: every running request gets one decode token or its next prefill
+   chunk under the token budget. If its blocks cannot grow, a victim chosen by
+   ``policies.preemption.choose_victim`` is preempted (possibly itself), in
+   ``preemption_mode`` (swap falls back to recompute when the CPU pool is full).
+2. ``_schedule_swapped``: swapped requests resume (swap-in) in (priority, arrival) order.
+3. ``_schedule_waiting``: waiting requests start in (priority, arrival) order, capped by the
+   batching admission policy, ``max_num_seqs``, free blocks and the token budget (a prompt
+   longer than the remaining budget is chunked).
+   In 2 and 3 a request blocked by blocks or by ``max_num_seqs`` preempts running requests of
+   strictly lower priority (never equal), if that can make room. A blocked swapped request
+   stops phase 2 and lets only strictly more urgent waiting requests start in phase 3; a
+   blocked waiting request stops phase 3 (FCFS within a priority).
+Phases 2-3 are skipped in a step where phase 1 had to preempt (memory is short).
+Failures never hang: a prompt that can never fit finishes in ``add_request``, and a request
+whose prompt + output outgrows the whole cache finishes, both with FINISHED_ERROR.
+
+Not thread-safe: call everything from the engine's step thread, never between ``schedule()``
+and the runner's execution of its output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from engine.core.block_manager import BlockManager
+from engine.core.config import CacheConfig, PreemptionMode, SchedulerConfig
+from engine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.core.request import Request, RequestStatus
+from engine.core.request_checks import never_fits_reason, outgrown_reason, stop_status
+from engine.core.request_queue import RequestQueue
+from engine.core.stats import SchedulerCounters, SchedulerStats
+from engine.core.step_plan import StepPlan
+from policies.batching import AdmissionSnapshot, get_admission_policy, padding_rows
+from policies.preemption import VictimCandidate, choose_victim, may_preempt_for
+
+_OK, _NO_BUDGET, _NO_ROOM = "ok", "budget", "room"
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_blocks: int,
+        num_cpu_blocks: int,
+        max_model_len: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.cache_config = cache_config
+        self.max_model_len = max_model_len
+        self.clock = clock
+        self.block_manager = BlockManager(
+            num_blocks, cache_config.block_size, num_cpu_blocks, cache_config.enable_prefix_caching
+        )
+        self._admission = get_admission_policy(config.batching)
+        self._requests: dict[str, Request] = {}
+        self.waiting = RequestQueue()
+        self.swapped = RequestQueue()
+        self.running: dict[str, Request] = {}  # admission order
+        self._to_return: dict[str, Request] = {}  # finished between updates (abort, error)
+        self._finished_ids: list[str] = []  # for the next SchedulerOutput
+        self._batch_filling = False
+        self._batch_seats = 0  # members the current batch started with (fixed-shape modes)
+        self._between_steps = StepPlan(budget=0)  # preemptions made outside schedule()
+        self._counts = SchedulerCounters()
+
+    # ---- public API -------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a request; one that can never fit finishes at once with FINISHED_ERROR."""
+        rid = request.request_id
+        if rid in self._requests:
+            raise ValueError(f"duplicate request id {rid!r}")
+        self._requests[rid] = request
+        bm = self.block_manager
+        error = never_fits_reason(request, bm.num_blocks, bm.block_size, self.max_model_len, self.config)
+        if error is not None:
+            self._finish(request, RequestStatus.FINISHED_ERROR, error)
+            return
+        request.status = RequestStatus.WAITING
+        self.waiting.add(request)
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort in any state; frees device and CPU blocks now. Unknown/finished id: no-op.
+
+        The tokens produced so far stay on the request, which the next
+        ``update_from_output`` returns (finish reason "abort").
+        """
+        req = self._requests.get(request_id)
+        if req is None or req.is_finished:
+            return
+        self._counts.aborts += 1
+        self._drop_pending_swap_out(request_id)
+        self._finish(req, RequestStatus.FINISHED_ABORTED)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> None:
+        """Finish a request the caller decided is done (stop strings); frees its blocks.
+
+        The caller already handles its output, so it is *not* returned again by
+        ``update_from_output``; it is forgotten at once. Unknown/finished id: no-op.
+        """
+        if not status.is_finished:
+            raise ValueError(f"{status.name} is not a finished status")
+        req = self._requests.get(request_id)
+        if req is None or req.is_finished:
+            return
+        self._drop_pending_swap_out(request_id)
+        self._finish(req, status, returned=False)
+        self._requests.pop(request_id, None)
+
+    def _drop_pending_swap_out(self, request_id: str) -> None:
+        # A swap-out decided between steps has not been copied yet; once the request is gone
+        # its CPU blocks are free again, and a second copy into them in the same step would
+        # race with this one.
+        cpu = set(self.block_manager.get_cpu_block_ids(request_id))
+        if cpu and self._between_steps.swap_out:
+            plan = self._between_steps
+            plan.swap_out = [(d, c) for d, c in plan.swap_out if c not in cpu]
+
+    def preempt_request(self, request_id: str, mode: PreemptionMode | None = None) -> bool:
+        """Preempt a running request now (tests, operator tools); False if it is not running.
+
+        Its swap-out copies (if any) go out with the next ``schedule()``'s output.
+        """
+        req = self.running.get(request_id)
+        if req is None:
+            return False
+        self._preempt(req, self._between_steps, mode)
+        return True
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self._requests.get(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.waiting or self.swapped or self._to_return)
+
+    @property
+    def stats(self) -> SchedulerStats:
+        bm = self.block_manager
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_swapped=len(self.swapped),
+            lowest_running_priority=max((r.priority for r in self.running.values()), default=None),
+            device_blocks_total=bm.num_blocks,
+            device_blocks_used=bm.num_used_blocks,
+            device_blocks_free=bm.num_free_blocks,
+            cpu_blocks_total=bm.num_cpu_blocks,
+            cpu_blocks_used=bm.num_used_cpu_blocks,
+            prefix_cache_queries=bm.prefix_query_tokens,
+            prefix_cache_hits=bm.prefix_hit_tokens,
+            **dataclasses.asdict(self._counts),
+        )
+
+    # ---- schedule ---------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        self.block_manager.begin_step()
+        plan = StepPlan(budget=self.config.max_num_batched_tokens)
+        carried, self._between_steps = self._between_steps, StepPlan(budget=0)
+        plan.swap_out.extend(carried.swap_out)
+        plan.preempted_ids.extend(carried.preempted_ids)
+        if not self.running:
+            self._batch_seats = 0  # the last batch is over
+        self._schedule_running(plan)
+        if not plan.memory_preempted:
+            self._schedule_swapped(plan)
+            self._schedule_waiting(plan)
+        self._batch_seats = max(self._batch_seats, len(self.running))
+        out = plan.to_output(self._finished_ids)
+        mode, seats = self.config.batching, self._batch_seats
+        out.num_padding_rows = padding_rows(mode, seats, len(self.running))
+        self._finished_ids = []
+        self._counts.num_steps += 1
+        self._counts.num_scheduled_tokens = self.config.max_num_batched_tokens - plan.budget
+        self._counts.num_scheduled_requests = len(plan.scheduled)
+        return out
+
+    def _schedule_running(self, plan: StepPlan) -> None:
+        running = RequestStatus.RUNNING
+        for req in list(self.running.values()):
+            budget = plan.budget
+            if budget <= 0:
+                break
+            if req.status != running:
+                continue  # preempted or failed earlier in this step
+            # The common case inline: this loop is the per-step hot path (256+ decodes).
+            num_new = req.num_tokens - req.num_computed_tokens
+            if num_new > budget:
+                num_new = self._chunk(req, req.num_computed_tokens, budget)
+                if not num_new:
+                    continue
+            if self._grow_or_preempt(req, num_new, plan):
+                self._add_scheduled(req, num_new, plan)
+
+    def _grow_or_preempt(self, req: Request, num_new: int, plan: StepPlan) -> bool:
+        bm = self.block_manager
+        while not bm.allocate_slots(req.request_id, num_new, req.num_computed_tokens):
+            if self._fail_if_outgrown(req, req.num_computed_tokens + num_new):
+                return False
+            plan.memory_preempted = True
+            victim_id = choose_victim(self._candidates(lambda r: True, plan))
+            assert victim_id is not None  # req itself is always a candidate
+            self._preempt(self.running[victim_id], plan)
+            if victim_id == req.request_id:
+                return False
+        return True
+
+    def _schedule_swapped(self, plan: StepPlan) -> None:
+        bm = self.block_manager
+        for req in self.swapped:
+            if self._fail_if_outgrown(req, req.num_tokens):
+                continue
+            num_new = self._chunk(req, req.num_computed_tokens, plan.budget)
+            need = max(
+                bm.num_cpu_blocks_of(req.request_id),
+                bm.blocks_needed(req.num_computed_tokens + num_new),
+            )
+            while num_new and not (
+                len(self.running) < self.config.max_num_seqs and bm.num_free_blocks >= need
+            ):
+                if not self._preempt_lower(req.priority, need, plan):
+                    num_new = 0
+            if not num_new:
+                plan.blocked_priority = req.priority
+                return
+            mapping = bm.swap_in(req.request_id)
+            grown = bm.allocate_slots(req.request_id, num_new, req.num_computed_tokens)
+            assert mapping is not None and grown  # room was checked above
+            plan.swap_in.extend(mapping)
+            plan.swapped_in.add(req.request_id)
+            self.swapped.remove(req.request_id)
+            self._start_running(req, num_new, plan)
+
+    def _schedule_waiting(self, plan: StepPlan) -> None:
+        limit = self._admission(self._admission_snapshot())
+        admitted, reason = 0, "empty"
+        for req in self.waiting:
+            if plan.blocked_priority is not None and req.priority >= plan.blocked_priority:
+                reason = "swapped"
+                break  # a blocked swapped request goes first unless this one is more urgent
+            if req.request_id in plan.preempted or admitted >= limit:
+                reason = "limit"
+                break
+            if self._fail_if_outgrown(req, req.num_tokens):
+                continue
+            reason = self._admit(req, plan)
+            if reason != _OK:
+                break
+            admitted += 1
+        # A batch cut short only by the token budget keeps filling on the next steps.
+        started = limit > 0 and admitted > 0
+        self._batch_filling = reason == _NO_BUDGET and (started or self._batch_filling)
+
+    def _admit(self, req: Request, plan: StepPlan) -> str:
+        """Try to start one waiting request; returns _OK, _NO_BUDGET or _NO_ROOM."""
+        bm = self.block_manager
+        tokens = req.all_token_ids
+        computed = bm.match_prefix(tokens)
+        num_new = self._chunk(req, computed, plan.budget)
+        if not num_new:
+            return _NO_BUDGET
+        fresh = bm.blocks_needed(computed + num_new) - computed // bm.block_size
+        while not (
+            len(self.running) < self.config.max_num_seqs
+            and bm.allocate_slots(req.request_id, num_new, computed, tokens)
+        ):
+            if not self._preempt_lower(req.priority, fresh, plan):
+                return _NO_ROOM
+        self.waiting.remove(req.request_id)
+        req.num_computed_tokens = computed
+        self._start_running(req, num_new, plan)
+        return _OK
+
+    def _preempt_lower(self, priority: int, need_blocks: int, plan: StepPlan) -> bool:
+        """Preempt one running request of strictly lower priority, but only if preempting
+        all of them would give a seat and ``need_blocks`` free blocks (else waste no work)."""
+        bm = self.block_manager
+        lower = self._candidates(lambda r: may_preempt_for(priority, r.priority), plan)
+        if not lower:
+            return False
+        freeable = bm.num_free_blocks + sum(bm.num_device_blocks_of(c.request_id) for c in lower)
+        if len(self.running) - len(lower) >= self.config.max_num_seqs or freeable < need_blocks:
+            return False
+        victim_id = choose_victim(lower)
+        assert victim_id is not None
+        self._preempt(self.running[victim_id], plan)
+        return True
+
+    # ---- mechanism --------------------------------------------------------------------
+    def _chunk(self, req: Request, computed: int, budget: int) -> int:
+        """Tokens to compute now: all remaining, or a chunk of the budget, or 0 (wait).
+
+        Without chunked prefill a chunk is still cut when the remainder could never fit in
+        one step (a preempted request re-prefilling prompt + output): else it would hang.
+        """
+        remaining = req.num_tokens - computed
+        if remaining <= budget:
+            return remaining
+        if self.config.enable_chunked_prefill or remaining > self.config.max_num_batched_tokens:
+            return max(budget, 0)
+        return 0
+
+    def _fail_if_outgrown(self, req: Request, num_tokens: int) -> bool:
+        """Finish with FINISHED_ERROR a request whose KV can no longer fit the whole cache
+        (else, as the only running request, or after a preemption, it would hang)."""
+        bm = self.block_manager
+        error = outgrown_reason(num_tokens, bm.num_blocks, bm.block_size)
+        if error is not None:
+            self._finish(req, RequestStatus.FINISHED_ERROR, error)
+        return error is not None
+
+    def _candidates(
+        self, eligible: Callable[[Request], bool], plan: StepPlan
+    ) -> list[VictimCandidate]:
+        return [
+            VictimCandidate(r.request_id, r.priority, r.arrival_time)
+            for r in self.running.values()
+            if r.request_id not in plan.swapped_in and eligible(r)
+        ]
+
+    def _preempt(self, req: Request, plan: StepPlan, mode: PreemptionMode | None = None) -> None:
+        """Evict a running request: swap it to the CPU pool, or drop its KV (recompute)."""
+        rid = req.request_id
+        plan.unschedule(rid)
+        del self.running[rid]
+        mapping = None
+        if (mode or self.config.preemption_mode) == "swap":
+            mapping = self.block_manager.swap_out(rid)
+        if mapping is not None:
+            plan.swap_out.extend(mapping)
+            req.status = RequestStatus.SWAPPED
+            self.swapped.add(req)
+            self._counts.preemptions_swap += 1
+        else:
+            self.block_manager.free(rid)
+            req.num_computed_tokens = 0
+            req.status = RequestStatus.PREEMPTED
+            self.waiting.add(req)
+            self._counts.preemptions_recompute += 1
+        req.num_preemptions += 1
+        plan.preempted_ids.append(rid)
+        plan.preempted.add(rid)
+
+    def _start_running(self, req: Request, num_new: int, plan: StepPlan) -> None:
+        req.status = RequestStatus.RUNNING
+        self.running[req.request_id] = req
+        self._add_scheduled(req, num_new, plan)
+
+    def _add_scheduled(self, req: Request, num_new: int, plan: StepPlan) -> None:
+        plan.add(req, num_new, self.block_manager.get_block_ids(req.request_id))
+        if req.times.first_scheduled is None:
+            req.times.first_scheduled = self.clock()
+
+    def _admission_snapshot(self) -> AdmissionSnapshot:
+        return AdmissionSnapshot(
+            now=self.clock(),
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            oldest_waiting_arrival=self.waiting.oldest_arrival(),
+            max_num_seqs=self.config.max_num_seqs,
+            max_wait_ms=self.config.max_wait_ms,
+            batch_filling=self._batch_filling,
+        )
+
+    def _finish(
+        self, req: Request, status: RequestStatus, error: str | None = None, returned: bool = True
+    ) -> None:
+        rid = req.request_id
+        self.running.pop(rid, None)
+        self.waiting.remove(rid)
+        self.swapped.remove(rid)
+        self.block_manager.free(rid)
+        req.status = status
+        if error is not None:
+            req.error = error
+            self._counts.errors += 1
+        req.times.finished = self.clock()
+        self._counts.finished += 1
+        self._finished_ids.append(rid)
+        if returned:
+            self._to_return[rid] = req
+
+    # ---- update -----------------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
+        """Apply a step's results; return every request that got a token or finished since
+        the last update (aborts and errors between steps included)."""
+        changed = self._to_return
+        self._to_return = {}
+        bm = self.block_manager
+        block_size = bm.block_size
+        for sched in out.scheduled:
+            rid = sched.request_id
+            req = self._requests.get(rid)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue  # aborted/finished after schedule(): dropped at the step boundary
+            computed = sched.start_pos + len(sched.token_ids)
+            req.num_computed_tokens = computed
+            if bm.enable_prefix_caching and computed // block_size > bm.num_cached_blocks_of(rid):
+                bm.cache_blocks(rid, req.all_token_ids, computed)
+            if not sched.sample:
+                continue
+            try:
+                token = result.sampled[rid]
+            except KeyError:
+                raise KeyError(f"runner returned no sampled token for {rid!r}") from None
+            req.output_token_ids.append(token)
+            if req.times.first_token is None:
+                req.times.first_token = self.clock()
+            changed[rid] = req
+            status = stop_status(req, token, self.max_model_len)
+            if status is not None:
+                self._finish(req, status, returned=False)
+        for rid, req in changed.items():
+            if req.is_finished:
+                self._requests.pop(rid, None)
+        return list(changed.values())

@@ -1,0 +1,64 @@
+"""Per-step scratch state of ``Scheduler.schedule()`` and small request helpers. Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core.outputs import ScheduledRequest, SchedulerOutput
+from engine.core.request import Request
+
+
+def token_slice(req: Request, start: int, end: int) -> list[int]:
+    """``req.all_token_ids[start:end]`` without building the concatenation."""
+    prompt = req.prompt_token_ids
+    n = len(prompt)
+    if end <= n:
+        return prompt[start:end]
+    if start >= n:
+        return req.output_token_ids[start - n : end - n]
+    return prompt[start:] + req.output_token_ids[: end - n]
+
+
+@dataclass
+class StepPlan:
+    """What one schedule() call has decided so far; becomes the SchedulerOutput."""
+
+    budget: int  # tokens left under max_num_batched_tokens
+    scheduled: dict[str, ScheduledRequest] = field(default_factory=dict)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    preempted_ids: list[str] = field(default_factory=list)
+    preempted: set[str] = field(default_factory=set)
+    swapped_in: set[str] = field(default_factory=set)  # protected from preemption this step
+    memory_preempted: bool = False  # running phase ran out of blocks
+    blocked_priority: int | None = None  # a swapped request of this priority could not resume
+
+    def add(self, req: Request, num_new: int, block_ids: list[int]) -> None:
+        """Schedule ``num_new`` tokens of ``req`` from its ``num_computed_tokens`` on."""
+        start = req.num_computed_tokens
+        end = start + num_new
+        self.scheduled[req.request_id] = ScheduledRequest(
+            req.request_id,
+            token_slice(req, start, end),
+            start,
+            list(block_ids),  # a copy: the block table keeps growing after this step
+            end == req.num_tokens,  # sample only when this chunk reaches the known end
+            req.sampling_params,
+            len(req.output_token_ids),
+        )
+        self.budget -= num_new
+
+    def unschedule(self, request_id: str) -> None:
+        """Take a request's share back out (it was preempted later in the same step)."""
+        sched = self.scheduled.pop(request_id, None)
+        if sched is not None:
+            self.budget += len(sched.token_ids)
+
+    def to_output(self, finished_ids: list[str]) -> SchedulerOutput:
+        return SchedulerOutput(
+            scheduled=list(self.scheduled.values()),
+            swap_out=self.swap_out,
+            swap_in=self.swap_in,
+            preempted_ids=self.preempted_ids,
+            finished_ids=finished_ids,
+        )

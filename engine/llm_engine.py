@@ -1,0 +1,126 @@
+"""The synchronous engine: one step is three calls.
+
+    out = scheduler.schedule()          # who runs, which tokens, which blocks
+    res = runner.execute(out)           # swap copies, one flattened forward, sampling
+    changed = scheduler.update_from_output(out, res)
+
+then the output processor turns the changed requests into ``RequestOutput`` deltas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from engine.core.config import EngineConfig
+from engine.core.output_processor import OutputProcessor
+from engine.core.outputs import RequestOutput, SchedulerOutput
+from engine.core.request import Request, RequestStatus
+from engine.core.request_checks import invalid_prompt_reason
+from engine.core.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler
+from engine.core.stats import SchedulerStats
+from engine.runner.model_runner import ModelRunner
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.runner = ModelRunner.from_config(config)
+        self.tokenizer: Any = self.runner.tokenizer
+        self.max_model_len: int = self.runner.max_model_len
+        self.model_name: str = self.runner.model_name
+        self.scheduler = Scheduler(
+            config.scheduler,
+            config.cache,
+            num_blocks=self.runner.num_blocks,
+            num_cpu_blocks=self.runner.num_cpu_blocks,
+            max_model_len=self.max_model_len,
+        )
+        self.outputs = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+        self.step_count = 0
+        self.last_step_seconds = 0.0
+        # Called after every step with (SchedulerOutput, step seconds): telemetry hooks in here.
+        self.step_observers: list[Callable[[SchedulerOutput, float], None]] = []
+        self._stats = self.scheduler.stats
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> LLMEngine:
+        return cls(EngineConfig.from_kwargs(**kwargs))
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> str:
+        token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self.check_prompt(token_ids)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        params = self._with_extra_eos(params or SamplingParams())
+        request = Request(
+            rid,
+            token_ids,
+            params,
+            priority=priority,
+            arrival_time=arrival_time,
+            eos_token_id=self.runner.eos_token_id,
+        )
+        self.scheduler.add_request(request)  # first: a rejected duplicate must not touch state
+        self.outputs.add(request)
+        self._stats = self.scheduler.stats
+        return rid
+
+    def _with_extra_eos(self, params: SamplingParams) -> SamplingParams:
+        # Request knows one EOS id; models with several (Llama 3) stop on the rest as stop ids.
+        extra = [t for t in self.runner.eos_token_ids[1:] if t not in params.stop_token_ids]
+        if params.ignore_eos or not extra:
+            return params
+        return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + tuple(extra))
+
+    def check_prompt(self, token_ids: list[int]) -> None:
+        """ValueError for ids the model can't embed; safe to call from any thread."""
+        error = invalid_prompt_reason(token_ids, self.runner.args.vocab_size)
+        if error is not None:
+            raise ValueError(error)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def abort(self, request_id: str) -> None:
+        self.scheduler.abort_request(request_id)
+        self._stats = self.scheduler.stats
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    @property
+    def stats(self) -> SchedulerStats:
+        """A snapshot taken on the stepping thread after the last step/add/abort: safe to read
+        from another thread (the scheduler itself is only touched by the stepping thread)."""
+        return self._stats
+
+    def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        out = self.scheduler.schedule()
+        res = self.runner.execute(out)
+        changed = self.scheduler.update_from_output(out, res)
+        outputs = [self._emit(r) for r in changed]
+        self.step_count += 1
+        self.last_step_seconds = time.perf_counter() - start
+        self._stats = self.scheduler.stats
+        for observe in self.step_observers:
+            observe(out, self.last_step_seconds)
+        return outputs
+
+    def _emit(self, request: Request) -> RequestOutput:
+        output, stop_hit = self.outputs.process(request)
+        if stop_hit and not request.is_finished:
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+        return output

@@ -1,0 +1,225 @@
+"""Owns the model, the paged KV cache (device pool + CPU swap pool) and the sampler.
+
+``execute(out)`` does one step in the order the scheduler promised: swap-out copies, swap-in
+copies, then one flattened forward over every scheduled token, logits only for the rows that
+sample, and sampling. The KV cache is one tensor ``[layers, 2, num_blocks, block_size,
+kv_heads, head_dim]``; layer i's (k, v) are views into it, so a swap of a block across all
+layers is a single indexed copy.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.core.config import CacheConfig, EngineConfig, ModelConfig
+from engine.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from engine.core.sampling_params import SamplingParams
+from engine.models.llama import AttentionMetadata, LlamaArgs, LlamaForCausalLM
+from engine.runner.loader import (
+    eos_token_ids,
+    load_hf_config,
+    load_state_dict,
+    load_tokenizer,
+    model_name,
+    resolve_model_dir,
+)
+from engine.runner.sampler import Sampler
+
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+GIB = 1 << 30
+_PAD_PARAMS = SamplingParams(max_tokens=1)
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    sample_rows: list[ScheduledRequest]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        cache_config: CacheConfig,
+        num_blocks: int | None = None,
+        num_cpu_blocks: int | None = None,
+        sampler_seed: int | None = None,
+        use_triton: bool | None = None,
+    ) -> None:
+        """``num_blocks``/``num_cpu_blocks`` override the cache config; when both are None the
+        pools are sized from ``kv_cache_memory_gb`` / ``swap_space_gb``. ``use_triton``
+        forces the model's kernel path (None: by device)."""
+        _set_threads()
+        self.device = torch.device(model_config.device)
+        self.dtype = DTYPES[model_config.dtype]
+        self.model_dir = resolve_model_dir(model_config.model, model_config.cache_dir)
+        self.model_name = model_name(self.model_dir)
+        hf_config = load_hf_config(self.model_dir)
+        self.tokenizer: Any = load_tokenizer(self.model_dir)
+        self.eos_token_ids = eos_token_ids(self.model_dir, self.tokenizer, hf_config)
+        self.eos_token_id: int | None = self.eos_token_ids[0] if self.eos_token_ids else None
+        self.args = LlamaArgs.from_hf(hf_config)
+        self.max_model_len = _max_model_len(self.args, model_config.max_model_len)
+        state = load_state_dict(self.model_dir, self.dtype)
+        state = {k: v.to(self.device) for k, v in state.items()}
+        self.model = LlamaForCausalLM.from_state_dict(
+            self.args, state, self.max_model_len, use_triton
+        )
+        self.block_size = cache_config.block_size
+        self.num_blocks = _pick(num_blocks, cache_config.num_blocks,
+                                cache_config.kv_cache_memory_gb, self.bytes_per_block)
+        self.num_cpu_blocks = _pick(num_cpu_blocks, cache_config.num_cpu_blocks,
+                                    cache_config.swap_space_gb, self.bytes_per_block)
+        # One block past the scheduler's pool is scratch for padding rows: never allocated.
+        self.padding_block = self.num_blocks
+        shape = (self.args.num_layers, 2, self.num_blocks + 1, self.block_size,
+                 self.args.num_kv_heads, self.args.head_dim)
+        # zeros, not empty: kernels may read (masked) past a sequence's end; never NaN garbage
+        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.cpu_cache = torch.zeros((*shape[:2], self.num_cpu_blocks, *shape[3:]),
+                                     dtype=self.dtype, pin_memory=self.device.type == "cuda")
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1])
+                          for i in range(self.args.num_layers)]
+        self.sampler = Sampler(sampler_seed)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> ModelRunner:
+        return cls(config.model, config.cache, use_triton=config.use_triton)
+
+    @property
+    def bytes_per_block(self) -> int:
+        a = self.args
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return a.num_layers * 2 * self.block_size * a.num_kv_heads * a.head_dim * elem
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Swap out, swap in, then forward and sample the scheduled requests."""
+        with torch.inference_mode():
+            if out.swap_out:
+                self.swap_out(out.swap_out)
+            if out.swap_in:
+                self.swap_in(out.swap_in)
+            if not out.scheduled:
+                return ModelRunnerOutput()
+            step = self.prepare_inputs(out.scheduled, out.num_padding_rows)
+            hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+            if not step.sample_rows:
+                return ModelRunnerOutput()
+            logits = self.model.compute_logits(hidden[step.logits_indices])
+            tokens = self.sampler.sample(
+                logits[: len(step.sample_rows)],  # padding rows' logits are discarded
+                [s.sampling_params for s in step.sample_rows],
+                [s.output_index for s in step.sample_rows],
+            )
+        return ModelRunnerOutput({s.request_id: t for s, t in zip(step.sample_rows, tokens)})
+
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        """(device_block, cpu_block) pairs: copy every layer's K and V to the CPU pool."""
+        src, dst = zip(*pairs, strict=True)
+        blocks = self.kv_cache[:, :, torch.tensor(src, device=self.device)]
+        self.cpu_cache[:, :, torch.tensor(dst)] = blocks.to("cpu")
+
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        """(cpu_block, device_block) pairs: copy back from the CPU pool."""
+        src, dst = zip(*pairs, strict=True)
+        blocks = self.cpu_cache[:, :, torch.tensor(src)].to(self.device)
+        self.kv_cache[:, :, torch.tensor(dst, device=self.device)] = blocks
+
+    def _padding_row(self, scheduled: list[ScheduledRequest]) -> ScheduledRequest:
+        ctx = max((s.start_pos + len(s.token_ids) for s in scheduled), default=1)
+        blocks = [self.padding_block] * -(-ctx // self.block_size)
+        return ScheduledRequest("", [0], ctx - 1, blocks, True, _PAD_PARAMS, 0)
+
+    def prepare_inputs(
+        self, scheduled: list[ScheduledRequest], num_padding_rows: int = 0
+    ) -> StepInputs:
+        """Flatten the step into index tensors: one ``torch.tensor`` call per list.
+
+        ``num_padding_rows`` dummy decode rows (a fixed-shape batch's finished seats) go last,
+        with logits rows after the real ones. Like a padded ``generate`` row, each attends over
+        the batch's longest context, here the scratch block read over and over, so a seat
+        costs the same whether its request is still running or not.
+        """
+        pad = self._padding_row(scheduled) if num_padding_rows else None
+        if pad is not None:
+            scheduled = [*scheduled, *[pad] * num_padding_rows]
+        ids: list[int] = []
+        positions: list[int] = []
+        qsl = [0]
+        seq_lens: list[int] = []
+        q_lens: list[int] = []
+        tables: list[list[int]] = []
+        logits_rows: list[int] = []
+        sample_rows: list[ScheduledRequest] = []
+        for s in scheduled:
+            n = len(s.token_ids)
+            ids.extend(s.token_ids)
+            end = s.start_pos + n
+            positions.extend(range(s.start_pos, end))
+            seq_lens.append(end)
+            q_lens.append(n)
+            qsl.append(qsl[-1] + n)
+            tables.append(s.block_ids)
+            if s.sample:
+                logits_rows.append(qsl[-1] - 1)
+                if s is not pad:
+                    sample_rows.append(s)
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        dev = self.device
+        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+        table_t = torch.tensor(padded, dtype=torch.int32, device=dev)
+        lens = torch.tensor(q_lens, device=dev)
+        row_of_token = torch.repeat_interleave(torch.arange(len(scheduled), device=dev), lens)
+        bs = self.block_size
+        slots = table_t[row_of_token, pos // bs].long() * bs + pos % bs
+        meta = AttentionMetadata(
+            slot_mapping=slots,
+            block_tables=table_t,
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+        )
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            positions=pos,
+            meta=meta,
+            logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=dev),
+            sample_rows=sample_rows,
+        )
+
+
+def _pick(explicit: int | None, configured: int | None, budget_gb: float, per_block: int) -> int:
+    if explicit is not None:
+        return explicit
+    if configured is not None:
+        return configured
+    return int(budget_gb * GIB // per_block)
+
+
+def _max_model_len(a: LlamaArgs, requested: int | None) -> int:
+    limit = a.max_position_embeddings
+    if a.sliding_window is not None:
+        # we attend to the full context; it is exact only while it fits in the window
+        limit = min(limit, a.sliding_window)
+    if requested is not None and requested > limit:
+        raise ValueError(f"max_model_len {requested} exceeds the model's limit {limit}")
+    return requested if requested is not None else limit
+
+
+def _set_threads() -> None:
+    # Use every core we are allowed on, once; intra-op parallelism is what the matmuls need.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cores and torch.get_num_threads() != cores:
+        torch.set_num_threads(cores)

@@ -1,0 +1,123 @@
+"""Next-token sampling: greedy, temperature, top-k, top-p, per-request seeds.
+
+All random rows are handled together: softmax, top-k and top-p masks and the CDF are batched,
+row-wise operations (a row's result never depends on the other rows). Each row then needs a
+single uniform number ``u`` and takes the token where its CDF crosses ``u`` (inverse-CDF
+sampling). For a seeded request, ``u`` for output token ``i`` is a pure function of
+``(seed, i)``, so the same seed gives the same tokens whatever else is in the batch and wherever
+the request sits in it. Unseeded requests draw ``u`` from the sampler's own generator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.core.sampling_params import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+_TOP_P_PREFIX = 128  # top-p looks at this many best tokens first; full sort only if needed
+
+
+def seed_for(seed: int, index: int) -> int:
+    """A well-mixed 64-bit value for output token ``index`` (splitmix64 finalizer)."""
+    z = (seed * 0x9E3779B97F4A7C15 + index + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def seeded_uniform(seed: int, index: int) -> float:
+    """u in [0, 1) from (seed, index) alone: the top 53 bits as a double."""
+    return (seed_for(seed, index) >> 11) / float(1 << 53)
+
+
+class Sampler:
+    def __init__(self, seed: int | None = None) -> None:
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+
+    def sample(
+        self, logits: torch.Tensor, params: list[SamplingParams], output_indices: list[int]
+    ) -> list[int]:
+        """logits: [R, V] (one row per sampling request) -> one token id per row."""
+        greedy = logits.argmax(dim=-1).tolist()  # the common all-greedy case ends here
+        rows = [r for r, p in enumerate(params) if not p.greedy]
+        if not rows:
+            return greedy
+        picked = self._sample_rows(
+            logits[rows], [params[r] for r in rows], [output_indices[r] for r in rows]
+        )
+        for r, token in zip(rows, picked, strict=True):
+            greedy[r] = token
+        return greedy
+
+    def _sample_rows(
+        self, logits: torch.Tensor, params: list[SamplingParams], indices: list[int]
+    ) -> list[int]:
+        # fp32 math for fp32/bf16 models (fp64 for fp64): the draw is exact up to rounding of
+        # a CDF, and every step is per row, so the bits never depend on the rest of the batch
+        dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        temps = torch.tensor([p.temperature for p in params], dtype=dtype)
+        probs = torch.softmax(logits.cpu().to(dtype) / temps[:, None], dim=-1)
+        probs = filter_top_k_top_p(
+            probs, [p.top_k for p in params], [p.top_p for p in params]
+        )
+        unseeded = torch.rand(len(params), generator=self.generator, dtype=torch.float64)
+        u = torch.tensor(
+            [unseeded[i].item() if p.seed is None else seeded_uniform(p.seed, idx)
+             for i, (p, idx) in enumerate(zip(params, indices, strict=True))],
+            dtype=dtype,
+        )
+        cdf = probs.cumsum(dim=-1)
+        target = (u * cdf[:, -1]).unsqueeze(1)
+        tokens = torch.searchsorted(cdf, target, right=True).clamp_(max=probs.shape[-1] - 1)
+        out = tokens.squeeze(1).tolist()
+        # u * total can round up to total and land past the last token with mass: rare, fix
+        bad = (probs.gather(1, tokens) == 0).squeeze(1).nonzero().flatten().tolist()
+        for r in bad:
+            out[r] = int(probs[r].nonzero().flatten()[-1])
+        return out
+
+
+def filter_top_k_top_p(
+    probs: torch.Tensor, top_k: list[int], top_p: list[float]
+) -> torch.Tensor:
+    """Zero tokens outside each row's top-k, then (after renormalizing) outside the smallest
+    set of best tokens whose mass reaches top_p (the token crossing top_p is kept; ties with
+    the last kept token are kept). probs: [R, V] rows summing to 1; top_k 0 / top_p 1 = off."""
+    vocab = probs.shape[-1]
+    ks = [k if 0 < k < vocab else 0 for k in top_k]
+    if any(ks):
+        kth = torch.topk(probs, max(ks), dim=-1).values
+        idx = torch.tensor([max(k, 1) - 1 for k in ks])
+        thresh = kth.gather(1, idx[:, None])
+        off = torch.tensor(ks)[:, None] == 0
+        thresh[off.squeeze(1)] = 0.0
+        probs = torch.where(probs >= thresh, probs, torch.zeros_like(probs))
+        # rows without top-k divide by exactly 1.0: their bits never depend on other rows
+        probs = probs / torch.where(off, 1.0, probs.sum(dim=-1, keepdim=True))
+    if all(p >= 1.0 for p in top_p):
+        return probs
+    p = torch.tensor(top_p, dtype=probs.dtype)[:, None]
+    thresh = _top_p_threshold(probs, p, min(vocab, _TOP_P_PREFIX))
+    missing = torch.isnan(thresh).squeeze(1)
+    if bool(missing.any()):  # flat rows: the top-p set is longer than the prefix
+        thresh[missing] = _top_p_threshold(probs[missing], p[missing], vocab)
+    thresh[p >= 1.0] = 0.0
+    return torch.where(probs >= thresh, probs, torch.zeros_like(probs))
+
+
+def _top_p_threshold(probs: torch.Tensor, p: torch.Tensor, k: int) -> torch.Tensor:
+    """Per row, the probability of the last token kept by top-p, looking at the best k tokens;
+    NaN where those k tokens do not reach p."""
+    values = torch.topk(probs, k, dim=-1).values  # sorted descending
+    cum = values.cumsum(dim=-1)
+    keep = cum - values < p  # the mass strictly above each token is still short of p
+    keep[:, 0] = True
+    count = keep.sum(dim=-1, keepdim=True)
+    thresh = values.gather(1, count - 1)
+    reached = cum[:, -1:] >= p
+    return torch.where(reached | (count < k), thresh, torch.full_like(thresh, float("nan")))

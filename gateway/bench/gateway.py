@@ -1,0 +1,306 @@
+"""``carpool bench gateway``: what the gateway adds on top of an instant engine.
+
+The engine is the FAKE echo engine (no model), so every millisecond measured is gateway:
+HTTP, auth, tokenization, the Lua admission, the Redis queue, the worker, the per-step
+output write and the relay back. One run, one table, ratios against baselines
+measured in the same run on the same machine:
+  direct     ``FakeEchoEngine.generate`` called in-process (no HTTP, no Redis)
+  http-floor ``GET /healthz`` through the same uvicorn process (the HTTP client+server cost)
+The gateway runs as its own process (``carpool serve --engine echo``, gateway + worker +
+engine in one process); the "split roles" rows run ``--role gateway`` and ``--role worker`` as
+two processes (the engine's loop then no longer shares the gateway's). The load generator is
+this process, so on a small machine both share the CPUs. By default it is the lean asyncio
+HTTP/1.1 keep-alive client of ``bench_client.py`` (``--client httpx`` for the heavier httpx);
+whatever it costs is still counted as gateway latency. The direct baseline and the load
+generator run on the same event loop implementation as the gateway's uvicorn (uvloop when
+installed). The FAKE engine steps on a thread of its own at a fixed cadence, as the real
+engine does, on both sides: the gateway's work on the event loop cannot stretch its steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.bench.load import (
+    PROMPT,
+    closed_loop,
+    httpx_calls,
+    lean_calls,
+    open_loop,
+    pin,
+    server_pids,
+)
+
+SECRET = "bench-secret"
+
+
+@dataclass
+class Row:
+    name: str
+    latencies_s: list[float]
+    wall_s: float
+    tokens: int = 0
+
+    def pct(self, q: float) -> float:
+        data = sorted(self.latencies_s)
+        return data[min(len(data) - 1, int(q * len(data)))] * 1000 if data else float("nan")
+
+    @property
+    def rps(self) -> float:
+        return len(self.latencies_s) / self.wall_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+
+async def direct_rows(tokenizer: Any, args: argparse.Namespace) -> list[Row]:
+    from engine.core.sampling_params import SamplingParams
+    from engine.frontend.echo import FakeEchoEngine
+
+    engine = FakeEchoEngine(tokenizer, step_ms=args.step_ms)
+    await engine.start()
+    prompt = tokenizer.encode(PROMPT, add_special_tokens=False)
+    counter = iter(range(10 ** 9))
+
+    def call(max_tokens: int) -> Any:
+        async def one() -> int:
+            n = 0
+            async for out in engine.generate(f"d{next(counter)}", prompt,
+                                             SamplingParams(max_tokens=max_tokens)):
+                n += len(out.new_token_ids)
+            return n
+        return one
+
+    rows = []
+    lat, wall, tok = await closed_loop(args.requests, args.concurrency, call(args.max_tokens))
+    rows.append(Row("direct (in-process engine.generate)", lat, wall, tok))
+    lat, wall, tok = await closed_loop(args.concurrency * 2, args.concurrency,
+                                        call(args.stream_tokens))
+    rows.append(Row("direct streamed tokens", lat, wall, tok))
+    lat, wall = await open_loop(args.rate, args.duration, call(args.max_tokens))
+    rows.append(Row(f"direct @ {args.rate:g} req/s", lat, wall))
+    await engine.shutdown()
+    return rows
+
+
+async def gateway_rows(url: str, key: str, args: argparse.Namespace,
+                       pinned: tuple[list[int], list[int]] | None = None) -> list[Row]:
+    make = lean_calls if args.client == "lean" else httpx_calls
+    async with make(url, key, args) as calls:
+        completion = calls.completion
+        await closed_loop(64, 8, completion(args.max_tokens, False))  # warm-up
+        rows = []
+        for name, fn in (("http-floor (GET /healthz)", calls.floor),
+                         ("gateway non-streaming", completion(args.max_tokens, False)),
+                         ("gateway streaming", completion(args.max_tokens, True))):
+            lat, wall, tok = await closed_loop(args.requests, args.concurrency, fn)
+            rows.append(Row(name, lat, wall, tok))
+        lat, wall, tok = await closed_loop(args.concurrency * 2, args.concurrency,
+                                            completion(args.stream_tokens, True))
+        rows.append(Row("gateway streamed tokens", lat, wall, tok))
+        lat, wall = await open_loop(args.rate, args.duration, completion(args.max_tokens, False))
+        rows.append(Row(f"gateway @ {args.rate:g} req/s", lat, wall))
+        if pinned is not None:  # the same, the client on one core and the server on the other
+            with pin(*pinned):
+                lat, wall = await open_loop(args.rate, args.duration,
+                                             completion(args.max_tokens, False))
+            rows.append(Row(f"gateway @ {args.rate:g} req/s, client pinned apart", lat, wall))
+    return rows
+
+
+async def split_rows(url: str, key: str, args: argparse.Namespace) -> list[Row]:
+    """The gateway in its own process (``--role gateway``), the worker and the FAKE engine in
+    another (``--role worker``): what one gateway process streams when it does not also run
+    the engine's loop."""
+    make = lean_calls if args.client == "lean" else httpx_calls
+    async with make(url, key, args) as calls:
+        await closed_loop(64, 8, calls.completion(args.max_tokens, False))  # warm-up
+        lat, wall, tok = await closed_loop(args.concurrency * 2, args.concurrency,
+                                           calls.completion(args.stream_tokens, True))
+        rows = [Row("gateway streamed tokens, split roles", lat, wall, tok)]
+        lat, wall = await open_loop(args.rate, args.duration,
+                                    calls.completion(args.max_tokens, False))
+        rows.append(Row(f"gateway @ {args.rate:g} req/s, split roles", lat, wall))
+    return rows
+
+
+def start_server(redis_url: str, port: int, args: argparse.Namespace,
+                 role: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "gateway.cli.main", "serve", "--role", role, "--engine", "echo",
+           "--port", str(port), "--no-demo", "--namespace", "bench",
+           "--echo-step-ms", str(args.step_ms)]
+    if args.model:
+        cmd += ["--model", args.model]
+    env = {**os.environ, "REDIS_URL": redis_url, "CARPOOL_SECRET": SECRET}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def serving(redis_url: str, port: int, args: argparse.Namespace,
+            roles: tuple[str, ...]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``carpool serve`` processes of ``roles`` (the first one serves HTTP on ``port``)."""
+    procs = [start_server(redis_url, port, args, role) for role in roles]
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", procs[0])
+        yield procs
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(15)
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("gateway process exited")
+        try:
+            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("gateway not ready")
+
+
+async def make_key(redis_url: str) -> str:
+    import redis.asyncio as aioredis
+
+    from gateway.bus.keys import RedisKeys
+    from gateway.tenancy.tenants import Tenant, TenantStore
+
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        store = TenantStore(client, RedisKeys("bench"), SECRET.encode())
+        await store.put(Tenant("bench"))
+        key, _ = await store.issue_key("bench")
+        return key
+    finally:
+        await client.aclose()
+
+
+def table(direct: list[Row], gw: list[Row], args: argparse.Namespace) -> str:
+    base = {"nonstream": direct[0], "tokens": direct[1], "rate": direct[2]}
+    lines = [("| path | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | tokens/s | "
+             "req/s vs direct |"), "|---|---|---|---|---|---|---|---|"]
+    for row in direct + gw:
+        ref = base["rate"] if "@" in row.name else (
+            base["tokens"] if "tokens" in row.name else base["nonstream"])
+        added = row is not ref and "direct" not in row.name
+        lines.append(
+            f"| {row.name} | {row.pct(0.5):.2f} | {row.pct(0.99):.2f} | "
+            f"{row.pct(0.5) - ref.pct(0.5):.2f} | {row.pct(0.99) - ref.pct(0.99):.2f} | "
+            if added else f"| {row.name} | {row.pct(0.5):.2f} | {row.pct(0.99):.2f} | - | - | ")
+        lines[-1] += (f"{row.rps:.0f} | {row.tokens_per_s:.0f} | "
+                      f"{row.rps / ref.rps:.3f} |" if "@" not in row.name else
+                      f"{row.rps:.0f} (offered {args.rate:g}) | - | - |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="carpool bench gateway", description=__doc__)
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--stream-tokens", type=int, default=512)
+    p.add_argument("--rate", type=float, default=200.0)
+    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--step-ms", type=float, default=1.0,
+                   help="fake engine step time, the same for the direct baseline")
+    p.add_argument("--client", choices=("lean", "httpx"), default="lean",
+                   help="load generator: lean asyncio HTTP/1.1 (default) or httpx")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="skip the extra row with the client pinned to CPU 0")
+    p.add_argument("--no-split", dest="split", action="store_false",
+                   help="skip the rows with gateway and worker in separate processes")
+    p.add_argument("--model", default=None, help="tokenizer source dir (default: SmolLM2)")
+    p.add_argument("--json", default=None, help="also write the rows here")
+    args = p.parse_args(argv)
+
+    from engine.runner.loader import load_tokenizer, resolve_model_dir
+    from gateway.bus.embedded import EmbeddedRedis
+
+    tokenizer = load_tokenizer(resolve_model_dir(args.model))
+    loop_name, run = _runner()
+    direct = run(direct_rows(tokenizer, args))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cpus = sorted(os.sched_getaffinity(0))
+    with EmbeddedRedis() as redis:
+        with serving(redis.url, port, args, ("all",)) as procs:
+            key = run(make_key(redis.url))
+            pinned = (server_pids(procs[0], redis.url), cpus[:1]) \
+                if args.pin and len(cpus) > 1 else None
+            gw = run(gateway_rows(url, key, args, pinned))
+        if args.split:
+            port = _free_port()
+            with serving(redis.url, port, args, ("gateway", "worker")):
+                gw += run(split_rows(f"http://127.0.0.1:{port}", key, args))
+    client = ("lean asyncio HTTP/1.1 keep-alive client (gateway/bench/client.py)"
+              if args.client == "lean" else "httpx")
+    print(f"carpool bench gateway: FAKE echo engine, {args.requests} requests, concurrency "
+          f"{args.concurrency}, {args.step_ms:g} ms steps, {args.max_tokens} tokens each "
+          f"(streamed-token rows: {args.stream_tokens}); open loop at {args.rate:g} req/s for "
+          f"{args.duration:g} s; {len(cpus)} CPUs shared by client, gateway and Redis "
+          f"(pinned row: client on CPU {cpus[0]}, gateway and Redis on the rest; split-roles "
+          f"rows: gateway and worker+engine in two processes)\n"
+          f"load generator: {client} in the bench process; direct baseline and load generator "
+          f"on {loop_name}, the gateway on uvicorn's default loop ({loop_name}); gateway "
+          f"settings as served: access log off, span export {_export_state()}, echo steps "
+          f"+-20% jitter\n")
+    print(table(direct, gw, args))
+    if args.json:
+        Path(args.json).write_text(json.dumps([{
+            "name": r.name, "p50_ms": r.pct(0.5), "p99_ms": r.pct(0.99), "rps": r.rps,
+            "tokens_per_s": r.tokens_per_s, "mean_ms": statistics.fmean(r.latencies_s) * 1000}
+            for r in direct + gw], indent=2))
+    return 0
+
+
+def _runner() -> tuple[str, Callable[[Any], Any]]:
+    """Run coroutines on uvloop when installed: what uvicorn picks for the gateway too."""
+    try:
+        import uvloop
+    except ImportError:
+        return "asyncio", asyncio.run
+
+    def run(coro: Any) -> Any:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(coro)
+    return "uvloop", run
+
+
+def _export_state() -> str:
+    """What the serving processes inherit: spans are built only when something exports them."""
+    from gateway.telemetry.config import OTLP_ENDPOINT_VARS
+
+    set_vars = [v for v in OTLP_ENDPOINT_VARS if os.environ.get(v)]
+    return f"ON ({', '.join(set_vars)} set)" if set_vars else "off (no OTLP endpoint set)"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

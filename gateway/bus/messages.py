@@ -1,0 +1,151 @@
+"""Everything that crosses Redis is one of these dataclasses, with one encoder/decoder.
+
+A message is stored as two stream fields (or one pub/sub payload): ``t`` names the type and
+``d`` is the JSON of its fields. Token ids cross Redis, not text, on the way in (the gateway
+tokenizes: it needs the counts for quotas); on the way out a ``TokenMsg`` carries both the new
+ids and the text the worker detokenized for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from engine.core.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class SubmitMsg:
+    """The envelope a gateway puts on ``queue:{tier}``; a worker turns it into an engine request."""
+
+    request_id: str
+    tenant_id: str
+    tier: str
+    priority: int
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    arrival_unix: float = 0.0
+    deadline_unix: float = 0.0  # the worker drops/aborts it after this
+    traceparent: str | None = None  # W3C trace context, so one trace spans gateway and worker
+    # False: the reader wants the whole answer only (a non-streaming response): the worker
+    # writes the first tokens (the gateway measures TTFT on them) and the rest with the
+    # finish, not a message per engine step
+    stream: bool = True
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=tuple(self.stop),
+        )
+
+
+@dataclass(frozen=True)
+class TokenMsg:
+    """New tokens of one request after one engine step."""
+
+    token_ids: list[int]
+    text: str
+
+
+@dataclass(frozen=True)
+class FinishMsg:
+    """The last message on ``out:{id}``: why it ended and the usage to settle quotas with."""
+
+    finish_reason: str  # stop | length | abort | error
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+    # What only the worker knows, for the gateway's request span (None: not known, or an
+    # older worker that does not send them).
+    queue_wait_s: float | None = None
+    num_preemptions: int | None = None
+
+
+@dataclass(frozen=True)
+class CancelMsg:
+    """Published on the cancel channel. ``reader_gone`` tells the worker nobody reads the
+    output any more (client disconnected or timed out), so it deletes the stream instead of
+    writing a final event into it."""
+
+    request_id: str
+    reader_gone: bool
+    reason: str = "cancelled"
+
+
+Message = SubmitMsg | TokenMsg | FinishMsg | CancelMsg
+_TYPES: dict[str, type[Any]] = {
+    "submit": SubmitMsg,
+    "token": TokenMsg,
+    "finish": FinishMsg,
+    "cancel": CancelMsg,
+}
+_NAMES = {cls: name for name, cls in _TYPES.items()}
+# Field names per type, read once: every field is a plain value or a flat list, so a shallow
+# dict is the same JSON as ``dataclasses.asdict`` without its recursive deep copy (the writer
+# encodes one message per request per engine step).
+_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _TYPES.values()}
+
+
+class MessageError(ValueError):
+    """A payload that is not a well-formed message."""
+
+
+def encode(msg: Message) -> dict[str, str]:
+    """Stream fields for ``msg`` (``XADD key * t <type> d <json>``)."""
+    cls = type(msg)
+    data = {name: getattr(msg, name) for name in _FIELDS[cls]}
+    return {"t": _NAMES[cls], "d": orjson.dumps(data).decode()}
+
+
+def encode_payload(msg: Message) -> str:
+    """One string for pub/sub."""
+    fields = encode(msg)
+    return fields["t"] + "|" + fields["d"]
+
+
+def decode(fields: dict[Any, Any]) -> Message:
+    """Inverse of ``encode``; accepts bytes or str keys/values as redis-py returns them."""
+    kind = _text(fields.get("t", fields.get(b"t")))
+    data = _text(fields.get("d", fields.get(b"d")))
+    return _build(kind, data)
+
+
+def decode_payload(payload: bytes | str) -> Message:
+    kind, sep, data = _text(payload).partition("|")
+    if not sep:
+        raise MessageError("payload without a type")
+    return _build(kind, data)
+
+
+def _build(kind: str, data: str) -> Message:
+    cls = _TYPES.get(kind)
+    if cls is None:
+        raise MessageError(f"unknown message type {kind!r}")
+    try:
+        values = orjson.loads(data)
+        if not isinstance(values, dict):
+            raise TypeError("not a JSON object")
+        # fields a newer sender added are left out: old and new processes run side by side
+        # during an upgrade (a new field's default must keep the old behaviour)
+        known = {k: v for k, v in values.items() if k in _FIELDS[cls]}
+        return cls(**known)  # type: ignore[no-any-return]
+    except (TypeError, ValueError) as exc:
+        raise MessageError(f"bad {kind} message: {exc}") from exc
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode()
+    if value is None:
+        raise MessageError("missing message field")
+    return str(value)

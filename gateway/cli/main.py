@@ -1,0 +1,113 @@
+"""The ``carpool`` command. Each subcommand lives in its own small function or module and
+imports what it needs lazily, so ``carpool tenants ...`` never imports torch.
+
+    carpool serve     [--role all|gateway|worker] [--engine real|echo] [--model DIR] ...
+    carpool tenants   list | create | set-quota | issue-key | keys | revoke-key
+    carpool generate  "prompt" [--max-tokens N] [--model DIR]      (gateway/cli/generate.py)
+    carpool bench     engine | kernels | gateway [ARGS...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+def _add_serve(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve the OpenAI-compatible API (gateway + worker + engine)")
+    p.add_argument("--host", default=None, help="default 127.0.0.1")
+    p.add_argument("--port", type=int, default=None, help="default 8000")
+    p.add_argument("--role", choices=("all", "gateway", "worker"), default=None)
+    p.add_argument("--engine", choices=("real", "echo"), default=None,
+                   help="echo = a FAKE instant engine that echoes the prompt (benchmarks)")
+    p.add_argument("--model", default=None, help="local HF checkpoint dir (default: SmolLM2)")
+    p.add_argument("--tenants", dest="tenants_file", default=None, help="tenants TOML/YAML file")
+    p.add_argument("--namespace", default=None, help="Redis key prefix (default carpool)")
+    p.add_argument("--no-demo", dest="create_demo_tenant", action="store_const", const=False,
+                   default=None, help="do not create the demo tenant on a fresh Redis")
+    p.add_argument("--echo-step-ms", type=float, default=None)
+    p.add_argument("--trace-console", action="store_const", const=True, default=None,
+                   help="print finished spans to stdout (OTLP: set OTEL_EXPORTER_OTLP_ENDPOINT)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="--role worker: serve /metrics on this port")
+    p.add_argument("--access-log", action="store_const", const=True, default=None,
+                   help="log a line per HTTP request (off by default)")
+    g = p.add_argument_group("engine options (passed to EngineConfig.from_kwargs)")
+    g.add_argument("--dtype", default=None)
+    g.add_argument("--max-num-seqs", type=int, default=None)
+    g.add_argument("--max-num-batched-tokens", type=int, default=None)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--num-blocks", type=int, default=None)
+    g.add_argument("--block-size", type=int, default=None)
+    g.add_argument("--kv-cache-memory-gb", type=float, default=None)
+    g.add_argument("--preemption-mode", choices=("recompute", "swap"), default=None)
+    g.add_argument("--device", default=None)
+    p.set_defaults(func=_run_serve)
+
+
+ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                "num_blocks", "block_size", "kv_cache_memory_gb", "preemption_mode", "device")
+CONFIG_FLAGS = ("host", "port", "role", "engine", "model", "tenants_file", "namespace",
+                "create_demo_tenant", "echo_step_ms", "trace_console", "metrics_port",
+                "access_log")
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from gateway.cli.serve import serve
+    from gateway.config import GatewayConfig
+
+    engine_options = {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k) is not None}
+    config = GatewayConfig.from_env(**{k: getattr(args, k) for k in CONFIG_FLAGS},
+                                    engine_options=engine_options or None)
+    return serve(config)
+
+
+def _add_bench(sub: Any) -> None:
+    p = sub.add_parser("bench", help="benchmarks: engine, kernels, gateway")
+    p.add_argument("target", choices=("engine", "kernels", "gateway"))
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for that benchmark")
+    p.set_defaults(func=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    module = importlib.import_module({"engine": "engine.bench.engine", "kernels": "kernels.bench",
+                                      "gateway": "gateway.bench.gateway"}[args.target])
+    return int(module.main(list(args.rest)) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gateway.cli import generate as cli_generate
+    from gateway.cli import loadtest as cli_loadtest
+    from gateway.cli import tenants as cli_tenants
+
+    parser = argparse.ArgumentParser(prog="carpool", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    cli_tenants.add_parser(sub)
+    cli_generate.add_parser(sub)
+    cli_loadtest.add_parser(sub)
+    _add_bench(sub)
+    return parser
+
+
+# Commands whose engine shares the cores with an event loop and Redis. OpenMP's default
+# busy-wait between parallel regions starves those threads (measured: a 4-request decode step
+# went from 67 to 975 ms with one competing busy core; 109 ms with PASSIVE). Must be set
+# before torch loads libgomp, i.e. before any subcommand imports the engine.
+_SHARED_CORE_COMMANDS = ("serve", "loadtest")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command in _SHARED_CORE_COMMANDS:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

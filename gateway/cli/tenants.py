@@ -1,0 +1,115 @@
+"""``carpool tenants ...``: manage tenants, quotas and keys directly in Redis.
+
+Finds Redis through ``--redis-url``, ``REDIS_URL``, or the URL a local ``carpool serve`` left
+in its state dir (embedded server). Keys are hashed with the same server secret as the
+gateway (``CARPOOL_SECRET`` or ``<state_dir>/secret``). Imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+QUOTA_FLAGS = ("rpm", "tpm", "max_concurrency", "max_prompt_tokens", "max_max_tokens")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("tenants", help="manage tenants, quotas and API keys")
+    p.add_argument("--redis-url", default=None)
+    p.add_argument("--namespace", default=None)
+    tsub = p.add_subparsers(dest="action", required=True)
+    tsub.add_parser("list", help="list tenants and quotas (JSON lines)")
+    for name in ("create", "set-quota"):
+        c = tsub.add_parser(name, help=f"{name} a tenant")
+        c.add_argument("tenant_id")
+        if name == "create":
+            c.add_argument("--name", default=None)
+            c.add_argument("--no-key", action="store_true", help="do not issue a first key")
+        for flag in QUOTA_FLAGS:
+            c.add_argument("--" + flag.replace("_", "-"), dest=flag, type=int, default=None)
+        c.add_argument("--allowed-tiers", default=None, help="comma list, e.g. interactive,batch")
+        c.add_argument("--default-tier", default=None)
+    for name in ("issue-key", "keys"):
+        tsub.add_parser(name).add_argument("tenant_id")
+    r = tsub.add_parser("revoke-key")
+    r.add_argument("tenant_id")
+    r.add_argument("key_id", help="key id (from 'keys') or the key itself")
+    p.set_defaults(func=run)
+
+
+def _quota_changes(args: argparse.Namespace) -> dict[str, Any]:
+    changes = {f: getattr(args, f) for f in QUOTA_FLAGS if getattr(args, f, None) is not None}
+    if getattr(args, "allowed_tiers", None):
+        changes["allowed_tiers"] = tuple(t for t in args.allowed_tiers.split(",") if t)
+    if getattr(args, "default_tier", None):
+        changes["default_tier"] = args.default_tier
+    return changes
+
+
+def _redis_url(config: Any, explicit: str | None) -> str:
+    from gateway.cli.serve import runtime_url_file
+
+    if explicit or config.redis_url:
+        return str(explicit or config.redis_url)
+    path = runtime_url_file(config)
+    if path.is_file():
+        return path.read_text().strip()
+    raise SystemExit("no Redis: pass --redis-url, set REDIS_URL, or start 'carpool serve' first")
+
+
+async def _run(args: argparse.Namespace) -> int:
+    import redis.asyncio as aioredis
+
+    from gateway.bus.keys import RedisKeys
+    from gateway.config import GatewayConfig
+    from gateway.http.admin import tenant_json
+    from gateway.tenancy.keys import resolve_secret
+    from gateway.tenancy.tenants import Tenant, TenantQuota, TenantStore
+
+    config = GatewayConfig.from_env(namespace=args.namespace)
+    redis = aioredis.Redis.from_url(_redis_url(config, args.redis_url))
+    store = TenantStore(redis, RedisKeys(config.namespace),
+                        resolve_secret(config.secret, config.state_dir))
+    out = sys.stdout
+    try:
+        if args.action == "list":
+            for t in await store.list():
+                out.write(json.dumps(tenant_json(t)) + "\n")
+        elif args.action == "create":
+            quota = TenantQuota(**_quota_changes(args))
+            await store.put(Tenant(args.tenant_id, args.name or args.tenant_id, quota))
+            out.write(json.dumps(tenant_json(Tenant(args.tenant_id, args.name or args.tenant_id,
+                                                    quota))) + "\n")
+            if not args.no_key:
+                key, kid = await store.issue_key(args.tenant_id)
+                out.write(f"key (shown once): {key}\nkey id: {kid}\n")
+        elif args.action == "set-quota":
+            out.write(json.dumps(tenant_json(await store.set_quota(
+                args.tenant_id, **_quota_changes(args)))) + "\n")
+        elif args.action == "issue-key":
+            key, kid = await store.issue_key(args.tenant_id)
+            out.write(f"key (shown once): {key}\nkey id: {kid}\n")
+        elif args.action == "keys":
+            for kid in await store.list_keys(args.tenant_id):
+                out.write(kid + "\n")
+        elif args.action == "revoke-key":
+            if not await store.revoke_key(args.tenant_id, args.key_id):
+                out.write("no such key\n")
+                return 1
+            out.write("revoked\n")
+    except KeyError as exc:
+        out.write(f"no tenant {exc}\n")
+        return 1
+    except ValueError as exc:
+        out.write(f"error: {exc}\n")
+        return 2
+    finally:
+        await redis.aclose()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(_run(args))

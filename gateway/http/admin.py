@@ -1,0 +1,108 @@
+"""Admin endpoints (admin key required, enforced by ``AuthMiddleware``): tenants, quotas,
+keys, counters. Changes are visible to every gateway within the auth cache TTL (< 1 s)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.http.errors import APIError, bad_request
+from gateway.http.openai.routes import read_json
+from gateway.http.services import Services
+from gateway.tenancy.tenants import Tenant, tenant_from_dict
+
+ADMIN_BODY_LIMIT = 64 * 1024
+
+
+def tenant_json(t: Tenant) -> dict[str, Any]:
+    quota = dataclasses.asdict(t.quota)
+    quota["allowed_tiers"] = list(t.quota.allowed_tiers)
+    return {"id": t.id, "name": t.name, **quota}
+
+
+def _svc(request: Request) -> Services:
+    return request.app.state.services  # type: ignore[no-any-return]
+
+
+async def _tenant_or_404(svc: Services, tenant_id: str) -> Tenant:
+    tenant = await svc.store.get(tenant_id)
+    if tenant is None:
+        raise APIError(404, f"No tenant '{tenant_id}'", code="tenant_not_found")
+    return tenant
+
+
+async def list_tenants(request: Request) -> Response:
+    svc = _svc(request)
+    return JSONResponse({"data": [tenant_json(t) for t in await svc.store.list()]})
+
+
+async def create_tenant(request: Request) -> Response:
+    svc = _svc(request)
+    body = await read_json(request, ADMIN_BODY_LIMIT)
+    tenant_id = body.pop("id", None)
+    if not isinstance(tenant_id, str):
+        raise bad_request("'id' (string) is required", param="id")
+    try:
+        tenant = tenant_from_dict(tenant_id, body)
+    except (TypeError, ValueError) as exc:
+        raise bad_request(str(exc)) from exc
+    await svc.store.put(tenant)
+    return JSONResponse(tenant_json(tenant), status_code=201)
+
+
+async def update_tenant(request: Request) -> Response:
+    svc = _svc(request)
+    current = await _tenant_or_404(svc, request.path_params["tenant_id"])
+    body = await read_json(request, ADMIN_BODY_LIMIT)
+    merged = {**tenant_json(current), **body}
+    merged.pop("id", None)
+    try:
+        tenant = tenant_from_dict(current.id, merged)
+    except (TypeError, ValueError) as exc:
+        raise bad_request(str(exc)) from exc
+    await svc.store.put(tenant)
+    return JSONResponse(tenant_json(tenant))
+
+
+async def issue_key(request: Request) -> Response:
+    svc = _svc(request)
+    tenant = await _tenant_or_404(svc, request.path_params["tenant_id"])
+    key, kid = await svc.store.issue_key(tenant.id)
+    return JSONResponse({"tenant": tenant.id, "key": key, "key_id": kid,
+                         "note": "shown once; store it now"}, status_code=201)
+
+
+async def list_keys(request: Request) -> Response:
+    svc = _svc(request)
+    tenant = await _tenant_or_404(svc, request.path_params["tenant_id"])
+    return JSONResponse({"tenant": tenant.id, "key_ids": await svc.store.list_keys(tenant.id)})
+
+
+async def revoke_key(request: Request) -> Response:
+    svc = _svc(request)
+    tenant = await _tenant_or_404(svc, request.path_params["tenant_id"])
+    if not await svc.store.revoke_key(tenant.id, request.path_params["key_id"]):
+        raise APIError(404, "No such key for this tenant", code="key_not_found")
+    return JSONResponse({"tenant": tenant.id, "key_id": request.path_params["key_id"],
+                         "revoked": True})
+
+
+async def stats(request: Request) -> Response:
+    svc = _svc(request)
+    raw = await svc.redis.hgetall(svc.keys.stats)
+    return JSONResponse({k.decode(): int(v) for k, v in raw.items()})
+
+
+ADMIN_ROUTES = [
+    Route("/admin/tenants", list_tenants, methods=["GET"]),
+    Route("/admin/tenants", create_tenant, methods=["POST"]),
+    Route("/admin/tenants/{tenant_id}", update_tenant, methods=["PATCH"]),
+    Route("/admin/tenants/{tenant_id}/keys", issue_key, methods=["POST"]),
+    Route("/admin/tenants/{tenant_id}/keys", list_keys, methods=["GET"]),
+    Route("/admin/tenants/{tenant_id}/keys/{key_id}", revoke_key, methods=["DELETE"]),
+    Route("/admin/stats", stats, methods=["GET"]),
+]

@@ -1,0 +1,179 @@
+"""Parse and validate OpenAI request bodies into one typed ``ParsedRequest``.
+
+Everything here raises ``APIError(400/404)`` with the offending ``param``; nothing raises
+anything else on bad input (wrong types, missing fields, out-of-range values).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.http.errors import APIError, bad_request
+
+ROLES = ("system", "user", "assistant", "developer", "tool")
+MAX_STOP_CHARS = 256
+MAX_STOP = 4
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    kind: str  # "chat" | "completion"
+    model: str
+    prompt_token_ids: list[int]
+    max_tokens: int | None  # None = not given (the gateway picks a default)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    service_tier: str | None = None
+
+
+def _typed(body: dict[str, Any], name: str, types: tuple[type, ...], default: Any = None) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in types:
+        raise bad_request(f"'{name}' must be of type {types[0].__name__}", param=name)
+    if not isinstance(value, types):
+        raise bad_request(f"'{name}' must be of type {types[0].__name__}", param=name)
+    return value
+
+
+def _common(body: dict[str, Any], served_model: str) -> dict[str, Any]:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required and must be a string", param="model")
+    if model != served_model:
+        raise APIError(404, f"The model '{model}' does not exist (this server serves "
+                            f"'{served_model}')", code="model_not_found", param="model")
+    n = _typed(body, "n", (int,), 1)
+    if n != 1:
+        raise bad_request(f"n={n} is not supported: only n=1 (one choice per request)", param="n")
+    if _typed(body, "best_of", (int,), 1) != 1:
+        raise bad_request("best_of is not supported", param="best_of")
+    max_tokens = _typed(body, "max_completion_tokens", (int,), None)
+    if max_tokens is None:
+        max_tokens = _typed(body, "max_tokens", (int,), None)
+    if max_tokens is not None and max_tokens < 1:
+        raise bad_request("'max_tokens' must be >= 1", param="max_tokens")
+    temperature = _number(body, "temperature", 1.0)
+    if not 0.0 <= temperature <= 2.0:
+        raise bad_request("'temperature' must be between 0 and 2", param="temperature")
+    top_p = _number(body, "top_p", 1.0)
+    if not 0.0 < top_p <= 1.0:
+        raise bad_request("'top_p' must be in (0, 1]", param="top_p")
+    seed = _typed(body, "seed", (int,), None)
+    if seed is not None and not -(2**63) <= seed < 2**63:
+        raise bad_request("'seed' must fit in 64 bits", param="seed")
+    stream = _typed(body, "stream", (bool,), False)
+    options = _typed(body, "stream_options", (dict,), None)
+    if options is not None and not stream:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true",
+                          param="stream_options")
+    include_usage = False
+    if options is not None:
+        include_usage = bool(_typed(options, "include_usage", (bool,), False))
+    tier = _typed(body, "service_tier", (str,), None)
+    return {"model": model, "max_tokens": max_tokens, "temperature": temperature,
+            "top_p": top_p, "seed": seed, "stop": _stop(body.get("stop")), "stream": stream,
+            "include_usage": include_usage, "service_tier": tier}
+
+
+def _number(body: dict[str, Any], key: str, default: float) -> float:
+    raw = _typed(body, key, (int, float), default)
+    try:
+        value = float(raw)
+    except OverflowError:  # a 400-digit integer is valid JSON
+        value = math.inf
+    if not math.isfinite(value):
+        raise bad_request(f"'{key}' must be a finite number", param=key)
+    return value
+
+
+def _stop(value: Any) -> list[str]:
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad_request("'stop' must be a non-empty string or a list of them", param="stop")
+    if len(stops) > MAX_STOP:
+        raise bad_request(f"'stop' allows at most {MAX_STOP} sequences", param="stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        # matching holds back up to len(stop) characters per step on the engine thread
+        raise bad_request(f"each 'stop' sequence allows at most {MAX_STOP_CHARS} characters",
+                          param="stop")
+    return list(stops)
+
+
+def _content_text(content: Any, index: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise bad_request("only text content parts are supported",
+                                  param=f"messages[{index}].content")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad_request("message content must be a string or a list of text parts",
+                      param=f"messages[{index}].content")
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text``, no special tokens added. Straight through the fast tokenizer
+    when there is one: the transformers wrapper routes one text through ``encode_batch`` and
+    costs ~2.5x as much per call (the same ids; tests compare them)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return list(backend.encode(text, add_special_tokens=False).ids)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def parse_chat(body: dict[str, Any], tokenizer: Any, served_model: str) -> ParsedRequest:
+    common = _common(body, served_model)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list", param="messages")
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise bad_request(f"messages[{i}] needs a 'role' in {ROLES}", param=f"messages[{i}]")
+        clean.append({"role": m["role"], "content": _content_text(m.get("content"), i)})
+    try:
+        text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # template errors are the caller's input (e.g. role order)
+        raise bad_request(f"messages do not fit the model's chat template: {exc}",
+                          param="messages") from exc
+    ids = encode_text(tokenizer, text)
+    return ParsedRequest(kind="chat", prompt_token_ids=ids, **common)
+
+
+def parse_completion(body: dict[str, Any], tokenizer: Any, served_model: str,
+                     vocab_size: int) -> ParsedRequest:
+    common = _common(body, served_model)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        ids = encode_text(tokenizer, prompt)
+    elif isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if any(not 0 <= t < vocab_size for t in prompt):
+            raise bad_request(f"token ids must be in [0, {vocab_size})", param="prompt")
+        ids = list(prompt)
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise bad_request("batched prompts are not supported: send one prompt per request",
+                          param="prompt")
+    else:
+        raise bad_request("'prompt' must be a string or a list of token ids", param="prompt")
+    if not ids:
+        raise bad_request("'prompt' must not be empty", param="prompt")
+    return ParsedRequest(kind="completion", prompt_token_ids=ids, **common)

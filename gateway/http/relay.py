@@ -1,0 +1,268 @@
+"""Relays one admitted request's output stream (``out:{id}``) to its HTTP client.
+
+The response is an ASGI callable that relays (reads the output stream through the process's
+``OutputMux``, writes SSE chunks or collects the full body) while a watcher task waits on the
+ASGI receive channel for ``http.disconnect`` and cancels the relay if it comes first. A
+finished relay answers; a disconnect, the request's deadline, or a client that stops reading
+(a send blocked past the stall timeout) cancels the request end to end. In every case the
+quota reservation is settled exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from gateway.bus.messages import FinishMsg, TokenMsg
+from gateway.http.cancel import wait_for_disconnect
+from gateway.http.errors import APIError, error_bytes
+from gateway.http.openai.format import SSE_DONE, Formatter, sse
+from gateway.tenancy.tenants import Tenant
+
+log = logging.getLogger("carpool.gateway")
+
+CLEANUP_TIMEOUT_S = 5.0
+
+
+class Stalled(Exception):
+    """The client stopped reading: a send did not complete within the stall timeout."""
+
+
+@dataclass
+class RelayState:
+    text: list[str] = field(default_factory=list)
+    completion_tokens: int = 0
+    finish: FinishMsg | None = None
+    headers_sent: bool = False
+    first_token_at: float | None = None
+
+
+@dataclass(frozen=True)
+class RelayContext:
+    request_id: str
+    tenant: Tenant
+    tier: str
+    prompt_tokens: int
+    reserved_tokens: int
+    stream: bool
+    include_usage: bool
+    formatter: Formatter
+    started: float  # loop time at arrival
+    deadline: float  # loop time
+
+
+class RelayResponse:
+    def __init__(self, services: Any, ctx: RelayContext) -> None:
+        self.services = services
+        self.ctx = ctx
+        self.state = RelayState()
+        self.closing = False  # set on the way out: the reader loop stops at its next turn
+        self.relaying = False  # reading the output (a disconnect now cancels the relay)
+        self.disconnected = False  # the watcher saw the client leave and cancelled the relay
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ctx = self.ctx
+        # The relay runs right here, not in a task of its own: the output reaches the client
+        # two event-loop turns sooner (a task's end, then the wait on it, were turns on every
+        # request's path). The watcher cancels this task when the client goes away.
+        me = asyncio.current_task()
+        watcher = asyncio.create_task(self._watch(receive, me))
+        deadline = asyncio.timeout_at(ctx.deadline)
+        cancel_source: str | None = None
+        try:
+            self.relaying = True  # only meanwhile does a disconnect cancel this task
+            try:
+                async with deadline:
+                    if ctx.stream:
+                        await self._stream(send)
+                    else:
+                        await self._collect()
+            finally:
+                self.relaying = False
+            if not ctx.stream:
+                await self._send_full(send)
+        except TimeoutError:
+            if not deadline.expired():
+                cancel_source = "error"
+                raise
+            cancel_source = "deadline"
+            await self._send_timeout(send)
+        except Stalled:
+            cancel_source = "stalled"
+        except asyncio.CancelledError:
+            if not self.disconnected or me is None:
+                raise  # cancelled from outside (shutdown): the clean-up below still runs
+            cancel_source = "disconnect"
+            if me.uncancel() > 0:  # our cancel is handled; one from outside still ends us
+                raise
+        except Exception:
+            cancel_source = "error"  # nobody reads this output any more: stop generating
+            raise  # the clean-up below still cancels and settles
+        finally:
+            self.closing = True
+            watcher.cancel()
+            # Clean-up runs in its own task with bounded waits: whatever happens to this one
+            # (cancelled at shutdown, an error above), the cancel and the settle still happen.
+            await asyncio.shield(self._finish(cancel_source, watcher))
+
+    async def _watch(self, receive: Receive, relay: asyncio.Task[Any] | None) -> None:
+        """Cancel the relay when the client disconnects while it relays (not while it sends
+        the answer or the timeout error: uvicorn drops sends to a client that has left)."""
+        await wait_for_disconnect(receive)
+        if self.relaying and relay is not None:
+            self.disconnected = True
+            relay.cancel()
+
+    async def _finish(self, cancel_source: str | None, watcher: asyncio.Task[Any]) -> None:
+        await asyncio.wait({watcher}, timeout=CLEANUP_TIMEOUT_S)
+        try:
+            async with asyncio.timeout(CLEANUP_TIMEOUT_S):
+                outcome = await self._cancel(cancel_source) if cancel_source else _outcome(
+                    self.state.finish)
+                await self._settle(outcome)
+        except Exception:
+            log.exception("clean-up of %s failed", self.ctx.request_id)
+
+    async def _batches(self) -> Any:
+        """Lists of messages: everything the process's output mux has delivered for this
+        request since the last turn (several reads coalesce when the relay fell behind)."""
+        mux, key = self.services.mux, self.services.keys.out(self.ctx.request_id)
+        queue = mux.register(key)
+        try:
+            while not self.closing:
+                batch = await queue.get()
+                while not queue.empty():
+                    batch = batch + queue.get_nowait()
+                yield batch
+        finally:
+            mux.unregister(key)
+
+    async def _collect(self) -> None:
+        async for batch in self._batches():
+            for msg in batch:
+                if isinstance(msg, TokenMsg):
+                    self._on_tokens(msg)
+                elif isinstance(msg, FinishMsg):
+                    self.state.finish = msg
+                    return
+
+    async def _stream(self, send: Send) -> None:
+        ctx, fmt = self.ctx, self.ctx.formatter
+        await self._send(send, {"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+            (b"x-request-id", ctx.request_id.encode())]})
+        self.state.headers_sent = True
+        if fmt.kind == "chat":
+            await self._body(send, fmt.chunk("", first=True))
+        async for batch in self._batches():
+            # One event and one socket write per batch: the text of every token message
+            # already here goes out together (any split of the text is a valid stream).
+            text = []
+            for msg in batch:
+                if isinstance(msg, TokenMsg):
+                    self._on_tokens(msg)
+                    text.append(msg.text)
+                elif isinstance(msg, FinishMsg):
+                    self.state.finish = msg
+                    out = fmt.text_chunk("".join(text)) if any(text) else b""
+                    if msg.finish_reason == "error":
+                        out += sse(_finish_error(msg).body())
+                    else:
+                        out += fmt.chunk(None, msg.finish_reason)
+                        if ctx.include_usage:
+                            out += fmt.usage_chunk(ctx.prompt_tokens, self.state.completion_tokens)
+                    await self._body(send, out + SSE_DONE, more=False)
+                    return
+            if any(text):
+                await self._body(send, fmt.text_chunk("".join(text)))
+
+    def _on_tokens(self, msg: TokenMsg) -> None:
+        state = self.state
+        if state.first_token_at is None and msg.token_ids:
+            state.first_token_at = time.monotonic()
+            self.services.events.first_token(self.ctx.request_id, self.ctx.tier,
+                                             asyncio.get_running_loop().time() - self.ctx.started)
+        state.completion_tokens += len(msg.token_ids)
+        state.text.append(msg.text)
+        self.services.events.tokens(self.ctx.request_id, len(msg.token_ids))
+
+    async def _send(self, send: Send, message: dict[str, Any]) -> None:
+        try:
+            async with asyncio.timeout(self.services.config.stall_timeout_s):
+                await send(message)
+        except TimeoutError as exc:
+            raise Stalled() from exc
+
+    async def _body(self, send: Send, data: bytes, more: bool = True) -> None:
+        if data or not more:
+            await self._send(send, {"type": "http.response.body", "body": data, "more_body": more})
+
+    async def _send_full(self, send: Send) -> None:
+        finish, ctx = self.state.finish, self.ctx
+        assert finish is not None
+        if finish.finish_reason == "error":
+            err = _finish_error(finish)
+            status, body = err.status, error_bytes(err)
+        else:
+            status = 200
+            body = orjson.dumps(ctx.formatter.full("".join(self.state.text), finish.finish_reason,
+                                                   ctx.prompt_tokens, finish.completion_tokens
+                                                   or self.state.completion_tokens))
+        await self._send(send, {"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+            (b"x-request-id", ctx.request_id.encode())]})
+        await self._send(send, {"type": "http.response.body", "body": body})
+
+    async def _send_timeout(self, send: Send) -> None:
+        err = APIError(504, f"request exceeded the server deadline of "
+                            f"{self.services.config.request_timeout_s:g}s", code="timeout")
+        with contextlib.suppress(Exception, Stalled):
+            if self.state.headers_sent:
+                await self._body(send, sse(err.body()))
+                await self._body(send, SSE_DONE, more=False)
+            else:
+                await self._send(send, {"type": "http.response.start", "status": 504,
+                                        "headers": [(b"content-type", b"application/json")]})
+                await self._send(send, {"type": "http.response.body", "body": error_bytes(err)})
+
+    async def _cancel(self, source: str) -> str:
+        svc = self.services
+        await svc.canceller.cancel(self.ctx.request_id, reader_gone=True, reason=source)
+        await svc.redis.delete(svc.keys.out(self.ctx.request_id))
+        svc.events.request_cancelled(self.ctx.request_id, source)
+        return "aborted"
+
+    async def _settle(self, outcome: str) -> None:
+        svc, ctx = self.services, self.ctx
+        used, finish = self.state.completion_tokens, self.state.finish
+        if finish is not None:
+            used = max(used, finish.completion_tokens)
+        # read to its end: the output stream is deleted in the same call
+        await svc.quota.settle(ctx.tenant, ctx.request_id, ctx.reserved_tokens,
+                               ctx.prompt_tokens + used, f"settled:{outcome}",
+                               delete_key=svc.keys.out(ctx.request_id) if finish else None)
+        svc.events.request_finished(ctx.tenant.id, ctx.tier, ctx.request_id, outcome,
+                                    ctx.prompt_tokens, used,
+                                    asyncio.get_running_loop().time() - ctx.started,
+                                    engine_finish_reason=finish.finish_reason if finish else None,
+                                    queue_wait_s=finish.queue_wait_s if finish else None,
+                                    num_preemptions=finish.num_preemptions if finish else None)
+
+
+def _outcome(finish: FinishMsg | None) -> str:
+    if finish is None:
+        return "errored"
+    return {"abort": "aborted", "error": "errored"}.get(finish.finish_reason, "completed")
+
+
+def _finish_error(finish: FinishMsg) -> APIError:
+    text = finish.error or "the engine failed this request"
+    status = 503 if "worker lost" in text else 500
+    return APIError(status, text, code="worker_lost" if status == 503 else "engine_error")

@@ -1,1 +1,0 @@
-"""`carpool loadtest`: start a server, run Locust headless against it, report per tier."""

@@ -1,0 +1,195 @@
+"""Tenants and their quotas: the data model, the tenants file, and the Redis store.
+
+A limit of 0 means unlimited. The store is the single source of truth at run time: the file
+is loaded into it at start; admin endpoints and ``carpool tenants`` change it afterwards, and
+every gateway sees the change on its next lookup (tenant records are cached < 1 s).
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.bus.keys import RedisKeys
+from gateway.tenancy.keys import digests_match, generate_key, key_digest, key_id, looks_like_key
+from policies.tiers import INTERACTIVE, TIERS, normalize_tier
+
+QUOTA_FIELDS = ("rpm", "tpm", "max_concurrency", "max_prompt_tokens", "max_max_tokens")
+
+
+@dataclass(frozen=True)
+class TenantQuota:
+    rpm: int = 0  # requests per minute
+    tpm: int = 0  # prompt + completion tokens per minute
+    max_concurrency: int = 0
+    max_prompt_tokens: int = 0
+    max_max_tokens: int = 0
+    allowed_tiers: tuple[str, ...] = TIERS
+    default_tier: str = INTERACTIVE
+
+    def __post_init__(self) -> None:
+        for name in QUOTA_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0 (0 = unlimited), got {value!r}")
+        tiers = tuple(_tier(t) for t in self.allowed_tiers)
+        object.__setattr__(self, "allowed_tiers", tiers)
+        object.__setattr__(self, "default_tier", _tier(self.default_tier))
+        if not tiers:
+            raise ValueError("allowed_tiers must not be empty")
+        if self.default_tier not in tiers:
+            raise ValueError(f"default_tier {self.default_tier!r} not in allowed_tiers {tiers}")
+
+    def with_changes(self, **changes: Any) -> TenantQuota:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Tenant:
+    id: str
+    name: str = ""
+    quota: TenantQuota = field(default_factory=TenantQuota)
+
+    def __post_init__(self) -> None:
+        if not self.id or not all(c.isalnum() or c in "-_." for c in self.id):
+            raise ValueError(f"tenant id must be non-empty [A-Za-z0-9._-], got {self.id!r}")
+
+
+def _tier(name: str) -> str:
+    tier = normalize_tier(str(name))
+    if tier is None:
+        raise ValueError(f"unknown tier {name!r} (tiers: {', '.join(TIERS)})")
+    return tier
+
+
+def tenant_from_dict(tenant_id: str, data: dict[str, Any]) -> Tenant:
+    known = set(QUOTA_FIELDS) | {"allowed_tiers", "default_tier", "name"}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"tenant {tenant_id}: unknown fields {sorted(unknown)}")
+    quota = {k: v for k, v in data.items() if k != "name"}
+    if "allowed_tiers" in quota:
+        quota["allowed_tiers"] = tuple(quota["allowed_tiers"])
+    return Tenant(tenant_id, str(data.get("name", tenant_id)), TenantQuota(**quota))
+
+
+def load_tenants_file(path: str | Path) -> list[Tenant]:
+    """Read ``[tenants.<id>]`` tables from a TOML file (``.yaml``/``.yml``: the same shape)."""
+    path = Path(path)
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        doc = yaml.safe_load(path.read_text()) or {}
+    else:
+        doc = tomllib.loads(path.read_text())
+    tenants = doc.get("tenants", {})
+    if not isinstance(tenants, dict):
+        raise ValueError(f"{path}: 'tenants' must be a table of tenant ids")  # noqa: TRY004
+    return [tenant_from_dict(str(tid), dict(body)) for tid, body in tenants.items()]
+
+
+def _to_hash(t: Tenant) -> dict[str, str]:
+    q = t.quota
+    out = {name: str(getattr(q, name)) for name in QUOTA_FIELDS}
+    out.update(name=t.name, allowed_tiers=",".join(q.allowed_tiers), default_tier=q.default_tier)
+    return out
+
+
+def _from_hash(tenant_id: str, h: dict[bytes, bytes]) -> Tenant:
+    d = {k.decode(): v.decode() for k, v in h.items()}
+    quota = TenantQuota(
+        **{name: int(d.get(name, "0")) for name in QUOTA_FIELDS},
+        allowed_tiers=tuple(t for t in d.get("allowed_tiers", "").split(",") if t) or TIERS,
+        default_tier=d.get("default_tier", INTERACTIVE),
+    )
+    return Tenant(tenant_id, d.get("name", tenant_id), quota)
+
+
+class TenantStore:
+    """Tenants and keys in Redis (redis-py asyncio client, bytes responses)."""
+
+    def __init__(self, redis: Any, keys: RedisKeys, secret: bytes) -> None:
+        self.redis = redis
+        self.keys = keys
+        self._secret = secret
+
+    async def put(self, tenant: Tenant) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(self.keys.tenant(tenant.id))
+        pipe.hset(self.keys.tenant(tenant.id), mapping=_to_hash(tenant))
+        pipe.sadd(self.keys.tenants, tenant.id)
+        await pipe.execute()
+
+    async def get(self, tenant_id: str) -> Tenant | None:
+        h = await self.redis.hgetall(self.keys.tenant(tenant_id))
+        return _from_hash(tenant_id, h) if h else None
+
+    async def list(self) -> builtins.list[Tenant]:
+        ids = sorted(m.decode() for m in await self.redis.smembers(self.keys.tenants))
+        found = [await self.get(tid) for tid in ids]
+        return [t for t in found if t is not None]
+
+    async def set_quota(self, tenant_id: str, **changes: Any) -> Tenant:
+        tenant = await self.get(tenant_id)
+        if tenant is None:
+            raise KeyError(tenant_id)
+        updated = Tenant(tenant.id, tenant.name, tenant.quota.with_changes(**changes))
+        await self.put(updated)
+        return updated
+
+    async def issue_key(self, tenant_id: str) -> tuple[str, str]:
+        """A new key for the tenant: returns (key, key_id). The key is not stored."""
+        if await self.get(tenant_id) is None:
+            raise KeyError(tenant_id)
+        key = generate_key()
+        digest = key_digest(self._secret, key)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(
+            self.keys.apikey(digest),
+            mapping={"tenant": tenant_id, "digest": digest, "created": str(int(time.time()))},
+        )
+        pipe.hset(self.keys.tenant_keys(tenant_id), key_id(digest), digest)
+        await pipe.execute()
+        return key, key_id(digest)
+
+    async def list_keys(self, tenant_id: str) -> builtins.list[str]:
+        return sorted(k.decode() for k in await self.redis.hkeys(self.keys.tenant_keys(tenant_id)))
+
+    async def revoke_key(self, tenant_id: str, kid: str) -> bool:
+        """Revoke by key id (or by the full key). True if a key was removed."""
+        if looks_like_key(kid):
+            kid = key_id(key_digest(self._secret, kid))
+        digest = await self.redis.hget(self.keys.tenant_keys(tenant_id), kid)
+        if digest is None:
+            return False
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(self.keys.apikey(digest.decode()))
+        pipe.hdel(self.keys.tenant_keys(tenant_id), kid)
+        await pipe.execute()
+        return True
+
+    async def resolve_key(self, key: str) -> str | None:
+        """Tenant id for a presented key, or None (unknown, revoked or malformed)."""
+        if not looks_like_key(key):
+            return None
+        digest = key_digest(self._secret, key)
+        rec = await self.redis.hmget(self.keys.apikey(digest), ["tenant", "digest"])
+        if rec[0] is None or rec[1] is None or not digests_match(rec[1], digest):
+            return None
+        return str(rec[0].decode())
+
+    async def add_admin_key(self, key: str) -> None:
+        await self.redis.sadd(self.keys.admin_keys, key_digest(self._secret, key))
+
+    async def has_admin_key(self) -> bool:
+        return bool(await self.redis.scard(self.keys.admin_keys))
+
+    async def is_admin_key(self, key: str) -> bool:
+        if not looks_like_key(key):
+            return False
+        return bool(await self.redis.sismember(self.keys.admin_keys, key_digest(self._secret, key)))

@@ -1,0 +1,249 @@
+"""The worker: drains tier queues into an engine and streams its outputs back through Redis.
+
+One worker per engine (per GPU). Tasks on the event loop:
+  drainer      tier choice by WRR, pull when the engine has room (``drainer.py``)
+  writer       one pipelined write per engine step (``output_writer.py``)
+  cancels      CancelMsg from any gateway -> ``engine.abort(id)`` (KV freed at the next step)
+  maintenance  heartbeat our pending entries; XAUTOCLAIM entries of dead workers
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+from engine.core.outputs import RequestOutput
+from engine.protocol import EngineClient
+from gateway.bus.backoff import run_forever
+from gateway.bus.keys import RedisKeys
+from gateway.bus.messages import CancelMsg, MessageError, SubmitMsg, decode_payload
+from gateway.bus.queues import Envelope, TierQueues
+from gateway.config import GatewayConfig
+from gateway.telemetry.events import GatewayEvents
+from gateway.worker.drainer import Drainer
+from gateway.worker.writer import Inflight, OutputWriter
+from policies.tiers import TIERS
+
+log = logging.getLogger("carpool.worker")
+
+LOST_ERROR = "worker lost mid-generation; partial output was already streamed"
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    def __init__(self, redis: Any, engine: EngineClient, config: GatewayConfig,
+                 events: GatewayEvents | None = None) -> None:
+        self.redis = redis
+        self.engine = engine
+        self.config = config
+        self.events = events or GatewayEvents()
+        self.keys = RedisKeys(config.namespace)
+        self.consumer = config.worker_id or default_worker_id()
+        self.queues = TierQueues(redis, self.keys, TIERS)
+        self.writer = OutputWriter(redis, self.keys, self.queues, config.stream_ttl_s)
+        self.drainer = Drainer(self.queues, engine, self.consumer, config.tier_weights, self._start)
+        self.inflight: dict[str, Inflight] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pubsub: Any = None
+
+    async def start(self) -> None:
+        await self.queues.ensure_groups()
+        await self.engine.start()
+        self.engine.add_step_callback(self._on_step)
+        self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        await self._pubsub.subscribe(self.keys.cancel_channel)
+        for coro, name in ((self.writer.run(), "writer"), (self.drainer.run(), "drainer"),
+                           (run_forever(self._cancel_step, "cancel listener", log), "cancels"),
+                           (run_forever(self._maintain, "maintenance", log), "maintenance")):
+            task = asyncio.create_task(coro, name=f"worker-{name}")
+            task.add_done_callback(_report_crash)
+            self._tasks.append(task)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        await self.writer.close()
+        await self.queues.close()
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
+
+    # -- engine side ----------------------------------------------------------------------
+
+    def _on_step(self, outputs: list[RequestOutput]) -> None:
+        items = []
+        for out in outputs:
+            rec = self.inflight.get(out.request_id)
+            if rec is None:
+                continue
+            items.append((rec, out))
+            if out.finished:
+                del self.inflight[out.request_id]
+        self.writer.submit(items)
+        self.drainer.room.set()
+        self.events.engine_step(len(outputs), self.engine.load(), outputs)
+
+    async def _start(self, envs: list[Envelope], reclaim: bool = False) -> None:
+        """Run a batch of envelopes, or drop them (cancelled, past deadline, lost) and ack
+        them: one pipelined claim round trip and one for the acks and cancel checks."""
+        todo: list[Envelope] = []
+        taken: set[str] = set()  # request ids in todo
+        cmds: list[tuple[Any, ...]] = []
+        for env in envs:
+            if env.msg is None:  # deleted by a cancel before we read it
+                cmds += self.queues.done_commands(env.tier, env.entry_id)
+            elif env.msg.request_id in self.inflight:
+                continue  # ours already (a reclaim of what we run): its finish acks it
+            elif env.msg.request_id in taken:
+                cmds += self.queues.done_commands(env.tier, env.entry_id)  # a second entry
+            else:
+                todo.append(env)
+                taken.add(env.msg.request_id)
+        early: dict[int, Inflight] = {}  # position in todo -> started before its claim
+        try:
+            if not reclaim:
+                self._start_early(todo, early)
+            statuses = await self.queues.claim_many(
+                [e.msg.request_id for e in todo if e.msg is not None], self.consumer, reclaim)
+            for i, rec in early.items():
+                self._resolve_claim(rec, statuses[i])
+        finally:  # whatever failed, no early claim is left open: the writer would wait on it
+            for rec in early.values():
+                self._resolve_claim(rec, "unclaimed")  # the entry stays pending: reclaimed
+        started: list[tuple[str, int]] = []  # (request id, index of its HGET in cmds)
+        for i, (env, status) in enumerate(zip(todo, statuses, strict=True)):
+            msg = env.msg
+            assert msg is not None
+            if status == "run" and i in early:
+                # In ``inflight`` since before the claim: a cancel that comes after the claim
+                # finds it through its publish, so no mark lookup is needed for it.
+                continue
+            rec = Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream)
+            if status == "run" and time.time() > msg.deadline_unix > 0:
+                self._finish_now(rec, msg, "error", "deadline exceeded before the request started")
+            elif status == "run" and (refused := self._run(rec, msg)) is not None:
+                self._finish_now(rec, msg, "error", refused)
+            elif status == "run":
+                started.append((msg.request_id, len(cmds)))
+                cmds.append(("HGET", self.keys.req(msg.request_id), "cancel"))
+            elif status == "lost":
+                self._finish_now(rec, msg, "error", LOST_ERROR)
+            elif status == "abort":
+                self._finish_now(rec, msg, "abort", "cancelled")
+            else:  # cancelled / finished / gone: whoever cancelled it told the reader
+                cmds += self.queues.done_commands(env.tier, env.entry_id)
+                self.events.dropped(msg.request_id, status)
+        results = await self.queues.execute(cmds)
+        for rid, at in started:
+            mark = results[at]
+            if mark is not None:  # a cancel raced our claim: its publish found no owner
+                self._cancel(CancelMsg(rid, reader_gone=mark in (b"gone", "gone")))
+
+    def _start_early(self, todo: list[Envelope], early: dict[int, Inflight]) -> None:
+        """Hand fresh entries to the engine before their claim answers (it almost always says
+        "run"), recording them in ``early`` as they go: the claim's round trip then overlaps
+        the engine's first step instead of delaying it, on every request's path. The writer
+        holds a request's outputs until its claim has answered and drops them unless it said
+        "run" (``_resolve_claim``). Entries past their deadline, or that the engine refuses,
+        wait for the claim as before."""
+        loop = asyncio.get_running_loop()
+        for i, env in enumerate(todo):
+            msg = env.msg
+            assert msg is not None
+            if time.time() > msg.deadline_unix > 0:
+                continue
+            rec = Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream,
+                           claim=loop.create_future())
+            if self._run(rec, msg) is None:
+                early[i] = rec
+
+    def _resolve_claim(self, rec: Inflight, status: str) -> None:
+        """Tell the writer what the claim of an early-started request said (the first answer
+        counts); one that is not ours to run (cancelled while queued, gone, a failed claim)
+        is stopped in the engine, which frees its KV at its next step, and nothing it
+        produced is written."""
+        assert rec.claim is not None
+        if rec.claim.done():
+            return
+        rec.claim.set_result(status)
+        if status != "run":
+            self.engine.abort(rec.request_id)
+
+    def _run(self, rec: Inflight, msg: SubmitMsg) -> str | None:
+        """Hand the request to the engine; returns why the engine refused it, if it did (a
+        prompt this model can't embed, e.g. from a gateway serving another model). Raising
+        here instead would strand the rest of the batch and redeliver the bad entry forever."""
+        self.inflight[rec.request_id] = rec
+        try:
+            self.engine.add_request(rec.request_id, msg.prompt_token_ids,
+                                    msg.sampling_params(), msg.priority)
+        except BaseException as exc:
+            if self.inflight.get(rec.request_id) is rec:
+                del self.inflight[rec.request_id]
+            if isinstance(exc, ValueError):
+                return str(exc)
+            raise
+        wait = max(0.0, time.time() - msg.arrival_unix) if msg.arrival_unix else 0.0
+        rec.queue_wait_s = wait  # the FinishMsg carries it to the gateway's request span
+        self.events.dispatched(rec.tier, rec.request_id, wait, traceparent=msg.traceparent)
+        return None
+
+    def _finish_now(self, rec: Inflight, msg: SubmitMsg, reason: str, error: str) -> None:
+        out = RequestOutput(rec.request_id, [], "", True, reason, len(msg.prompt_token_ids), 0,
+                            error=error)
+        self.writer.submit([(rec, out)])
+        self.events.dropped(rec.request_id, error)
+
+    # -- cancellation ---------------------------------------------------------------------
+
+    async def _cancel_step(self) -> None:
+        """Handle the next message on the cancel channel (blocks until one arrives)."""
+        message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+        if message is None or message.get("type") != "message":
+            return
+        try:
+            msg = decode_payload(message["data"])
+        except MessageError:
+            return
+        if isinstance(msg, CancelMsg):
+            self._cancel(msg)
+
+    def _cancel(self, msg: CancelMsg) -> None:
+        rec = self.inflight.get(msg.request_id)
+        if rec is not None:
+            rec.reader_gone = rec.reader_gone or msg.reader_gone
+            self.engine.abort(msg.request_id)
+
+    # -- liveness -------------------------------------------------------------------------
+
+    async def _maintain(self) -> None:
+        """One maintenance round, a third of the visibility timeout after the last."""
+        await asyncio.sleep(self.config.visibility_timeout_s / 3)
+        min_idle_ms = int(self.config.visibility_timeout_s * 1000)
+        by_tier: dict[str, list[str]] = {}
+        for rec in list(self.inflight.values()):
+            by_tier.setdefault(rec.tier, []).append(rec.entry_id)
+        for tier, ids in by_tier.items():
+            await self.queues.heartbeat(tier, self.consumer, ids)
+        for tier in self.queues.tiers:
+            reclaimed = await self.queues.autoclaim(tier, self.consumer, min_idle_ms)
+            if reclaimed:
+                await self._start(reclaimed, reclaim=True)
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("worker task %s crashed", task.get_name(), exc_info=task.exception())

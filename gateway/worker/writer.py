@@ -1,0 +1,302 @@
+"""Per-step output path: one Redis call for every output of an engine step.
+
+The engine calls the worker's step callback on the event loop with all outputs of a step; the
+writer turns them into ``TokenMsg``/``FinishMsg`` entries on ``out:{id}`` with one Lua call
+(``STEP_LUA``), sent from the callback itself when no write is in flight, else coalescing the
+steps that queued up meanwhile into the next write. A finished
+request's queue entry is acknowledged in the same call — entries are acked only once finished.
+When the reader is gone (client disconnected, deadline), its stream is deleted instead of
+written. One call rather than a pipeline of XADD/EXPIRE per request: the Python client's cost
+per command dominated the step (measured with ``carpool bench gateway``), and a script makes
+each step's writes atomic, so a blocked reader wakes once with the whole step (the last
+tokens and the finish together).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from engine.core.outputs import RequestOutput
+from gateway.bus.backoff import run_forever
+from gateway.bus.keys import GROUP, RedisKeys
+from gateway.bus.messages import FinishMsg, TokenMsg, encode
+from gateway.bus.queues import TierQueues
+from gateway.bus.resp import LuaScript, RespConnection
+
+log = logging.getLogger("carpool.worker")
+
+TOKEN_TYPE = encode(TokenMsg([], ""))["t"]
+FINISH_TYPE = encode(FinishMsg("stop", 0, 0))["t"]
+
+# KEYS: stats, then per request: req, out, queue
+# ARGV: ttl, refresh-below, group, token type, finish type, then per request:
+#       finished (0/1), reader gone (0/1), token data ('' = none), finish data, entry id, outcome
+# A request's final write and its state change are one step against the cancel script
+# (``cancel.py``): a reader that left before the finish was written (its cancel mark is
+# 'gone') gets its stream deleted, not recreated until the TTL. A stream's TTL is set at its
+# first write and refreshed once it fell below ``refresh-below`` (not on every step), and set
+# afresh with the finish; a stream recreated after a reader's DEL gets one at its next write.
+# The first write also marks the request 'sent' (the claim script's 'lost': its reader has
+# output, even once a held-back stream has expired). A finish is written once: a retried write
+# whose first try was applied finds the request finished and only acks again.
+STEP_LUA = """
+local ttl, low, group = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+for i = 0, (#KEYS - 1) / 3 - 1 do
+  local req, out, queue = KEYS[2 + 3 * i], KEYS[3 + 3 * i], KEYS[4 + 3 * i]
+  local a = 6 + 6 * i
+  local gone, tok = ARGV[a + 1] == '1', ARGV[a + 2]
+  if ARGV[a] == '1' then
+    -- finished already: a write whose reply was lost, written again (only ack again)
+    if redis.call('HGET', req, 'state') ~= 'finished' then
+      if gone or redis.call('HGET', req, 'cancel') == 'gone' then
+        redis.call('DEL', out)
+      else
+        if tok ~= '' then redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok) end
+        redis.call('XADD', out, '*', 't', ARGV[5], 'd', ARGV[a + 3])
+        redis.call('EXPIRE', out, ttl)
+      end
+      redis.call('HSET', req, 'state', 'finished')
+      redis.call('HINCRBY', KEYS[1], ARGV[a + 5], 1)
+    end
+    redis.call('XACK', queue, group, ARGV[a + 4])
+    redis.call('XDEL', queue, ARGV[a + 4])
+  elseif not gone and tok ~= '' then
+    redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok)
+    if redis.call('TTL', out) < low then
+      redis.call('EXPIRE', out, ttl)
+      redis.call('HSET', req, 'sent', '1')  -- the reader has output: a reclaim must not rerun it
+    end
+  end
+end
+"""
+
+
+@dataclass
+class Inflight:
+    """A request this worker holds (in the engine or being dropped)."""
+
+    request_id: str
+    tier: str
+    entry_id: str
+    reader_gone: bool = False  # set by a cancel whose reader left
+    queue_wait_s: float | None = None  # enqueue -> taken by this worker (for the FinishMsg)
+    # Non-streaming reader: after the first tokens, outputs are held here (``held``) and
+    # written with the finish (``_hold_back``)
+    final_only: bool = False
+    first_sent: bool = False
+    held: list[RequestOutput] = field(default_factory=list)
+    # Started before its claim answered (``Worker._start_early``): the claim's status. Its
+    # outputs are written only once that is "run"; None = claimed before it started.
+    claim: asyncio.Future[str] | None = None
+
+    @property
+    def owned(self) -> bool:
+        """Whether this worker may write the request's outputs (its claim said "run")."""
+        return self.claim is None or (self.claim.done() and self.claim.result() == "run")
+
+
+class OutputWriter:
+    def __init__(self, redis: Any, keys: RedisKeys, queues: TierQueues, stream_ttl_s: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.queues = queues
+        self.ttl = stream_ttl_s
+        self._queue: asyncio.Queue[list[tuple[Inflight, RequestOutput]] | _Sent] = asyncio.Queue()
+        self._waiting = False  # the task waits for work: nothing queued or being written
+        self.writes = 0  # Redis calls made (one per step when keeping up)
+        self._retry: list[tuple[Inflight, RequestOutput]] = []  # a batch whose write failed
+        self._parked: list[tuple[Inflight, RequestOutput]] = []  # their claim has not answered
+        self._watched: set[asyncio.Future[str]] = set()  # claims that wake us when answered
+        # its own lean connection (``resp.py``): this call is made once per engine step
+        self._conn = RespConnection.for_client(redis)
+        self._script = LuaScript(redis, self._conn, STEP_LUA)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+    def submit(self, items: list[tuple[Inflight, RequestOutput]]) -> None:
+        """Take one engine step's outputs (on the event loop). When nothing is queued or
+        being written they are written right here, a loop turn sooner than by the writer's
+        task; otherwise they queue up and are coalesced into the next write."""
+        if not items:
+            return
+        if self._waiting and self._queue.empty() and not self._retry:
+            sent = self._write_now(items)
+            if sent is not None:
+                self._queue.put_nowait(sent)  # the task sees its reply before anything newer
+                return
+        self._queue.put_nowait(items)
+
+    async def run(self) -> None:
+        await run_forever(self._step, "output writer", log)
+
+    async def _step(self) -> None:
+        """One write. A failed batch is written again, ahead of newer outputs, at the next
+        step (after the backoff): losing a finish would hang its reader until the deadline,
+        while a repeat only happens if the failure came after Redis applied the pipeline."""
+        retry, self._retry = self._retry, []  # already sorted out when it first came
+        if retry:
+            await self._write_retrying(retry)
+            return
+        self._waiting = True
+        try:
+            first = await self._queue.get()
+        finally:
+            self._waiting = False
+        if isinstance(first, _Sent):  # written by ``submit``: see that it went through
+            await self._confirm(first)
+            return
+        fresh = list(first)
+        while not self._queue.empty():  # coalesce steps produced during the last write
+            more = self._queue.get_nowait()
+            assert not isinstance(more, _Sent)  # ``submit`` sends only when nothing is queued
+            fresh.extend(more)
+        await self._write_retrying(self._sort_out(fresh))
+
+    def _sort_out(self, fresh: list[tuple[Inflight, RequestOutput]]
+                  ) -> list[tuple[Inflight, RequestOutput]]:
+        """What to write of ``fresh`` (and of the parked outputs before it). Outputs of a
+        request whose claim has not answered yet (``Worker._start_early``) wait in
+        ``_parked``; once it answers they are written, or dropped if the request is not
+        ours. Non-streaming requests' outputs are held back (``_hold_back``)."""
+        fresh, self._parked = self._parked + fresh, []  # parked ones first: they are older
+        ready = []
+        for rec, out in fresh:
+            if rec.claim is not None and not rec.claim.done():
+                if rec.claim not in self._watched:
+                    self._watched.add(rec.claim)
+                    rec.claim.add_done_callback(self._claim_answered)
+                self._parked.append((rec, out))
+            else:
+                ready.append((rec, out))
+        return _hold_back([(rec, out) for rec, out in ready if rec.owned])
+
+    def _claim_answered(self, claim: asyncio.Future[str]) -> None:
+        self._watched.discard(claim)
+        self._queue.put_nowait([])  # wake the loop: its parked outputs can go now
+
+    async def flush(self) -> None:
+        """Wait until everything submitted so far is written or held back (a non-streaming
+        request's outputs go out with its finish) and the writer waits for more. For tests;
+        the writer's task must be running."""
+        while not self._queue.empty() or self._retry or self._parked or not self._waiting:
+            await asyncio.sleep(0.005)
+
+    def _write_now(self, fresh: list[tuple[Inflight, RequestOutput]]) -> _Sent | None:
+        """Sort out and send ``fresh`` without waiting; None if the lean connection is not
+        up (the task then writes it). Nothing to write is a write that went through."""
+        if self._conn is None or not self._conn.ready:
+            return None
+        items = self._sort_out(fresh)
+        call = self._script_call(items)
+        reply = None
+        if call is not None:
+            keys, args = call
+            reply = self._conn.send_now("EVALSHA", self._script.sha, len(keys), *keys, *args)
+        return _Sent(items, reply)
+
+    async def _confirm(self, sent: _Sent) -> None:
+        if sent.reply is None:
+            return
+        try:
+            await sent.reply
+            self.writes += 1
+        except ResponseError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                self._retry = sent.items
+                raise
+            await self._write_retrying(sent.items)  # run_script loads the script
+        except Exception:
+            self._retry = sent.items
+            raise
+
+    async def _write_retrying(self, items: list[tuple[Inflight, RequestOutput]]) -> None:
+        try:
+            await self._write(items)
+        except Exception:
+            self._retry = items
+            raise
+
+    async def _write(self, items: list[tuple[Inflight, RequestOutput]]) -> None:
+        call = self._script_call(items)
+        if call is None:
+            return
+        keys, args = call
+        await self._script(keys=keys, args=args)
+        self.writes += 1
+
+    def _script_call(self, items: list[tuple[Inflight, RequestOutput]]
+                     ) -> tuple[list[Any], list[Any]] | None:
+        """STEP_LUA's keys and args for ``items``; None when there is nothing to write."""
+        keys: list[str] = [self.keys.stats]
+        args: list[Any] = [self.ttl, self.ttl * 2 // 3, GROUP, TOKEN_TYPE, FINISH_TYPE]
+        for rec, outs in _by_request(items):
+            last = outs[-1]
+            # steps that queued up behind a slow write become one message per request
+            ids = [t for o in outs for t in o.new_token_ids]
+            text = "".join(o.text_delta for o in outs)
+            has_tokens = (ids or text) and not rec.reader_gone
+            if not last.finished and not has_tokens:
+                continue
+            keys += [self.keys.req(rec.request_id), self.keys.out(rec.request_id),
+                     self.keys.queue(rec.tier)]
+            args += [1 if last.finished else 0, 1 if rec.reader_gone else 0,
+                     encode(TokenMsg(ids, text))["d"] if has_tokens else "",
+                     encode(_finish(rec, last))["d"] if last.finished else "",
+                     rec.entry_id, _outcome(last)]
+        return (keys, args) if len(keys) > 1 else None
+
+
+@dataclass
+class _Sent:
+    """A write ``submit`` made itself: its items (to write again if it failed) and reply."""
+
+    items: list[tuple[Inflight, RequestOutput]]
+    reply: asyncio.Future[Any] | None
+
+
+def _hold_back(items: list[tuple[Inflight, RequestOutput]]
+               ) -> list[tuple[Inflight, RequestOutput]]:
+    """What to write now. A non-streaming request's outputs after its first tokens wait in
+    its record and go out with its finish: its reader only answers at the end, so a message
+    per engine step would cost Redis and the gateway a write and a read each for nothing
+    (vLLM's FINAL_ONLY outputs; the first tokens still go out, for TTFT)."""
+    out: list[tuple[Inflight, RequestOutput]] = []
+    for rec, o in items:
+        if not rec.final_only:
+            out.append((rec, o))
+        elif o.finished:
+            out += [(rec, h) for h in rec.held] + [(rec, o)]
+            rec.held = []
+        elif rec.first_sent:
+            rec.held.append(o)
+        else:
+            rec.first_sent = bool(o.new_token_ids or o.text_delta)
+            out.append((rec, o))
+    return out
+
+
+def _by_request(items: list[tuple[Inflight, RequestOutput]]
+                ) -> list[tuple[Inflight, list[RequestOutput]]]:
+    """Group outputs by request, keeping each request's order (dicts keep insertion order)."""
+    groups: dict[str, tuple[Inflight, list[RequestOutput]]] = {}
+    for rec, out in items:
+        groups.setdefault(rec.request_id, (rec, []))[1].append(out)
+    return list(groups.values())
+
+
+def _finish(rec: Inflight, out: RequestOutput) -> FinishMsg:
+    return FinishMsg(out.finish_reason or "stop", out.num_prompt_tokens, out.num_output_tokens,
+                     out.error, queue_wait_s=rec.queue_wait_s,
+                     num_preemptions=out.num_preemptions)
+
+
+def _outcome(out: RequestOutput) -> str:
+    reason = out.finish_reason or "stop"
+    return {"abort": "aborted", "error": "errored"}.get(reason, "completed")

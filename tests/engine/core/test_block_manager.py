@@ -1,0 +1,178 @@
+from __future__ import annotations
+
+import pytest
+
+from engine.core.block_manager import BlockManager
+
+
+def make_bm(num_blocks: int = 8, block_size: int = 4, num_cpu_blocks: int = 4, **kw: object) -> BlockManager:
+    return BlockManager(num_blocks, block_size, num_cpu_blocks, **kw)  # type: ignore[arg-type]
+
+
+def test_allocate_grows_by_blocks_and_free_returns_them() -> None:
+    bm = make_bm()
+    assert bm.allocate_slots("a", 5)  # 5 tokens -> 2 blocks
+    assert len(bm.get_block_ids("a")) == 2 and bm.num_free_blocks == 6
+    assert bm.allocate_slots("a", 3, num_computed_tokens=5)  # 8 tokens: still 2 blocks
+    assert len(bm.get_block_ids("a")) == 2
+    assert bm.allocate_slots("a", 1, num_computed_tokens=8)  # token 9 opens block 3
+    assert len(bm.get_block_ids("a")) == 3 and bm.num_free_blocks == 5
+    bm.check_integrity()
+    bm.free("a")
+    assert bm.num_free_blocks == 8 and bm.get_block_ids("a") == []
+    bm.check_integrity()
+
+
+def test_refusal_leaves_no_partial_allocation() -> None:
+    bm = make_bm()
+    assert bm.allocate_slots("a", 20)  # 5 blocks
+    assert not bm.allocate_slots("b", 13)  # needs 4, 3 free
+    assert bm.get_block_ids("b") == [] and bm.num_free_blocks == 3
+    assert not bm.allocate_slots("a", 16, num_computed_tokens=20)  # needs 4 more
+    assert len(bm.get_block_ids("a")) == 5 and bm.num_free_blocks == 3
+    bm.check_integrity()
+
+
+def test_check_integrity_reports_broken_state() -> None:
+    bm = make_bm()
+    bm.allocate_slots("a", 4)
+    bm._ref[bm.get_block_ids("a")[0]] = 2
+    with pytest.raises(AssertionError, match="ref count 2 != 1 owners"):
+        bm.check_integrity()
+    bm = make_bm()
+    bm.allocate_slots("a", 4)
+    bm._free_plain.append(bm.get_block_ids("a")[0])
+    with pytest.raises(AssertionError, match="twice|free="):
+        bm.check_integrity()
+    bm = make_bm()
+    bm._cpu_free.pop()
+    with pytest.raises(AssertionError, match="cpu"):
+        bm.check_integrity()
+
+
+def _computed(bm: BlockManager, rid: str, tokens: list[int]) -> None:
+    """Allocate a fresh request with prefix reuse, then mark all its tokens computed."""
+    hit = bm.match_prefix(tokens)
+    assert bm.allocate_slots(rid, len(tokens) - hit, hit, tokens)
+    bm.cache_blocks(rid, tokens, len(tokens))
+
+
+def test_prefix_blocks_shared_only_after_they_are_computed() -> None:
+    bm = make_bm(num_blocks=16)
+    prompt = list(range(10))  # 2 full blocks + 2 tokens
+    assert bm.allocate_slots("a", 10, 0, prompt)
+    assert bm.match_prefix(prompt) == 0  # not computed yet: nothing to share
+    bm.cache_blocks("a", prompt, 10)
+    assert bm.match_prefix(prompt + [99]) == 8
+    assert bm.allocate_slots("b", 3, 8, prompt + [99])
+    a, b = bm.get_block_ids("a"), bm.get_block_ids("b")
+    assert a[:2] == b[:2] and a[2] != b[2]
+    assert [bm._ref[x] for x in a] == [2, 2, 1]
+    assert bm.prefix_hit_tokens == 8 and bm.prefix_query_tokens == 10 + 11
+    bm.check_integrity()
+    bm.free("a")
+    assert [bm._ref[x] for x in b] == [1, 1, 1]
+    bm.check_integrity()
+
+
+def test_last_token_is_never_served_from_cache() -> None:
+    bm = make_bm(num_blocks=16)
+    prompt = list(range(8))  # exactly 2 blocks
+    _computed(bm, "a", prompt)
+    assert bm.match_prefix(prompt) == 4  # the block holding the last token is recomputed
+    assert bm.match_prefix(prompt[:5]) == 4
+    assert bm.match_prefix(prompt[:4]) == 0
+    assert bm.match_prefix([0, 1, 2, 9, 4, 5, 6, 7, 8]) == 0  # first block differs
+
+
+def test_hash_chain_depends_on_the_parent_block() -> None:
+    bm = make_bm(num_blocks=16)
+    _computed(bm, "a", [1, 1, 1, 1, 2, 2, 2, 2, 0])
+    # Same second block content after a different first block: no hit.
+    assert bm.match_prefix([3, 3, 3, 3, 2, 2, 2, 2, 0]) == 0
+
+
+def test_freed_cached_blocks_are_reused_then_evicted_lru_first() -> None:
+    bm = make_bm(num_blocks=4)
+    old, new = [1] * 4 + [9], [2] * 4 + [9]
+    _computed(bm, "old", old)
+    bm.free("old")
+    _computed(bm, "new", new)
+    bm.free("new")
+    assert bm.num_free_blocks == 4  # cached blocks count as free
+    assert bm.match_prefix(old) == 4 and bm.match_prefix(new) == 4
+    # Two fresh blocks: the 2 unhashed free blocks go first, cache intact.
+    assert bm.allocate_slots("x", 8)
+    assert bm.match_prefix(old) == 4 and bm.match_prefix(new) == 4
+    # One more fresh block evicts the least recently freed cached block ("old").
+    assert bm.allocate_slots("y", 1)
+    assert bm.match_prefix(old) == 0 and bm.match_prefix(new) == 4
+    # A cache hit revives a free cached block, but it is not also a fresh block.
+    assert not bm.allocate_slots("z", 1, 4, new)
+    bm.free("y")
+    assert bm.allocate_slots("z", 1, 4, new)
+    assert bm.num_free_blocks == 0 and bm.get_block_ids("z")[0] not in bm.get_block_ids("x")
+    bm.check_integrity()
+
+
+def test_revived_cached_blocks_are_counted_against_free_space() -> None:
+    bm = make_bm(num_blocks=3)
+    p = [5] * 8 + [1]
+    _computed(bm, "a", p)  # 3 blocks, 2 hashed
+    bm.free("a")
+    assert bm.num_free_blocks == 3
+    assert bm.allocate_slots("b", 1, 8, p)  # 2 revived + 1 fresh == 3
+    bm.check_integrity()
+    bm.free("b")
+    assert not bm.allocate_slots("c", 9, 8, p + [1] * 8)  # 2 revived + 3 fresh > 3
+    bm.check_integrity()
+
+
+def test_prefix_caching_can_be_disabled() -> None:
+    bm = make_bm(enable_prefix_caching=False)
+    _computed(bm, "a", list(range(9)))
+    assert bm.match_prefix(list(range(9))) == 0
+
+
+def test_swap_round_trip_and_cpu_pool_limit() -> None:
+    bm = make_bm(num_blocks=8, num_cpu_blocks=3)
+    bm.allocate_slots("a", 12)
+    bm.allocate_slots("b", 8)
+    dev_a = list(bm.get_block_ids("a"))
+    out = bm.swap_out("a")
+    assert out is not None and [d for d, _ in out] == dev_a
+    assert bm.get_block_ids("a") == [] and bm.num_cpu_blocks_of("a") == 3
+    assert bm.num_free_blocks == 6 and bm.num_used_cpu_blocks == 3
+    assert bm.swap_out("b") is None  # CPU pool full: nothing changed
+    assert len(bm.get_block_ids("b")) == 2
+    bm.check_integrity()
+    back = bm.swap_in("a")
+    assert back is not None and [c for c, _ in back] == [c for _, c in out]
+    assert [d for _, d in back] == bm.get_block_ids("a")
+    bm.check_integrity()
+
+
+def test_cpu_blocks_from_a_swap_in_are_held_until_the_next_step() -> None:
+    bm = make_bm(num_blocks=8, num_cpu_blocks=2)
+    bm.allocate_slots("a", 8)
+    bm.allocate_slots("b", 8)
+    assert bm.swap_out("a") is not None
+    assert bm.swap_in("a") is not None
+    # Same step: the runner has not yet copied a's CPU blocks in; b must not overwrite them.
+    assert bm.swap_out("b") is None
+    assert bm.num_used_cpu_blocks == 0
+    bm.check_integrity()
+    bm.begin_step()
+    assert bm.swap_out("b") is not None
+    bm.check_integrity()
+
+
+def test_swap_in_needs_free_device_blocks() -> None:
+    bm = make_bm(num_blocks=4, num_cpu_blocks=4)
+    bm.allocate_slots("a", 12)
+    assert bm.swap_out("a") is not None
+    bm.allocate_slots("b", 8)
+    assert bm.swap_in("a") is None and bm.num_cpu_blocks_of("a") == 3
+    bm.free("a")  # frees CPU blocks too
+    assert bm.num_used_cpu_blocks == 0
+    bm.check_integrity()

@@ -1,0 +1,139 @@
+"""ModelRunner: pool sizing, swap copies, sampling only the rows that ask, step ordering."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from engine.core.outputs import SchedulerOutput
+from engine.core.sampling_params import SamplingParams
+from tests.engine.runner.helpers import (
+    BlockTables,
+    chunk,
+    execute,
+    hf_logits,
+    hf_model,
+    make_runner,
+    step_logits,
+)
+
+ATOL = 1e-5
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 49152) for _ in range(n)]
+
+
+def test_pools_are_sized_from_memory_budgets(tiny_model_dir: Path) -> None:
+    runner = make_runner(tiny_model_dir, "float32", num_blocks=None, num_cpu_blocks=None,
+                         kv_cache_memory_gb=0.01, swap_space_gb=0.005)
+    # tiny llama: 2 layers x (K, V) x 4 tokens x 2 kv heads x head_dim 16 x 4 bytes
+    per_block = 2 * 2 * 4 * 2 * 16 * 4
+    assert runner.bytes_per_block == per_block
+    assert runner.num_blocks == int(0.01 * (1 << 30)) // per_block
+    assert runner.num_cpu_blocks == int(0.005 * (1 << 30)) // per_block
+    # one scratch block past the pool holds the padding rows of fixed-shape batches
+    assert runner.kv_cache.shape == (2, 2, runner.num_blocks + 1, 4, 2, 16)
+    assert runner.padding_block == runner.num_blocks
+    assert runner.cpu_cache.shape == (2, 2, runner.num_cpu_blocks, 4, 2, 16)
+    explicit = make_runner(tiny_model_dir, "float32", num_blocks=10, num_cpu_blocks=3)
+    assert (explicit.num_blocks, explicit.num_cpu_blocks) == (10, 3)
+
+
+def test_swap_out_then_in_preserves_kv_exactly(tiny_model_dir: Path) -> None:
+    runner = make_runner(tiny_model_dir, num_blocks=16, num_cpu_blocks=8)
+    prompt = _tokens(10, seed=1)  # 3 blocks of 4
+    blocks = BlockTables(16, 4)
+    execute(runner, [chunk("a", prompt, 0, blocks)])
+    old = blocks.tables["a"]
+    saved = runner.kv_cache[:, :, old].clone()
+    assert saved.abs().sum() > 0
+    runner.execute(SchedulerOutput(swap_out=list(zip(old, [5, 2, 7], strict=True))))
+    runner.kv_cache[:, :, old] = 0.0  # the device blocks get reused by someone else
+    new = [15, 14, 13]
+    runner.execute(SchedulerOutput(swap_in=list(zip([5, 2, 7], new, strict=True))))
+    assert torch.equal(runner.kv_cache[:, :, new], saved)
+    # and decoding continues correctly from the swapped-in blocks
+    nxt = _tokens(1, seed=2)
+    blocks.tables["a"] = list(new)
+    (got,) = step_logits(runner, [chunk("a", nxt, 10, blocks)])
+    want = hf_logits(hf_model(tiny_model_dir), prompt + nxt)[-1:]
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+
+def test_swaps_run_before_the_forward_in_one_step(tiny_model_dir: Path) -> None:
+    """Swap-in of a request's blocks and its decode token in the same step."""
+    runner = make_runner(tiny_model_dir, num_blocks=16, num_cpu_blocks=8)
+    prompt = _tokens(6, seed=3)
+    blocks = BlockTables(16, 4)
+    execute(runner, [chunk("a", prompt, 0, blocks)])
+    old = blocks.tables["a"]
+    runner.execute(SchedulerOutput(swap_out=list(zip(old, [0, 1], strict=True))))
+    runner.kv_cache.zero_()
+    blocks.tables["a"] = [9, 4]
+    nxt = _tokens(1, seed=4)
+    out = runner.execute(SchedulerOutput(
+        scheduled=[chunk("a", nxt, 6, blocks)], swap_in=[(0, 9), (1, 4)]
+    ))
+    want = hf_logits(hf_model(tiny_model_dir), prompt + nxt)[-1]
+    assert out.sampled == {"a": int(want.argmax())}
+
+
+def test_only_rows_that_sample_get_a_token_and_it_is_greedy(tiny_model_dir: Path) -> None:
+    runner = make_runner(tiny_model_dir)
+    ref = hf_model(tiny_model_dir)
+    blocks = BlockTables(runner.num_blocks, runner.block_size)
+    a, b, c = _tokens(9, 5), _tokens(3, 6), _tokens(12, 7)
+    out = runner.execute(SchedulerOutput(scheduled=[
+        chunk("a", a, 0, blocks),
+        chunk("b", b[:2], 0, blocks, sample=False),  # a non-final prefill chunk
+        chunk("c", c, 0, blocks, params=SamplingParams(temperature=0.0), output_index=0),
+    ]))
+    assert set(out.sampled) == {"a", "c"}
+    assert out.sampled["a"] == int(hf_logits(ref, a)[-1].argmax())
+    assert out.sampled["c"] == int(hf_logits(ref, c)[-1].argmax())
+    out = runner.execute(SchedulerOutput(scheduled=[chunk("b", b[2:], 2, blocks)]))
+    assert out.sampled == {"b": int(hf_logits(ref, b)[-1].argmax())}
+
+
+def test_padding_rows_cost_compute_but_change_no_token_and_no_pool_block(
+    tiny_model_dir: Path,
+) -> None:
+    ref = hf_model(tiny_model_dir)
+    plain, padded = make_runner(tiny_model_dir), make_runner(tiny_model_dir)
+    blocks = BlockTables(plain.num_blocks, plain.block_size)
+    a, b = _tokens(9, 8), _tokens(5, 9)
+    scheduled = [chunk("a", a, 0, blocks), chunk("b", b, 0, blocks)]
+    want = plain.execute(SchedulerOutput(scheduled=scheduled))
+    got = padded.execute(SchedulerOutput(scheduled=scheduled, num_padding_rows=3))
+    assert got.sampled == want.sampled == {
+        "a": int(hf_logits(ref, a)[-1].argmax()), "b": int(hf_logits(ref, b)[-1].argmax())
+    }
+    # The padding rows write only the scratch block: pool blocks nobody holds stay exactly
+    # zero. The held blocks match closely, not bit for bit: a batch with more rows may take
+    # another BLAS kernel or thread split on another CPU (seen on a 2-core EPYC w/o AVX-512).
+    held = sorted(set(blocks.tables["a"]) | set(blocks.tables["b"]))
+    free = [i for i in range(padded.num_blocks) if i not in held]
+    assert torch.count_nonzero(padded.kv_cache[:, :, free]) == 0
+    torch.testing.assert_close(padded.kv_cache[:, :, held], plain.kv_cache[:, :, held],
+                               atol=1e-12, rtol=1e-9)
+    assert plain.kv_cache[:, :, held].abs().sum() > 0
+    assert padded.kv_cache[:, :, padded.padding_block].abs().sum() > 0  # the rows really ran
+    inputs = padded.prepare_inputs(scheduled, num_padding_rows=3)
+    assert inputs.input_ids.numel() == len(a) + len(b) + 3
+    assert inputs.logits_indices.numel() == 5 and len(inputs.sample_rows) == 2
+    # like a padded generate row, a padding row attends over the batch's longest context
+    assert inputs.meta.seq_lens.tolist() == [len(a), len(b), len(a), len(a), len(a)]
+    assert set(inputs.meta.block_tables[2:].flatten().tolist()) == {padded.padding_block}
+
+
+def test_runner_exposes_tokenizer_and_limits(tiny_model_dir: Path) -> None:
+    runner = make_runner(tiny_model_dir)
+    assert runner.eos_token_id == 2 and 2 in runner.eos_token_ids
+    assert runner.max_model_len == 2048
+    assert runner.model_name == tiny_model_dir.name
+    assert runner.tokenizer.decode(runner.tokenizer.encode("hello world")) == "hello world"
+    assert runner.execute(SchedulerOutput()).sampled == {}

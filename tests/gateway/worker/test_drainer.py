@@ -1,0 +1,93 @@
+"""The drainer's pulls against a recording stand-in for the tier queues: when it counts
+backlogs (to batch and weigh tiers) and when it waits on the tiers straight away."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.protocol import EngineLoad
+from gateway.bus.messages import SubmitMsg
+from gateway.bus.queues import Envelope
+from gateway.worker.drainer import Drainer
+from policies.tiers import DEFAULT_TIER_WEIGHTS, TIERS
+
+
+class RecordingQueues:
+    """Answers each blocking read with the next scripted batch; records every call."""
+
+    tiers = TIERS
+
+    def __init__(self, reads: list[list[str]]) -> None:
+        self.reads = list(reads)  # per blocking read: the tiers of the entries it returns
+        self.calls: list[str] = []
+
+    async def backlogs(self) -> dict[str, int]:
+        self.calls.append("backlogs")
+        return {t: 0 for t in TIERS}
+
+    async def read(self, tiers: Any, consumer: str, block_ms: int | None,
+                   count: int = 1) -> list[Envelope]:
+        self.calls.append(f"read count={count}")
+        got = self.reads.pop(0) if self.reads else []
+        return [Envelope(t, f"{i}-0", SubmitMsg(f"r{i}", "t", t, 0, [1], 1))
+                for i, t in enumerate(got)]
+
+
+class IdleEngine:
+    def has_capacity(self, priority: int) -> bool:
+        return True
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(0, 0, 0, 100, 100, 16, None)
+
+
+def make_drainer(reads: list[list[str]]) -> tuple[Drainer, RecordingQueues, list[int]]:
+    queues = RecordingQueues(reads)
+    started: list[int] = []
+
+    async def start(envs: list[Envelope]) -> None:
+        started.append(len(envs))
+
+    drainer = Drainer(queues, IdleEngine(), "w1", DEFAULT_TIER_WEIGHTS, start)  # type: ignore[arg-type]
+    return drainer, queues, started
+
+
+async def test_a_lone_arrival_keeps_the_drainer_waiting_without_counting_backlogs() -> None:
+    drainer, queues, started = make_drainer([["interactive"], ["batch"], []])
+    for _ in range(3):
+        await drainer._step()
+    assert queues.calls == ["backlogs", "read count=1", "read count=2", "read count=2"]
+    assert started == [1, 1]
+    assert drainer.quiet
+
+
+async def test_a_burst_or_several_tiers_go_back_to_counting_backlogs() -> None:
+    drainer, queues, started = make_drainer([["interactive"], ["batch", "batch"]])
+    for _ in range(3):
+        await drainer._step()
+    assert queues.calls == ["backlogs", "read count=1", "read count=2", "backlogs",
+                            "read count=1"]
+    assert started == [1, 2]
+
+
+async def test_a_held_drainer_counts_backlogs_when_released() -> None:
+    drainer, queues, _ = make_drainer([["interactive"]])
+    await drainer._step()
+    assert drainer.quiet
+    drainer.paused = True
+    await drainer._step()
+    drainer.paused = False
+    await drainer._step()
+    assert queues.calls == ["backlogs", "read count=1", "backlogs", "read count=1"]
+
+
+async def test_a_full_engine_ends_quiet_mode_like_a_hold() -> None:
+    drainer, queues, _ = make_drainer([["interactive"]])
+    await drainer._step()
+    assert drainer.quiet
+    room = {"open": False}  # a backlog may build while the engine has no room
+    drainer.engine.has_capacity = lambda priority: room["open"]  # type: ignore[method-assign]
+    await drainer._step()
+    room["open"] = True
+    await drainer._step()
+    assert queues.calls == ["backlogs", "read count=1", "backlogs", "read count=1"]

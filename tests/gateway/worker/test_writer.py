@@ -1,0 +1,220 @@
+"""The per-step writer against real embedded Redis: one call per step for every request, the
+stream TTL set on first write and refreshed only when it ran low (also after a reader's DEL
+recreated the stream), nothing written for a gone reader, and a finish that writes the last
+tokens with the finish event, acks and deletes the queue entry and counts the outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from engine.core.outputs import RequestOutput
+from gateway.bus.keys import GROUP, RedisKeys
+from gateway.bus.messages import FinishMsg, TokenMsg, decode
+from gateway.bus.queues import TierQueues
+from gateway.worker.writer import Inflight, OutputWriter
+from policies.tiers import TIERS
+
+pytestmark = pytest.mark.timeout(30)
+TTL = 600
+
+
+@pytest.fixture
+async def setup(redis_url: str) -> AsyncIterator[tuple[Any, RedisKeys, OutputWriter]]:
+    client = aioredis.Redis.from_url(redis_url)
+    keys = RedisKeys(f"ow{uuid.uuid4().hex[:8]}")
+    queues = TierQueues(client, keys, TIERS)
+    await queues.ensure_groups()
+    try:
+        yield client, keys, OutputWriter(client, keys, queues, stream_ttl_s=TTL)
+    finally:
+        await client.delete(keys.stats, *(keys.queue(t) for t in TIERS))
+        await client.aclose()
+
+
+def tok(rid: str, token: int, text: str, n: int) -> RequestOutput:
+    return RequestOutput(rid, [token], text, False, None, 3, n)
+
+
+async def entries(client: Any, key: str) -> list[Any]:
+    return [decode(fields) for _, fields in await client.xrange(key)]
+
+
+async def test_one_call_per_step_and_ttl_set_once(setup: Any) -> None:
+    client, keys, writer = setup
+    a, b = Inflight("a", TIERS[0], "0-1"), Inflight("b", TIERS[0], "0-2")
+    await writer._write([(a, tok("a", 7, "x", 1)), (b, tok("b", 8, "y", 1))])
+    assert writer.writes == 1
+    assert await entries(client, keys.out("a")) == [TokenMsg([7], "x")]
+    assert await entries(client, keys.out("b")) == [TokenMsg([8], "y")]
+    assert 0 < await client.ttl(keys.out("a")) <= TTL
+    await client.expire(keys.out("a"), TTL - 100)  # still high: not refreshed by a write
+    await client.expire(keys.out("b"), 10)  # ran low: refreshed
+    await writer._write([(a, tok("a", 9, "z", 2)), (b, tok("b", 9, "z", 2))])
+    assert writer.writes == 2
+    assert await client.ttl(keys.out("a")) <= TTL - 100
+    assert await client.ttl(keys.out("b")) > TTL - 10
+    await client.delete(keys.out("a"))  # a reader's DEL raced the write: recreated with a TTL
+    await writer._write([(a, tok("a", 5, "w", 3))])
+    assert 0 < await client.ttl(keys.out("a")) <= TTL
+    await client.delete(keys.out("a"), keys.out("b"))
+
+
+async def test_gone_reader_gets_nothing_written(setup: Any) -> None:
+    client, keys, writer = setup
+    rec = Inflight("g", TIERS[0], "0-1", reader_gone=True)
+    await writer._write([(rec, tok("g", 7, "x", 1))])
+    assert writer.writes == 0  # nothing to do: no call at all
+    assert not await client.exists(keys.out("g"))
+
+
+async def test_finish_writes_tokens_and_finish_and_acks(setup: Any) -> None:
+    client, keys, writer = setup
+    queue = keys.queue(TIERS[1])
+    entry = (await client.xadd(queue, {"t": "submit", "d": "{}"})).decode()
+    await client.xreadgroup(GROUP, "w1", {queue: ">"})  # pending for this worker
+    await client.hset(keys.req("f"), mapping={"state": "running"})
+    rec = Inflight("f", TIERS[1], entry, queue_wait_s=0.25)
+    await writer._write([(rec, tok("f", 7, "x", 1)),
+                         (rec, RequestOutput("f", [8], "y", True, "length", 3, 2))])
+    assert writer.writes == 1
+    assert await entries(client, keys.out("f")) == [
+        TokenMsg([7, 8], "xy"), FinishMsg("length", 3, 2, None, queue_wait_s=0.25,
+                                          num_preemptions=0)]
+    assert 0 < await client.ttl(keys.out("f")) <= TTL
+    assert await client.hget(keys.req("f"), "state") == b"finished"
+    assert await client.xlen(queue) == 0
+    assert (await client.xpending(queue, GROUP))["pending"] == 0
+    assert await client.hget(keys.stats, "completed") == b"1"
+    await client.delete(keys.out("f"), keys.req("f"))
+
+
+async def test_a_non_streaming_request_gets_its_first_tokens_then_the_rest_with_the_finish(
+    setup: Any,
+) -> None:
+    client, keys, writer = setup
+    task = asyncio.create_task(writer.run())
+    rec = Inflight("n", TIERS[0], "0-1", final_only=True)
+    streamed = Inflight("s", TIERS[0], "0-2")
+
+    async def step(*items: tuple[Inflight, RequestOutput]) -> None:
+        before = writer.writes
+        writer.submit(list(items))
+        async with asyncio.timeout(5):
+            while writer.writes == before:
+                await asyncio.sleep(0.005)
+
+    try:
+        for n, (token, text) in enumerate([(7, "a"), (8, "b"), (9, "c")], start=1):
+            await step((rec, tok("n", token, text, n)), (streamed, tok("s", token, text, n)))
+        assert await entries(client, keys.out("n")) == [TokenMsg([7], "a")]  # TTFT only
+        assert len(await entries(client, keys.out("s"))) == 3  # one message per step
+        await step((rec, RequestOutput("n", [10], "d", True, "length", 3, 4)))
+        got = await entries(client, keys.out("n"))
+        assert got[:2] == [TokenMsg([7], "a"), TokenMsg([8, 9, 10], "bcd")]
+        assert isinstance(got[2], FinishMsg) and got[2].completion_tokens == 4
+    finally:
+        task.cancel()
+        await client.delete(keys.out("n"), keys.out("s"), keys.req("n"))
+
+
+async def run_steps(writer: OutputWriter, *batches: list[tuple[Inflight, RequestOutput]],
+                    writes: int) -> None:
+    """Submit ``batches`` (each written by ``submit`` itself when the writer is idle) and wait
+    until the writer has made ``writes`` Redis calls in all."""
+    for batch in batches:
+        async with asyncio.timeout(5):
+            while not writer._waiting:  # idle again: the next submit writes it right away
+                await asyncio.sleep(0.002)
+        writer.submit(batch)
+    async with asyncio.timeout(5):
+        while writer.writes < writes:
+            await asyncio.sleep(0.005)
+
+
+async def test_a_step_written_by_submit_survives_a_script_flush(
+    setup: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    client, keys, writer = setup
+    task = asyncio.create_task(writer.run())
+    rec = Inflight("sf", TIERS[0], "0-1")
+    try:
+        await run_steps(writer, [(rec, tok("sf", 7, "a", 1))], writes=1)  # connects, loads
+        assert writer._conn is not None
+        sent_now: list[Any] = []
+        real = writer._conn.send_now
+        monkeypatch.setattr(writer._conn, "send_now",
+                            lambda *args: sent_now.append(args[0]) or real(*args))
+        await client.script_flush()  # a restarted Redis: the next EVALSHA gets NOSCRIPT
+        await run_steps(writer, [(rec, tok("sf", 8, "b", 2))], writes=2)
+        assert sent_now == ["EVALSHA"]  # written by submit, then loaded and run again
+        assert await entries(client, keys.out("sf")) == [TokenMsg([7], "a"), TokenMsg([8], "b")]
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]  # no failure path
+    finally:
+        task.cancel()
+        await client.delete(keys.out("sf"))
+
+
+async def test_a_step_written_by_submit_is_written_again_when_its_reply_fails(
+    setup: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client, keys, writer = setup
+    task = asyncio.create_task(writer.run())
+    rec = Inflight("rf", TIERS[0], "0-1")
+    try:
+        await run_steps(writer, [(rec, tok("rf", 7, "a", 1))], writes=1)
+        assert writer._conn is not None
+        real, failed = writer._conn.send_now, []
+
+        def lost_reply(*args: Any) -> Any:
+            real(*args)  # applied by Redis, but the reply never came back
+            failed.append(1)
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(ConnectionError("injected: connection reset"))
+            return fut
+
+        monkeypatch.setattr(writer._conn, "send_now", lost_reply)
+        await run_steps(writer, [(rec, tok("rf", 8, "b", 2))], writes=2)
+        assert failed == [1]
+        # written again: a repeat is possible, a loss is not
+        assert await entries(client, keys.out("rf")) == [
+            TokenMsg([7], "a"), TokenMsg([8], "b"), TokenMsg([8], "b")]
+    finally:
+        task.cancel()
+        await client.delete(keys.out("rf"))
+
+
+async def test_a_held_back_request_whose_stream_expired_is_still_lost_to_a_reclaim(
+    setup: Any,
+) -> None:
+    client, keys, writer = setup
+    queues = TierQueues(client, keys, TIERS)
+    rec = Inflight("h", TIERS[0], "0-1", final_only=True)
+    await client.hset(keys.req("h"), mapping={"state": "running", "worker": "w1"})
+    try:
+        await writer._write([(rec, tok("h", 7, "a", 1))])  # the first tokens reach the reader
+        await client.delete(keys.out("h"))  # its TTL ran out while the rest was held back
+        # the worker died: another one must not run it again behind what the reader has
+        assert await queues.claim_many(["h"], "w2", reclaim=True) == ["lost"]
+    finally:
+        await client.delete(keys.req("h"))
+
+
+async def test_a_finish_written_again_after_a_lost_reply_is_written_once(setup: Any) -> None:
+    client, keys, writer = setup
+    rec = Inflight("f2", TIERS[0], "0-1")
+    await client.hset(keys.req("f2"), mapping={"state": "running"})
+    finish = [(rec, RequestOutput("f2", [8], "y", True, "length", 3, 1))]
+    try:
+        await writer._write(finish)
+        await writer._write(finish)  # the retry of a write Redis had applied
+        got = await entries(client, keys.out("f2"))
+        assert sum(isinstance(m, FinishMsg) for m in got) == 1
+        assert await client.hget(keys.stats, "completed") == b"1"
+    finally:
+        await client.delete(keys.out("f2"), keys.req("f2"))

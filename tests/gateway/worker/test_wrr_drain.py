@@ -1,0 +1,75 @@
+"""The drainer with every tier backlogged admits in the WRR mix (6:3:1 by default), and an
+empty tier's share goes to the others (real Redis streams, fake echo engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.bus.keys import RedisKeys
+from policies.tiers import DEFAULT_TIER_WEIGHTS, TIERS
+from tests.gateway.harness import make_tenant, redis_sync
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def backlog(redis_url: str, ns: str) -> int:
+    r = redis_sync(redis_url)
+    try:
+        return sum(r.xlen(RedisKeys(ns).queue(t)) for t in TIERS)
+    finally:
+        r.close()
+
+
+def admitted_mix(gw: Any, redis_url: str, key: str, per_tier: dict[str, int],
+                 window: int) -> Counter[str]:
+    """Queue ``per_tier`` requests with the drainer held, release it, and count the tiers of
+    the first ``window`` requests the engine received."""
+    drainer, engine = gw.services.worker.drainer, gw.engine
+    drainer.paused = True
+    time.sleep(0.4)
+    start = len(engine.started_ids)
+    bodies = [(tier, {"model": "echo", "prompt": "x", "max_tokens": 1, "service_tier": tier})
+              for tier, n in per_tier.items() for _ in range(n)]
+
+    async def go() -> dict[str, str]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60,
+                                     limits=httpx.Limits(max_connections=len(bodies)),
+                                     headers={"Authorization": f"Bearer {key}"}) as c:
+            tasks = [asyncio.create_task(c.post("/v1/completions", json=b)) for _, b in bodies]
+            deadline = time.monotonic() + 30
+            while backlog(redis_url, gw.config.namespace) < len(bodies):
+                assert time.monotonic() < deadline, "requests did not all reach the queues"
+                await asyncio.sleep(0.02)
+            drainer.paused = False
+            res = await asyncio.gather(*tasks)
+        assert all(r.status_code == 200 for r in res)
+        return {r.json()["id"]: r.json()["service_tier"] for r in res}
+
+    try:
+        tiers_by_id = asyncio.run(go())
+    finally:
+        drainer.paused = False
+    order = [rid for rid in engine.started_ids[start:] if rid in tiers_by_id]
+    assert len(order) == len(bodies)
+    return Counter(tiers_by_id[rid] for rid in order[:window])
+
+
+def test_all_tiers_backlogged_follow_weights(echo_gateway: Any, redis_url: str) -> None:
+    key = make_tenant(redis_url, echo_gateway.config.namespace, "wrr-all")
+    mix = admitted_mix(echo_gateway, redis_url, key, {t: 40 for t in TIERS}, window=50)
+    total = sum(DEFAULT_TIER_WEIGHTS.values())
+    for tier, weight in DEFAULT_TIER_WEIGHTS.items():
+        assert abs(mix[tier] / 50 - weight / total) <= 0.10, mix
+
+
+def test_empty_tier_share_goes_to_the_others(echo_gateway: Any, redis_url: str) -> None:
+    key = make_tenant(redis_url, echo_gateway.config.namespace, "wrr-two")
+    mix = admitted_mix(echo_gateway, redis_url, key, {"batch": 30, "best-effort": 30}, window=40)
+    assert abs(mix["batch"] / 40 - 3 / 4) <= 0.10, mix  # 3:1 once interactive is empty
+    assert abs(mix["best-effort"] / 40 - 1 / 4) <= 0.10, mix

@@ -1,0 +1,1 @@
+"""Engine benchmarks: ``carpool bench engine`` and the scheduler benchmark."""

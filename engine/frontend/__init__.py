@@ -1,0 +1,1 @@
+"""Engine fronts: ``LLM`` (offline), ``AsyncEngine`` (asyncio + step thread), the FAKE echo engine."""

@@ -1,0 +1,1 @@
+"""The tensor side of the engine: model runner, sampler, checkpoint loader."""

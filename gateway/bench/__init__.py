@@ -1,0 +1,1 @@
+"""``carpool bench gateway``: what the gateway adds on top of an instant engine."""

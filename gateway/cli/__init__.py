@@ -1,0 +1,1 @@
+"""The ``carpool`` command and its subcommands."""

@@ -1,0 +1,1 @@
+"""Tenants, API keys and quotas (stored in Redis, checked on every request)."""

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible API: routes, request schema, response and stream format."""

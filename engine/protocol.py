@@ -7,26 +7,15 @@ gateway's fake echo engine used only to measure the gateway itself. Torch-free.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.core.outputs import RequestOutput
 from engine.core.sampling_params import SamplingParams
+from policies.admission import EngineLoad
+
+__all__ = ["EngineClient", "EngineLoad", "StepCallback"]
 
 StepCallback = Callable[[list[RequestOutput]], None]
-
-
-@dataclass(frozen=True)
-class EngineLoad:
-    """A snapshot for admission decisions (the drainer) and metrics."""
-
-    num_running: int
-    num_waiting: int
-    num_swapped: int
-    num_free_blocks: int
-    num_total_blocks: int
-    max_num_seqs: int
-    lowest_running_priority: int | None  # largest priority number running, None if idle
 
 
 class EngineClient(Protocol):

@@ -1,24 +1,57 @@
-"""Whether the worker should pull another request into the engine now. Pure functions."""
+"""Admission: whether an engine has room for one more request, and how many the worker's
+drainer may pull now. Pure functions of an ``EngineLoad`` snapshot; the one place these two
+decisions are made (the real engine, the FAKE echo engine and the drainer all call them).
+
+Imports nothing from ``engine/``: an engine builds an ``EngineLoad`` from its own state.
+"""
 
 from __future__ import annotations
 
-from engine.protocol import EngineLoad
+from dataclasses import dataclass
 
 # Keep a few percent of blocks in reserve so running requests can keep decoding.
 MIN_FREE_BLOCK_FRACTION = 0.05
 # A short queue inside the engine lets the next step admit at once; a long one would move the
 # tier decision from the drainer's WRR into the engine's priority order.
 MAX_ENGINE_WAITING = 4
+# Entries the drainer reads per round trip, at most (bounded further by the free seats).
+MAX_PULL = 8
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """A snapshot for admission decisions (the drainer) and metrics."""
+
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    num_free_blocks: int
+    num_total_blocks: int
+    max_num_seqs: int
+    # The largest priority number running, i.e. the work a more urgent request may preempt;
+    # None when idle or when the engine never preempts (the echo engine).
+    lowest_running_priority: int | None
+
+
+def free_seats(load: EngineLoad) -> int:
+    """Seats left once everything already inside the engine runs (may be negative)."""
+    return load.max_num_seqs - load.num_running - load.num_swapped - load.num_waiting
 
 
 def engine_has_capacity(load: EngineLoad, priority: int) -> bool:
     """Room for one more request of ``priority``: a free seat with blocks to spare and
     only a short queue inside the engine, or lower-priority running work it may preempt."""
-    seats = load.max_num_seqs - load.num_running - load.num_swapped
     free_fraction = load.num_free_blocks / max(1, load.num_total_blocks)
     if load.num_waiting >= MAX_ENGINE_WAITING:
         return False
-    if seats > load.num_waiting and free_fraction > MIN_FREE_BLOCK_FRACTION:
+    if free_seats(load) > 0 and free_fraction > MIN_FREE_BLOCK_FRACTION:
         return True
     lowest = load.lowest_running_priority
     return lowest is not None and lowest > priority
+
+
+def pull_count(load: EngineLoad, max_pull: int = MAX_PULL) -> int:
+    """How many entries the drainer may read now: the free seats, at least one (it pulls
+    only after ``engine_has_capacity`` said yes, which a preemption may make true with no
+    seat free) and at most ``max_pull``."""
+    return max(1, min(max_pull, free_seats(load)))

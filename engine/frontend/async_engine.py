@@ -21,8 +21,9 @@ from engine.core.sampling_params import SamplingParams
 from engine.frontend.inbox import Inbox
 from engine.frontend.output_streams import OutputStreams
 from engine.llm_engine import LLMEngine
-from engine.protocol import EngineLoad, StepCallback
+from engine.protocol import StepCallback
 from engine.runner.fresh_thread import run_on_fresh_thread
+from policies.admission import EngineLoad, engine_has_capacity
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +122,6 @@ class AsyncEngine:
         return self.step_error is None and self._thread is not None and self._thread.is_alive()
 
     def has_capacity(self, priority: int) -> bool:
-        from policies.admission import engine_has_capacity
-
         return self.healthy and engine_has_capacity(self.load(), priority)
 
     # -- step thread ----------------------------------------------------------------------

@@ -34,7 +34,8 @@ from engine.core.outputs import RequestOutput
 from engine.core.sampling_params import SamplingParams
 from engine.frontend.inbox import Inbox
 from engine.frontend.output_streams import OutputStreams
-from engine.protocol import EngineLoad, StepCallback
+from engine.protocol import StepCallback
+from policies.admission import EngineLoad, engine_has_capacity
 
 log = logging.getLogger("carpool.worker")
 
@@ -132,11 +133,12 @@ class FakeEchoEngine:
         self._callbacks.append(callback)
 
     def load(self) -> EngineLoad:
-        return EngineLoad(len(self._live), 0, 0, 1000, 1000, self.max_num_seqs,
-                          max(self._live.values(), default=None))
+        # lowest_running_priority None: the echo engine never preempts, so a full one has no
+        # room at any priority.
+        return EngineLoad(len(self._live), 0, 0, 1000, 1000, self.max_num_seqs, None)
 
     def has_capacity(self, priority: int) -> bool:
-        return len(self._live) < self.max_num_seqs
+        return engine_has_capacity(self.load(), priority)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         self._ahead.release()

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.core.stats import SchedulerStats
-from engine.protocol import EngineLoad
 from gateway.telemetry.metrics import Metrics
+from policies.admission import EngineLoad
 
 
 class EngineSampler:

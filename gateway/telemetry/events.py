@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.core.outputs import RequestOutput
-from engine.protocol import EngineLoad
+from policies.admission import EngineLoad
 
 
 class GatewayEvents:

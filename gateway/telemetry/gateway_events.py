@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 
 from engine.core.outputs import RequestOutput
 from engine.core.stats import SchedulerStats
-from engine.protocol import EngineLoad
 from gateway.telemetry import names
 from gateway.telemetry.config import TelemetryConfig
 from gateway.telemetry.events import GatewayEvents
@@ -26,6 +25,7 @@ from gateway.telemetry.request_span import RequestInfo, RequestRecorder
 from gateway.telemetry.step_observer import StepFact, StepObserver
 from gateway.telemetry.telemetry import Telemetry
 from gateway.telemetry.worker_trace import WorkerRequestTrace
+from policies.admission import EngineLoad
 
 log = logging.getLogger("carpool.telemetry")
 

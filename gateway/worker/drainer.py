@@ -1,7 +1,8 @@
 """The drainer: moves envelopes from the tier streams into the engine, one at a time.
 
 It pulls only when the engine can take work at a tier's priority (``has_capacity``: a free
-seat and blocks, or lower-priority running work it may preempt). Among the tiers that have a
+seat and blocks, or lower-priority running work it may preempt), and at most as many entries
+as ``policies.admission.pull_count`` allows (the engine's free seats). Among the tiers that have a
 backlog and room, smooth weighted round-robin (``policies.wrr``) picks which one; when every
 tier is empty it blocks on all of them at once, so an idle worker reacts within a round trip.
 After such a wait brought one entry, the next pull blocks again straight away (``quiet``):
@@ -18,12 +19,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from engine.protocol import EngineClient
 from gateway.bus.backoff import run_forever
 from gateway.bus.queues import Envelope, TierQueues
+from policies.admission import pull_count
 from policies.tiers import tier_priority
 from policies.wrr import smooth_wrr_pick
 
 IDLE_BLOCK_MS = 200
 NO_ROOM_WAIT_S = 0.05
-MAX_PULL = 8  # entries per round trip; bounded by the engine's free seats
 QUIET_COUNT = 2  # per tier, when waiting without a backlog count: two tell a burst from a lone entry
 
 log = logging.getLogger("carpool.worker")
@@ -66,9 +67,7 @@ class Drainer:
             await self.start(envs)
 
     def _batch_size(self) -> int:
-        load = self.engine.load()
-        seats = load.max_num_seqs - load.num_running - load.num_swapped - load.num_waiting
-        return max(1, min(MAX_PULL, seats))
+        return pull_count(self.engine.load())
 
     async def _pull(self, open_tiers: list[str]) -> list[Envelope]:
         """The next entries in WRR order: the picks for up to ``_batch_size()`` seats are

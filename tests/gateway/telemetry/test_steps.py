@@ -82,7 +82,7 @@ class _FakeAsyncEngine:
         self.engine = _FakeLLMEngine()
 
     def load(self) -> Any:
-        from engine.protocol import EngineLoad
+        from policies.admission import EngineLoad
 
         return EngineLoad(0, 0, 0, 8, 8, 4, None)
 

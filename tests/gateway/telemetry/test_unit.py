@@ -235,8 +235,8 @@ def test_stream_id_gives_the_enqueue_time() -> None:
 
 
 def test_hooks_never_raise_into_the_request_path(caplog: pytest.LogCaptureFixture) -> None:
-    from engine.protocol import EngineLoad
     from gateway.telemetry.gateway_events import TelemetryEvents
+    from policies.admission import EngineLoad
 
     tel, _ = make_telemetry()
     events = TelemetryEvents(tel)

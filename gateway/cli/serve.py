@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gateway.bus.embedded import EmbeddedRedis
 from gateway.bus.keys import RedisKeys
 from gateway.config import GatewayConfig
+from gateway.process import exit_cleanly_on_sigterm, run_loop, startup_objects_frozen
 from gateway.tenancy.keys import generate_key, resolve_secret
 from gateway.tenancy.tenants import Tenant, TenantQuota, TenantStore
 
@@ -80,7 +83,7 @@ def serve(config: GatewayConfig) -> int:
     redis_url = config.redis_url
     url_file = runtime_url_file(config)
     if redis_url is None:
-        _exit_cleanly_on_sigterm()
+        exit_cleanly_on_sigterm()
         embedded = EmbeddedRedis()
         redis_url = embedded.start()
         url_file.parent.mkdir(parents=True, exist_ok=True)
@@ -88,14 +91,18 @@ def serve(config: GatewayConfig) -> int:
         print(f"embedded Redis at {redis_url} (stopped on exit)", flush=True)
     try:
         secret = resolve_secret(config.secret, config.state_dir)
-        if config.role != "worker":
-            shown = asyncio.run(bootstrap(config, redis_url, secret))
-            print_welcome(config, shown, served_model_name(config))
         if config.role == "worker":
             run_loop(run_worker(config, redis_url, secret))
         else:
-            run_http(config, redis_url, secret)
+            # The keys are made now, but shown (with the curl line) only once the server
+            # accepts requests: the engine loads for seconds before it listens.
+            shown = asyncio.run(bootstrap(config, redis_url, secret))
+            name = served_model_name(config)
+            run_http(config, redis_url, secret,
+                     on_started=lambda: print_welcome(config, shown, name))
     finally:
+        # Every loop of this process has stopped by now (uvicorn ran the app's shutdown,
+        # run_worker its own): nothing is left to see the server go.
         if embedded is not None:
             with contextlib.suppress(OSError):
                 url_file.unlink()
@@ -103,42 +110,32 @@ def serve(config: GatewayConfig) -> int:
     return 0
 
 
-def run_loop(coro: Any) -> Any:
-    """Run ``coro`` on uvloop when installed, as uvicorn does for the HTTP roles: a worker
-    process's loop carries the per-step writes, and asyncio's own timers overshoot by up to a
-    millisecond whenever the loop waits on a socket (measured in ``carpool bench gateway``)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
-
-
-def _exit_cleanly_on_sigterm() -> None:
-    """SIGTERM -> SystemExit, so ``finally`` and atexit stop the embedded Redis. uvicorn
-    re-raises the SIGTERM it caught once its graceful shutdown is done; under the default
-    action the process died right there and left the server running."""
-
-    def handler(_signum: int, _frame: object) -> None:
-        raise SystemExit(0)  # a requested stop that completed
-
-    signal.signal(signal.SIGTERM, handler)
-
-
-def run_http(config: GatewayConfig, redis_url: str, secret: bytes) -> None:
+def run_http(config: GatewayConfig, redis_url: str, secret: bytes,
+             on_started: Callable[[], None]) -> None:
+    """uvicorn.run, with ``on_started`` called once the socket listens and the app's start-up
+    (engine included) has completed."""
     import uvicorn
 
     from gateway.http.app import create_app
 
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                on_started()
+
     app = create_app(config, redis_url, secret, freeze_gc=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="info",
-                access_log=config.access_log, timeout_graceful_shutdown=5)
+    server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
+                                   access_log=config.access_log, timeout_graceful_shutdown=5))
+    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: it re-raises the SIGINT
+        server.run()  # it caught, once its graceful shutdown is done
+    if not server.started:
+        sys.exit(3)  # uvicorn.run's STARTUP_FAILURE: the app's start-up failed (logged)
 
 
 async def run_worker(config: GatewayConfig, redis_url: str, secret: bytes) -> None:
     """A worker process: no HTTP, just the drainer/engine loop until SIGTERM/SIGINT."""
-    from gateway.http.app import redis_client, startup_objects_frozen
+    from gateway.http.app import redis_client
     from gateway.model_info import build_engine
     from gateway.telemetry.gateway_events import events_for
     from gateway.worker.worker import Worker

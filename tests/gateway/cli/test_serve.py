@@ -1,21 +1,31 @@
-"""`carpool serve` with the embedded Redis: SIGTERM stops the server it started."""
+"""``carpool serve`` with the embedded Redis, as a user runs it: the printed curl line works the
+moment it is printed, and Ctrl-C or SIGTERM stops the process cleanly (exit 0, no traceback)
+and the Redis server it started."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.gateway.harness import free_port
+from gateway.process import free_port
 from tests.gateway.procs import REPO, Proc, _ready
 
 pytestmark = pytest.mark.timeout(120)
+
+# the real engine on the tiny model: it loads while the HTTP port is still closed
+TINY = ("--num-blocks", "64", "--block-size", "16", "--max-num-seqs", "4",
+        "--max-model-len", "256")
 
 
 def _accepts(port: int) -> bool:
@@ -24,24 +34,72 @@ def _accepts(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_sigterm_stops_the_embedded_redis(tiny_model_dir: Path, tmp_path: Path) -> None:
+@contextmanager
+def _serve(model_dir: Path, state_dir: Path, *extra: str) -> Iterator[Proc]:
+    """``carpool serve`` in a session of its own, so a test can signal its whole process
+    group as a terminal's Ctrl-C does."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    env.update(CARPOOL_STATE_DIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    env.update(CARPOOL_STATE_DIR=str(state_dir), PYTHONUNBUFFERED="1")
     popen = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli.main", "serve", "--engine", "echo", "--no-demo",
-         "--model", str(tiny_model_dir), "--port", str(port)],
+        [sys.executable, "-m", "gateway.cli.main", "serve", "--model", str(model_dir),
+         "--port", str(port), *extra],
         cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
     )
-    proc = Proc(popen, port)
     try:
+        yield Proc(popen, port)
+    finally:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait(10)
+
+
+def _curl_request(lines: list[str]) -> tuple[str, dict[str, str], dict[str, object]] | None:
+    """URL, headers and JSON body of the printed curl command, once all of it is printed."""
+    text = "".join(lines)
+    m = re.search(r"curl (\S+) \\\n\s+(.*?) \\\n\s+-d '(.*)'\n", text)
+    if m is None:
+        return None
+    headers = dict(h.split(": ", 1) for h in re.findall(r"-H '([^']*)'", m.group(2)))
+    return m.group(1), headers, json.loads(m.group(3))
+
+
+def test_printed_curl_works_at_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with _serve(tiny_model_dir, tmp_path, *TINY) as proc:
+        proc.wait_for(lambda: _curl_request(list(proc.lines)) is not None)
+        found = _curl_request(list(proc.lines))
+        assert found is not None
+        url, headers, body = found
+        # run right away, as a reader copying the line would: no retry
+        resp = httpx.post(url, headers=headers, json=body, timeout=60)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["choices"][0]["finish_reason"] in ("stop", "length")
+        assert "Admin key (shown once): cp-admin-" in "".join(proc.lines)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_stop_is_clean(tiny_model_dir: Path, tmp_path: Path, how: str) -> None:
+    """Ctrl-C signals the whole process group (the embedded server too); SIGTERM, e.g. from a
+    service manager, only the process. Either way the loops stop before the server does."""
+    with _serve(tiny_model_dir, tmp_path, *TINY) as proc:
         proc.wait_for(lambda: _ready(proc.url))
         found = [m for ln in proc.lines if (m := re.search(r"embedded Redis at redis://[^:]+:(\d+)", ln))]
         redis_port = int(found[0].group(1))
         assert _accepts(redis_port)
-        popen.send_signal(signal.SIGTERM)
-        assert popen.wait(30) == 0
-        assert not _accepts(redis_port), "embedded Redis left running after SIGTERM"
-    finally:
-        if popen.poll() is None:
-            popen.kill()
+        request = _curl_request(list(proc.lines))
+        assert request is not None
+        url, headers, body = request
+        # outputs flowed: the worker's, the output reader's and the cancel loops are all busy
+        assert httpx.post(url, headers=headers, json={**body, "stream": True},
+                          timeout=60).status_code == 200
+        if how == "ctrl-c":
+            os.killpg(proc.popen.pid, signal.SIGINT)
+        else:
+            proc.popen.send_signal(signal.SIGTERM)
+        assert proc.popen.wait(30) == 0
+        proc._reader.join(5)
+        output = "".join(proc.lines)
+        assert "Traceback" not in output, output
+        assert "Application shutdown complete" in output
+        assert not _accepts(redis_port), "embedded Redis left running"

@@ -115,7 +115,7 @@ class LLMEngine:
         self.step_count += 1
         self.last_step_seconds = time.perf_counter() - start
         self._stats = self.scheduler.stats
-        for observe in self.step_observers:
+        for observe in tuple(self.step_observers):  # a copy: another thread may add one
             observe(out, self.last_step_seconds)
         return outputs
 

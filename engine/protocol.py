@@ -1,7 +1,10 @@
-"""The interface the gateway's worker uses to drive an engine.
+"""The interface the gateway's worker (and its telemetry) uses to drive an engine.
 
 ``AsyncEngine`` (the real engine, step loop in its own thread) implements it; so does the
-gateway's fake echo engine used only to measure the gateway itself. Torch-free.
+FAKE echo engine (``engine.frontend.echo``) used only to measure the gateway itself.
+Everything outside ``engine/`` reads an engine through this protocol alone: load and stats
+snapshots, outputs per step (callbacks, on the event loop) and each step's
+``SchedulerOutput`` (observers, on the step thread). Torch-free.
 """
 
 from __future__ import annotations
@@ -9,13 +12,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from engine.core.outputs import RequestOutput
+from engine.core.outputs import RequestOutput, SchedulerOutput
 from engine.core.sampling_params import SamplingParams
+from engine.core.stats import EngineStats
 from policies.admission import EngineLoad
 
-__all__ = ["EngineClient", "EngineLoad", "StepCallback"]
+__all__ = ["EngineClient", "EngineLoad", "EngineStats", "StepCallback", "StepObserverFn"]
 
 StepCallback = Callable[[list[RequestOutput]], None]
+# (the step's SchedulerOutput, the step's wall seconds); runs on the engine's step thread
+StepObserverFn = Callable[[SchedulerOutput, float], None]
 
 
 class EngineClient(Protocol):
@@ -53,8 +59,16 @@ class EngineClient(Protocol):
     def add_step_callback(self, callback: StepCallback) -> None:
         """Called on the event loop once per engine step with every output of that step."""
 
+    def add_step_observer(self, observer: StepObserverFn) -> Callable[[], None]:
+        """Called on the step thread right after each step with that step's
+        ``SchedulerOutput`` (preemptions, swaps, chunks) and its wall seconds: keep it to a
+        few appends. Returns a function that removes the observer again."""
+
     def load(self) -> EngineLoad:
         """Current load snapshot."""
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine's counters and gauges (any thread; torch-free)."""
 
     def has_capacity(self, priority: int) -> bool:
         """True when a request of this priority would be scheduled soon: a free seat and

@@ -41,6 +41,9 @@ class SchedulerOutput:
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device_block, cpu_block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu_block, device_block)
     preempted_ids: list[str] = field(default_factory=list)
+    # Of ``preempted_ids``, those swapped to the CPU pool -> how many blocks moved; the rest
+    # were preempted by recompute (swap falls back to it when the CPU pool is full).
+    swapped_out: dict[str, int] = field(default_factory=dict)
     finished_ids: list[str] = field(default_factory=list)  # finished/aborted since last step
     # Fixed-shape (static/dynamic) batches only: seats whose member finished while the batch
     # runs. The runner computes that many dummy decode rows and discards them.

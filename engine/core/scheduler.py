@@ -169,6 +169,7 @@ class Scheduler:
         carried, self._between_steps = self._between_steps, StepPlan(budget=0)
         plan.swap_out.extend(carried.swap_out)
         plan.preempted_ids.extend(carried.preempted_ids)
+        plan.swapped_out.update(carried.swapped_out)
         if not self.running:
             self._batch_seats = 0  # the last batch is over
         self._schedule_running(plan)
@@ -338,6 +339,7 @@ class Scheduler:
             mapping = self.block_manager.swap_out(rid)
         if mapping is not None:
             plan.swap_out.extend(mapping)
+            plan.swapped_out[rid] = len(mapping)
             req.status = RequestStatus.SWAPPED
             self.swapped.add(req)
             self._counts.preemptions_swap += 1

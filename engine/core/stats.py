@@ -1,4 +1,6 @@
-"""Scheduler statistics: a frozen snapshot per read (``Scheduler.stats``). Torch-free."""
+"""Scheduler statistics: a frozen snapshot per read (``Scheduler.stats``), and the engine's
+snapshot (``EngineClient.stats()``) that telemetry reads instead of walking into the engine.
+Torch-free."""
 
 from __future__ import annotations
 
@@ -50,6 +52,15 @@ class SchedulerStats:
     @property
     def preemptions(self) -> int:
         return self.preemptions_recompute + self.preemptions_swap
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What ``EngineClient.stats()`` returns: the scheduler's last snapshot and how long the
+    last step took (None before the first step). Safe to read from any thread."""
+
+    scheduler: SchedulerStats = SchedulerStats()
+    last_step_seconds: float | None = None
 
 
 @dataclass

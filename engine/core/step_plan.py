@@ -29,6 +29,7 @@ class StepPlan:
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     preempted_ids: list[str] = field(default_factory=list)
     preempted: set[str] = field(default_factory=set)
+    swapped_out: dict[str, int] = field(default_factory=dict)  # preempted by swap -> blocks
     swapped_in: set[str] = field(default_factory=set)  # protected from preemption this step
     memory_preempted: bool = False  # running phase ran out of blocks
     blocked_priority: int | None = None  # a swapped request of this priority could not resume
@@ -60,5 +61,6 @@ class StepPlan:
             swap_out=self.swap_out,
             swap_in=self.swap_in,
             preempted_ids=self.preempted_ids,
+            swapped_out=self.swapped_out,
             finished_ids=finished_ids,
         )

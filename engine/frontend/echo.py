@@ -6,8 +6,10 @@ step (cycling when ``max_tokens`` exceeds the prompt). It exists to measure the 
 (queues, WRR, multi-process) without paying for a forward pass. Tests that need real model
 behaviour use ``engine.frontend.async_engine.AsyncEngine`` on a tiny random checkpoint.
 
-It runs like the real ``AsyncEngine``: steps on a thread of their own, outputs handed to the
-event loop with ``call_soon_threadsafe``, requests and aborts passed in through an inbox. A
+It runs like the real ``AsyncEngine``, on the same ``ThreadedEngine`` base: steps on a thread
+of their own, outputs handed to the event loop with ``call_soon_threadsafe``, requests and
+aborts passed in through an inbox, step observers fed a ``SchedulerOutput`` (one token per
+request per step; it never preempts, so its load reports no preemptible work). A
 step starts ``step_ms`` after the previous one started, as a real engine's forward pass does,
 unless the loop is ``MAX_AHEAD`` steps behind in taking the outputs (a real engine is never
 held back; the bound keeps ``step_ms=0``, "as fast as the loop takes outputs", from flooding
@@ -20,27 +22,23 @@ next step (the same for every path through the gateway) stops being random.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import logging
 import random
 import threading
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.core.outputs import RequestOutput
+from engine.core.finish import FinishReason
+from engine.core.outputs import RequestOutput, ScheduledRequest, SchedulerOutput
 from engine.core.sampling_params import SamplingParams
-from engine.frontend.inbox import Inbox
-from engine.frontend.output_streams import OutputStreams
-from engine.protocol import StepCallback
-from policies.admission import EngineLoad, engine_has_capacity
-
-log = logging.getLogger("carpool.worker")
+from engine.core.stats import EngineStats, SchedulerStats
+from engine.frontend.threaded import ThreadedEngine
+from policies.admission import EngineLoad
 
 _IDLE_WAIT_S = 0.5  # the step thread re-checks its stop flag this often when idle
 MAX_AHEAD = 8  # steps whose outputs the loop has not handed out yet
+_BLOCKS = 1000  # the KV pool it reports: never used
 
 
 @dataclass
@@ -52,15 +50,18 @@ class _EchoRequest:
     aborted: bool = False
 
 
-class FakeEchoEngine:
+class FakeEchoEngine(ThreadedEngine):
     """Echo engine (fake). ``step_ms`` is the mean time from one step's start to the next's,
     each within ``step_ms * (1 +- step_jitter)``."""
+
+    thread_name = "fake-echo-engine"
 
     def __init__(self, tokenizer: Any, model_name: str = "echo", max_model_len: int = 2048,
                  step_ms: float = 0.0, max_num_seqs: int = 256, step_jitter: float = 0.2,
                  seed: int = 0) -> None:
         if not 0 <= step_jitter < 1 or step_ms < 0:
             raise ValueError("need step_ms >= 0 and 0 <= step_jitter < 1")
+        super().__init__()
         self.tokenizer = tokenizer
         # Per-token text straight from the fast tokenizer when there is one (same text, ~8x
         # cheaper than the transformers wrapper).
@@ -73,115 +74,80 @@ class FakeEchoEngine:
         self.step_jitter = step_jitter
         self._rng = random.Random(seed)  # used on the step thread only
         self.max_num_seqs = max_num_seqs
-        self._inbox = Inbox()  # requests and aborts for the step thread
         self._ahead = threading.Semaphore(MAX_AHEAD)  # a step's outputs not yet handed out
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        # event-loop side: added and not yet reported finished (id -> priority)
-        self._live: dict[str, int] = {}
-        self._streams = OutputStreams()  # what ``generate`` callers wait on
-        self._callbacks: list[StepCallback] = []
-        self.num_steps = 0
-        self.max_running_seen = 0
-        self.started_ids: list[str] = []  # admission order (tests check WRR through it)
+        self._active: dict[str, _EchoRequest] = {}  # step thread only
+        # (steps so far, last batch size, last step seconds): one tuple, replaced whole by
+        # the step thread, so a reader on another thread sees a consistent triple.
+        self._last_step: tuple[int, int, float | None] = (0, 0, None)
 
     async def start(self) -> None:
         if self._thread is None:
-            self._loop = asyncio.get_running_loop()
-            self._stop.clear()
             self._ahead = threading.Semaphore(MAX_AHEAD)
-            self._thread = threading.Thread(target=self._run, name="fake-echo-engine",
-                                            daemon=True)
-            self._thread.start()
+        await super().start()
 
-    async def shutdown(self) -> None:
-        self._stop.set()
-        self._inbox.wake()
+    def _wake_step_thread(self) -> None:
+        super()._wake_step_thread()
         self._ahead.release(MAX_AHEAD)  # a step thread waiting on the loop stops now
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 10.0)
-            if not self._thread.is_alive():  # else a restart would run a second one
-                self._thread = None
-        for _ in self._inbox.drain():  # ended below: a restart must not run them
-            pass
-        left = [RequestOutput(rid, [], "", True, "abort") for rid in list(self._live)]
-        if left:  # end every open stream, as the real engine does at shutdown
-            self._dispatch(left)
-
-    # -- requests (event loop) --------------------------------------------------------------
-
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0) -> None:
-        if request_id in self._live:
-            raise ValueError(f"duplicate request id {request_id!r}")
-        self._live[request_id] = priority
-        self.started_ids.append(request_id)
-        self.max_running_seen = max(self.max_running_seen, len(self._live))
-        self._inbox.post("add", _EchoRequest(request_id, list(prompt_token_ids), params))
-
-    def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 priority: int = 0) -> AsyncIterator[RequestOutput]:
-        return self._streams.generate(
-            request_id, lambda: self.add_request(request_id, prompt_token_ids, params, priority),
-            lambda: self.abort(request_id))
-
-    def abort(self, request_id: str) -> None:
-        self._inbox.post("abort", request_id)
-
-    def add_step_callback(self, callback: StepCallback) -> None:
-        self._callbacks.append(callback)
 
     def load(self) -> EngineLoad:
         # lowest_running_priority None: the echo engine never preempts, so a full one has no
         # room at any priority.
-        return EngineLoad(len(self._live), 0, 0, 1000, 1000, self.max_num_seqs, None)
+        return EngineLoad(len(self._live), 0, 0, _BLOCKS, _BLOCKS, self.max_num_seqs, None)
 
-    def has_capacity(self, priority: int) -> bool:
-        return engine_has_capacity(self.load(), priority)
+    def stats(self) -> EngineStats:
+        steps, batch, seconds = self._last_step
+        return EngineStats(SchedulerStats(
+            num_running=len(self._live), num_scheduled_requests=batch,
+            num_scheduled_tokens=batch, device_blocks_total=_BLOCKS, device_blocks_free=_BLOCKS,
+            num_steps=steps), seconds)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         self._ahead.release()
-        for out in outputs:
-            self._streams.put(out)
-            if out.finished:
-                self._live.pop(out.request_id, None)
-        for cb in self._callbacks:
-            cb(outputs)
+        super()._dispatch(outputs)
 
     # -- step thread ------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        active: dict[str, _EchoRequest] = {}
-        try:
-            self._steps(active)
-        except Exception as exc:  # end every request rather than hang it, as AsyncEngine does
-            log.exception("fake echo engine step thread died")
-            self._hand_out([RequestOutput(rid, [], "", True, "error", error=repr(exc))
-                            for rid in active])
+    def _add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+             priority: int) -> None:
+        self._active[request_id] = _EchoRequest(request_id, prompt_token_ids, params)
 
-    def _steps(self, active: dict[str, _EchoRequest]) -> None:
-        next_at = time.monotonic()
+    def _abort(self, request_id: str) -> None:
+        if request_id in self._active:
+            self._active[request_id].aborted = True
+
+    def _steps(self) -> None:
+        active = self._active = {}  # a restart starts empty
+        next_at, began = time.monotonic(), None
         while not self._stop.is_set():
-            self._drain_inbox(active)
+            self._drain_inbox()
             if not active:
                 self._inbox.wait(_IDLE_WAIT_S)
-                next_at = time.monotonic()
+                next_at, began = time.monotonic(), None
                 continue
             if not self._room_ahead():
                 return
-            outputs = [self._advance(r) for r in active.values()]
-            for out in outputs:
-                if out.finished:
-                    del active[out.request_id]
-            self.num_steps += 1
-            self._hand_out(outputs)
+            # The step's seconds, as a real engine's would be: since the last step began.
+            now = time.monotonic()
+            self._step(active, now - began if began is not None else self.step_s)
+            began = now
             next_at += self.step_s * (1 + self.step_jitter * self._rng.uniform(-1, 1))
             delay = next_at - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
             else:  # late (a busy machine): this step starts now, the cadence counts from it
                 next_at = time.monotonic()
+
+    def _step(self, active: dict[str, _EchoRequest], seconds: float) -> None:
+        """One step: a token for every active request (``seconds`` go to the observers)."""
+        reqs = list(active.values())
+        outputs = [self._advance(r) for r in reqs]
+        for out in outputs:
+            if out.finished:
+                del active[out.request_id]
+        self._last_step = (self._last_step[0] + 1, len(outputs), seconds)
+        if self.step_observers:  # built only for someone who looks
+            self._observe(_scheduler_output(reqs, outputs), seconds)
+        self._publish(outputs)
 
     def _room_ahead(self) -> bool:
         """Wait until fewer than MAX_AHEAD steps' outputs are waiting for the loop; False if
@@ -192,26 +158,24 @@ class FakeEchoEngine:
                 return False
         return not self._stop.is_set()
 
-    def _drain_inbox(self, active: dict[str, _EchoRequest]) -> None:
-        for kind, payload in self._inbox.drain():
-            if kind == "add":
-                active[payload.request_id] = payload
-            elif payload in active:
-                active[payload].aborted = True
-
-    def _hand_out(self, outputs: list[RequestOutput]) -> None:
-        assert self._loop is not None
-        try:
-            self._loop.call_soon_threadsafe(self._dispatch, outputs)
-        except RuntimeError:  # the loop closed under us: nobody takes outputs any more
-            self._stop.set()
-
     def _advance(self, req: _EchoRequest) -> RequestOutput:
         n_prompt = len(req.prompt)
         if req.aborted:
-            return RequestOutput(req.request_id, [], "", True, "abort", n_prompt, req.produced)
+            return RequestOutput(req.request_id, [], "", True, FinishReason.ABORT, n_prompt,
+                                 req.produced)
         token = req.prompt[req.produced % n_prompt]
         req.produced += 1
         done = req.produced >= req.params.max_tokens
         return RequestOutput(req.request_id, [token], self._decode([token]), done,
-                             "length" if done else None, n_prompt, req.produced)
+                             FinishReason.LENGTH if done else None, n_prompt, req.produced)
+
+
+def _scheduler_output(reqs: list[_EchoRequest], outputs: list[RequestOutput]) -> SchedulerOutput:
+    """The step as a scheduler would describe it: one decode token per request."""
+    scheduled = [
+        ScheduledRequest(r.request_id, o.new_token_ids, len(r.prompt) + r.produced - 1, [],
+                         True, r.params, r.produced - 1)
+        for r, o in zip(reqs, outputs) if o.new_token_ids
+    ]
+    return SchedulerOutput(scheduled=scheduled,
+                           finished_ids=[o.request_id for o in outputs if o.finished])

@@ -1,12 +1,11 @@
 """Engine and queue snapshots -> metrics.
 
-The scheduler keeps cumulative counters (preemptions, prefix-cache tokens) and per-step gauges
-(batch size, tokens) in ``SchedulerStats``; the sampler turns counter deltas into Prometheus
-counter increments and observes each new step's batch once. It runs on the event loop from the
+The engine reports cumulative counters (preemptions, prefix-cache tokens) and per-step gauges
+(batch size, tokens) in the ``EngineStats`` its ``EngineClient.stats()`` returns; the sampler
+turns counter deltas into Prometheus counter increments and, unless a ``StepObserver`` sees
+every step exactly, observes each new step's batch once. It runs on the event loop from the
 worker's per-step callback; the snapshot may be a step or two behind the engine thread, so
-per-step histograms are a sample of steps under load, not every step. The snapshot is read
-from the loop thread while the engine thread runs (the scheduler has no lock), so a read can
-fail now and then; callers catch that and skip the sample.
+such per-step histograms are a sample of steps under load, not every step.
 """
 
 from __future__ import annotations
@@ -15,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.core.stats import SchedulerStats
+from engine.protocol import EngineClient
 from gateway.telemetry.metrics import Metrics
-from policies.admission import EngineLoad
 
 
 class EngineSampler:
@@ -56,23 +55,10 @@ class EngineSampler:
         _inc(m.prefix_cache_queries, stats.prefix_cache_queries, last.prefix_cache_queries)
         self._last = stats
 
-    def sample_load(self, load: EngineLoad) -> None:
-        """For engines without scheduler stats (the echo engine): the load snapshot only."""
-        self._running.set(load.num_running)
-        self._waiting.set(load.num_waiting)
-        self._swapped.set(load.num_swapped)
-        self._used.set(load.num_total_blocks - load.num_free_blocks)
-        self._free.set(load.num_free_blocks)
-
-    def sample_engine(self, engine: Any) -> None:
-        """Whatever ``engine`` (an ``EngineClient``) offers: the real ``AsyncEngine`` exposes
-        its ``LLMEngine`` (stats and last step time); others only ``load()``."""
-        inner = getattr(engine, "engine", None)
-        stats = getattr(inner, "stats", None)
-        if isinstance(stats, SchedulerStats):
-            self.sample(stats, getattr(inner, "last_step_seconds", None))
-        else:
-            self.sample_load(engine.load())
+    def sample_engine(self, engine: EngineClient) -> None:
+        """Record the engine's current snapshot (through its protocol alone)."""
+        snapshot = engine.stats()
+        self.sample(snapshot.scheduler, snapshot.last_step_seconds)
 
     def sample_queues(self, depths: Mapping[str, int]) -> None:
         for tier, depth in depths.items():

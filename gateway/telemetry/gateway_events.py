@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from engine.core.outputs import RequestOutput
-from engine.core.stats import SchedulerStats
+from engine.protocol import EngineClient
 from gateway.telemetry import names
 from gateway.telemetry.config import TelemetryConfig
 from gateway.telemetry.events import GatewayEvents
@@ -70,10 +70,9 @@ class TelemetryEvents(GatewayEvents):
         self._recorders: dict[str, RequestRecorder] = {}
         self._causes: dict[str, str] = {}
         self._traces: dict[str, WorkerRequestTrace] = {}
-        self._engine: Any = None
-        self._sample_each_step = False  # the engine keeps scheduler stats (step histograms)
+        self._engine: EngineClient | None = None
         self._observer: StepObserver | None = None
-        self._observers: list[Any] = []
+        self._remove_observer: Callable[[], None] | None = None
         self._sampler: asyncio.Task[None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -87,29 +86,21 @@ class TelemetryEvents(GatewayEvents):
         self._engine = getattr(services, "engine", None) or getattr(worker, "engine", None)
         queues = getattr(worker, "queues", None)
         if self._engine is not None:
-            inner = getattr(self._engine, "engine", None)
-            self._sample_each_step = isinstance(getattr(inner, "stats", None), SchedulerStats)
-            self._attach_step_observer(inner)
+            self._attach_step_observer(self._engine)
         if queues is not None or self._engine is not None:
             self._sampler = asyncio.create_task(self._sample_forever(queues), name="telemetry")
 
-    def _attach_step_observer(self, llm_engine: Any) -> None:
-        """Per-step facts straight from the engine thread, when the engine offers the hook
-        (``LLMEngine.step_observers``); otherwise steps are sampled from its stats."""
-        config = getattr(getattr(llm_engine, "config", None), "scheduler", None)
-        self.preemption_mode = getattr(config, "preemption_mode", self.preemption_mode)
-        observers = getattr(llm_engine, "step_observers", None)
-        if isinstance(observers, list):
-            self._observer = StepObserver(self.telemetry.metrics, self.preemption_mode,
-                                          getattr(llm_engine, "scheduler", None))
-            observers.append(self._observer)
-            self._observers = observers
-            self.telemetry.engine_sampler.observe_steps = False
+    def _attach_step_observer(self, engine: EngineClient) -> None:
+        """Per-step facts straight from the engine thread: every step is seen exactly, so
+        the observer owns the step histograms (the sampler keeps gauges and counters)."""
+        self._observer = StepObserver(self.telemetry.metrics)
+        self._remove_observer = engine.add_step_observer(self._observer)
+        self.telemetry.engine_sampler.observe_steps = False
 
     async def stop(self) -> None:
-        if self._observer is not None:
-            with contextlib.suppress(ValueError):
-                self._observers.remove(self._observer)
+        if self._remove_observer is not None:
+            self._remove_observer()
+            self._remove_observer = None
         if self._sampler is not None:
             self._sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -241,13 +232,9 @@ class TelemetryEvents(GatewayEvents):
                 rec = self._recorders.get(out.request_id)
                 if rec is not None:
                     rec.set_engine_info(num_preemptions=trace.num_preemptions)
-        # Per-step histograms: sample on every step we hear of. An engine with only a load
-        # snapshot (the echo engine) has gauges alone, which the 1 s sampler keeps.
-        if self._sample_each_step:
-            try:
-                self.telemetry.engine_sampler.sample_engine(self._engine)
-            except RuntimeError:  # read raced the engine thread (see engine_sampler): skip
-                log.debug("engine stats sample skipped", exc_info=True)
+        # Gauges and counters on every step we hear of (the 1 s sampler covers idle times).
+        if self._engine is not None:
+            self.telemetry.engine_sampler.sample_engine(self._engine)
 
     def _route(self, fact: StepFact) -> None:
         trace = self._traces.get(fact.request_id)

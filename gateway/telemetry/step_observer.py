@@ -2,11 +2,12 @@
 preemption (with the mode that really happened) and swap events.
 
 The engine calls the observer right after each step with that step's ``SchedulerOutput``
-(``LLMEngine.step_observers``, when the engine offers the hook), on the engine's step thread.
-Thread safety: the observer touches no span. Histograms are observed at once (prometheus-client
-metrics are thread-safe); per-request facts are appended to a deque (``append``/``popleft`` are
-atomic) that the worker's step callback drains on the event loop, where the request traces
-live. The scheduler is read only from the step thread, where it is consistent.
+(``EngineClient.add_step_observer``), on the engine's step thread. Everything it needs is in
+that output: which preemptions really swapped and how many blocks moved (``swapped_out``; a
+swap falls back to recompute when the CPU pool is full). Thread safety: the observer touches
+no span. Histograms are observed at once (prometheus-client metrics are thread-safe);
+per-request facts are appended to a deque (``append``/``popleft`` are atomic) that the
+worker's step callback drains on the event loop, where the request traces live.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.core.outputs import SchedulerOutput
-from engine.core.request import RequestStatus
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import now_ns
 
@@ -32,15 +32,8 @@ class StepFact:
 
 
 class StepObserver:
-    """``scheduler`` (the engine's, read on the step thread) tells which preemptions really
-    swapped (a swap falls back to recompute when the CPU pool is full) and how many blocks
-    moved; without it preemptions carry the configured mode and no per-request swap events."""
-
-    def __init__(self, metrics: Metrics, preemption_mode: str = "recompute",
-                 scheduler: Any = None) -> None:
+    def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
-        self._mode = preemption_mode
-        self._scheduler = scheduler
         self._facts: deque[StepFact] = deque(maxlen=MAX_PENDING_FACTS)
         self._swapped: dict[str, int] = {}  # request -> blocks on the CPU (step thread only)
 
@@ -64,19 +57,14 @@ class StepObserver:
                 self._fact(s.request_id, "prefill_chunk", now, start=s.start_pos,
                            tokens=len(s.token_ids))
         for rid in out.preempted_ids:
-            self._preempted(rid, now)
+            self._preempted(rid, out.swapped_out.get(rid), now)
         for rid in out.finished_ids:  # aborted while swapped out: forget it
             self._swapped.pop(rid, None)
 
-    def _preempted(self, rid: str, now: int) -> None:
-        if self._scheduler is None:
-            self._fact(rid, "preempted", now, mode=self._mode)
-            return
-        req = self._scheduler.get_request(rid)
-        swapped = req is not None and req.status == RequestStatus.SWAPPED
-        self._fact(rid, "preempted", now, mode="swap" if swapped else "recompute")
-        if swapped:
-            blocks = self._scheduler.block_manager.num_cpu_blocks_of(rid)
+    def _preempted(self, rid: str, blocks: int | None, now: int) -> None:
+        """``blocks``: how many moved to the CPU pool, None for a recompute preemption."""
+        self._fact(rid, "preempted", now, mode="recompute" if blocks is None else "swap")
+        if blocks is not None:
             self._swapped[rid] = blocks
             self._fact(rid, "swap", now, direction="out", blocks=blocks)
 

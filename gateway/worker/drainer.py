@@ -41,7 +41,6 @@ class Drainer:
         self.start = start
         self.scores: dict[str, int] = {}
         self.room = asyncio.Event()  # set by the worker after each engine step
-        self.paused = False  # tests hold the drainer to build a backlog
         # The last wait on empty tiers woke for a lone entry: the tiers are most likely
         # empty again, so the next pull waits on them directly, without counting backlogs
         # first (one round trip per request saved at low load).
@@ -50,13 +49,10 @@ class Drainer:
     async def run(self) -> None:
         # Entries read before a failure stay pending for us; the worker's maintenance
         # reclaims them once idle for the visibility timeout.
+        self.quiet = False  # a (re)started drainer plans the backlog built meanwhile by weight
         await run_forever(self._step, "drainer", log)
 
     async def _step(self) -> None:
-        if self.paused:
-            self.quiet = False  # plan the backlog built meanwhile by weight
-            await asyncio.sleep(0.01)
-            return
         open_tiers = [t for t in self.weights if self.engine.has_capacity(tier_priority(t))]
         if not open_tiers:
             self.quiet = False  # a backlog may build meanwhile: plan it by weight

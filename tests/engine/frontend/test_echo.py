@@ -50,12 +50,13 @@ async def test_requests_share_steps_and_callbacks_see_every_output(tokenizer: An
     await engine.start()
     try:
         a, b = await asyncio.gather(collect(engine, "a", [1, 2], 6), collect(engine, "b", [3], 6))
+        assert engine.load().num_running == 0 and engine.has_capacity(0)
     finally:
         await engine.shutdown()
     assert len(a) == len(b) == 6
     assert seen.count("a") == seen.count("b") == 6
-    assert engine.num_steps < 12  # batched together, not one after the other
-    assert engine.load().num_running == 0 and engine.has_capacity(0)
+    assert engine.stats().scheduler.num_steps < 12  # batched together, not one after the other
+    assert not engine.has_capacity(0)  # a stopped engine takes nothing
 
 
 async def test_abort_and_shutdown_end_requests(tokenizer: Any) -> None:
@@ -84,12 +85,12 @@ async def test_never_more_than_max_ahead_steps_ahead_of_the_loop(tokenizer: Any)
         engine.add_request("a", [1], SamplingParams(max_tokens=10_000))
         # The loop is blocked on purpose (nobody hands the outputs out) while we watch.
         deadline = time.monotonic() + 5
-        while engine.num_steps < MAX_AHEAD and time.monotonic() < deadline:
+        while engine.stats().scheduler.num_steps < MAX_AHEAD and time.monotonic() < deadline:
             time.sleep(0.01)  # noqa: ASYNC251
         time.sleep(0.1)  # noqa: ASYNC251  (time for a step too many, if it would take one)
-        assert engine.num_steps == MAX_AHEAD
+        assert engine.stats().scheduler.num_steps == MAX_AHEAD
         await asyncio.sleep(0.05)
-        assert engine.num_steps > MAX_AHEAD
+        assert engine.stats().scheduler.num_steps > MAX_AHEAD
     finally:
         await engine.shutdown()
 
@@ -113,10 +114,11 @@ async def test_a_restart_runs_only_requests_added_after_it(tokenizer: Any) -> No
     await engine.start()
     await engine.shutdown()
     engine.add_request("stale", [1], SamplingParams(max_tokens=3))  # added while stopped
-    await engine.shutdown()  # ends it with an abort
-    seen: list[str] = []
-    engine.add_step_callback(lambda outs: seen.extend(o.request_id for o in outs))
+    await engine.shutdown()  # ends it
+    seen: list[RequestOutput] = []
+    engine.add_step_callback(seen.extend)
     await engine.start()
     outs = await collect(engine, "new", [1], max_tokens=2)
     await engine.shutdown()
-    assert len(outs) == 2 and set(seen) == {"new"}
+    assert len(outs) == 2
+    assert {o.request_id for o in seen if o.new_token_ids} == {"new"}  # "stale" never ran

@@ -15,6 +15,7 @@ import pytest
 from gateway.bus.keys import RedisKeys
 from tests.gateway.cancel_helpers import leftovers, stat, wait_clean, wait_engine_idle
 from tests.gateway.harness import make_tenant, redis_sync
+from tests.gateway.worker.drainer_hold import start_drainer, stop_drainer
 
 pytestmark = pytest.mark.timeout(90)
 TPM = 100_000
@@ -132,10 +133,9 @@ def test_cancel_while_queued(tiny_gateway: Any, keys: dict[str, str], model: str
                              redis_url: str) -> None:
     """Held in the queue (drainer paused): an explicit cancel answers the live reader, a
     disconnect removes the entry; neither ever reaches the engine."""
-    ns, drainer = tiny_gateway.config.namespace, tiny_gateway.services.worker.drainer
+    ns = tiny_gateway.config.namespace
     started_before = tiny_gateway.engine.engine.step_count
-    drainer.paused = True
-    time.sleep(0.5)  # let an in-flight blocking read (200 ms) finish empty
+    stop_drainer(tiny_gateway)  # waits out an in-flight blocking read (200 ms)
     try:
         with httpx.Client(base_url=tiny_gateway.url, headers=auth(keys["a"]), timeout=30) as c:
             with c.stream("POST", "/v1/completions", json=long_request(model, True)) as r:
@@ -152,6 +152,6 @@ def test_cancel_while_queued(tiny_gateway: Any, keys: dict[str, str], model: str
                        timeout=httpx.Timeout(30, read=0.3))
             wait_clean(redis_url, ns)
     finally:
-        drainer.paused = False
+        start_drainer(tiny_gateway)
     time.sleep(0.3)
     assert tiny_gateway.engine.engine.step_count == started_before  # the engine never ran them

@@ -81,17 +81,17 @@ def test_each_prefill_chunk_is_an_event_with_its_token_count(served: Any) -> Non
 
 def test_step_histograms_count_every_engine_step(served: Any) -> None:
     gw, telemetry, exporter, key = served
-    llm = gw.engine.engine
+    engine = gw.engine
 
     def counts() -> tuple[float, float, float]:
         return (sample_value(telemetry, "carpool_engine_batch_size_count"),
                 sample_value(telemetry, "carpool_engine_step_tokens_sum"),
                 sample_value(telemetry, "carpool_engine_step_seconds_count"))
 
-    steps0, (batches0, tokens0, timed0) = llm.step_count, counts()
+    steps0, (batches0, tokens0, timed0) = engine.stats().scheduler.num_steps, counts()
     rid, usage = _stream(gw, key)
     _trace(exporter, rid)
-    steps = llm.step_count - steps0
+    steps = engine.stats().scheduler.num_steps - steps0
     batches, tokens, timed = counts()
     assert steps >= usage["completion_tokens"] + 2  # >= 3 prefill steps, then decode steps
     assert batches - batches0 == steps

@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from engine.core.outputs import RequestOutput, ScheduledRequest, SchedulerOutput
-from engine.core.request import RequestStatus
 from engine.core.sampling_params import SamplingParams
+from engine.core.stats import EngineStats
 from gateway.telemetry import names
 from gateway.telemetry.gateway_events import TelemetryEvents
 from gateway.telemetry.step_observer import StepObserver
@@ -23,10 +23,10 @@ def _sched(rid: str, start: int, n: int, sample: bool) -> ScheduledRequest:
 
 def test_observer_counts_every_step_and_records_chunks() -> None:
     tel, _ = make_telemetry()
-    obs = StepObserver(tel.metrics, "swap")
+    obs = StepObserver(tel.metrics)
     obs(SchedulerOutput(scheduled=[_sched("a", 0, 16, False), _sched("b", 9, 1, True)]), 0.02)
     obs(SchedulerOutput(scheduled=[_sched("a", 16, 4, True)], preempted_ids=["b"],
-                        swap_out=[(1, 0), (2, 1)]), 0.01)
+                        swap_out=[(1, 0), (2, 1)], swapped_out={"b": 2}), 0.01)
     obs(SchedulerOutput(), 0.0)  # an empty step observes nothing
     assert sample_value(tel, "carpool_engine_batch_size_count") == 2
     assert sample_value(tel, "carpool_engine_batch_size_sum") == 3
@@ -34,33 +34,19 @@ def test_observer_counts_every_step_and_records_chunks() -> None:
     assert sample_value(tel, "carpool_swap_blocks_total", direction="out") == 2
     facts = obs.drain()
     assert [(f.request_id, f.kind) for f in facts] == [
-        ("a", "prefill_chunk"), ("a", "prefill_chunk"), ("b", "preempted")]
+        ("a", "prefill_chunk"), ("a", "prefill_chunk"), ("b", "preempted"), ("b", "swap")]
     assert facts[0].attrs == {"start": 0, "tokens": 16}
     assert facts[2].attrs == {"mode": "swap"}
+    assert facts[3].attrs == {"direction": "out", "blocks": 2}
     assert obs.drain() == []
-
-
-class _FakeScheduler:
-    """What the observer reads on the step thread: request status, CPU blocks held."""
-
-    def __init__(self, statuses: dict[str, RequestStatus], cpu_blocks: dict[str, int]) -> None:
-        self.statuses, self.cpu_blocks = statuses, cpu_blocks
-        self.block_manager = self
-
-    def get_request(self, rid: str) -> Any:
-        status = self.statuses.get(rid)
-        return None if status is None else type("Req", (), {"status": status})()
-
-    def num_cpu_blocks_of(self, rid: str) -> int:
-        return self.cpu_blocks.get(rid, 0)
 
 
 def test_observer_labels_the_real_preemption_mode_and_swaps() -> None:
     tel, _ = make_telemetry()
-    sched = _FakeScheduler({"s": RequestStatus.SWAPPED, "f": RequestStatus.PREEMPTED}, {"s": 3})
-    obs = StepObserver(tel.metrics, "swap", sched)  # configured swap; "f" fell back
-    obs(SchedulerOutput(preempted_ids=["s", "f"], swap_out=[(1, 0), (2, 1), (3, 2)]), 0.01)
-    sched.statuses["s"] = RequestStatus.RUNNING
+    obs = StepObserver(tel.metrics)
+    # "s" swapped 3 blocks out; "f" was preempted by recompute (a swap that fell back)
+    obs(SchedulerOutput(preempted_ids=["s", "f"], swap_out=[(1, 0), (2, 1), (3, 2)],
+                        swapped_out={"s": 3}), 0.01)
     obs(SchedulerOutput(scheduled=[_sched("s", 30, 1, True)], swap_in=[(0, 5)] * 3), 0.01)
     obs(SchedulerOutput(scheduled=[_sched("s", 31, 1, True)]), 0.01)  # no second swap-in
     facts = [(f.request_id, f.kind, f.attrs) for f in obs.drain()]
@@ -72,28 +58,32 @@ def test_observer_labels_the_real_preemption_mode_and_swaps() -> None:
     ]
 
 
-class _FakeLLMEngine:
+class _FakeEngine:
+    """The part of ``EngineClient`` telemetry uses: observers, load and stats."""
+
     def __init__(self) -> None:
         self.step_observers: list[Any] = []
 
-
-class _FakeAsyncEngine:
-    def __init__(self) -> None:
-        self.engine = _FakeLLMEngine()
+    def add_step_observer(self, observer: Any) -> Any:
+        self.step_observers.append(observer)
+        return lambda: self.step_observers.remove(observer)
 
     def load(self) -> Any:
         from policies.admission import EngineLoad
 
         return EngineLoad(0, 0, 0, 8, 8, 4, None)
 
+    def stats(self) -> EngineStats:
+        return EngineStats()
+
 
 async def test_events_route_step_facts_into_the_request_trace() -> None:
     tel, exporter = make_telemetry()
     events = TelemetryEvents(tel)
-    engine = _FakeAsyncEngine()
+    engine = _FakeEngine()
     await events.start(type("Svc", (), {"engine": engine, "worker": None})())
-    assert len(engine.engine.step_observers) == 1
-    observer = engine.engine.step_observers[0]
+    assert len(engine.step_observers) == 1
+    observer = engine.step_observers[0]
     events.dispatched("batch", "r", 0.0, traceparent=None)
     t0 = time.monotonic()
     observer(SchedulerOutput(scheduled=[_sched("r", 0, 16, False)]), 0.01)
@@ -119,4 +109,4 @@ async def test_events_route_step_facts_into_the_request_trace() -> None:
     assert (decode.attributes or {})[names.NUM_PREEMPTIONS] == 1
     assert monotonic_to_epoch_ns(first_token) - 1_000_000 <= decode.start_time
     await events.stop()
-    assert engine.engine.step_observers == []
+    assert engine.step_observers == []

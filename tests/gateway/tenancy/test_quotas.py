@@ -4,13 +4,13 @@ admitted tokens stay within quota + one request's max_tokens, concurrency and qu
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.gateway.harness import make_tenant
+from tests.gateway.worker.drainer_hold import start_drainer, stop_drainer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,10 +79,9 @@ def test_concurrency_cap_and_release(echo_gateway: Any, redis_url: str) -> None:
 
 def test_queue_full_is_429(echo_gateway: Any, redis_url: str) -> None:
     key = make_tenant(redis_url, echo_gateway.config.namespace, "q")
-    drainer, quota = echo_gateway.services.worker.drainer, echo_gateway.services.quota
+    quota = echo_gateway.services.quota
     quota.queue_max_len, cap = 4, quota.queue_max_len
-    drainer.paused = True
-    time.sleep(0.4)
+    stop_drainer(echo_gateway)
     try:
         bodies = [{"model": "echo", "prompt": "x", "max_tokens": 2, "stream": True}] * 6
 
@@ -95,7 +94,7 @@ def test_queue_full_is_429(echo_gateway: Any, redis_url: str) -> None:
                 full = next(r for r in opened if r.status_code == 429)
                 await full.aread()
                 assert_429_json(full)
-                drainer.paused = False
+                start_drainer(echo_gateway)
                 for s, r in zip(streams, opened):
                     await r.aread()
                     await s.__aexit__(None, None, None)
@@ -103,7 +102,7 @@ def test_queue_full_is_429(echo_gateway: Any, redis_url: str) -> None:
 
         codes = asyncio.run(go())
     finally:
-        drainer.paused = False
+        start_drainer(echo_gateway)
         quota.queue_max_len = cap
     assert codes.count(200) == 4 and codes.count(429) == len(bodies) - 4
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from engine.core.sampling_params import SamplingParams
 from engine.frontend.async_engine import AsyncEngine
 from engine.frontend.echo import FakeEchoEngine
 from engine.runner.loader import load_tokenizer
@@ -96,11 +97,24 @@ async def test_a_prompt_the_engine_refuses_ends_in_error_and_the_batch_goes_on(
         await client.aclose()
 
 
+class RecordingEcho(FakeEchoEngine):
+    """The echo engine, recording the order requests were added in."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.started_ids: list[str] = []
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    priority: int = 0) -> None:
+        self.started_ids.append(request_id)
+        super().add_request(request_id, prompt_token_ids, params, priority)
+
+
 async def test_early_start_writes_nothing_for_a_request_its_claim_does_not_give_us(
     redis_url: str, tiny_model_dir: Path
 ) -> None:
     client = aioredis.Redis.from_url(redis_url)
-    engine = FakeEchoEngine(load_tokenizer(tiny_model_dir), step_ms=0.0)
+    engine = RecordingEcho(load_tokenizer(tiny_model_dir), step_ms=0.0)
     worker = Worker(client, engine, make_config())
     keys, tier = worker.keys, TIERS[0]
     # what the cancel script leaves of a request cancelled while queued (its reader gone)

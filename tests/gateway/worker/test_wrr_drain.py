@@ -11,9 +11,11 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.core.outputs import RequestOutput
 from gateway.bus.keys import RedisKeys
 from policies.tiers import DEFAULT_TIER_WEIGHTS, TIERS
 from tests.gateway.harness import make_tenant, redis_sync
+from tests.gateway.worker.drainer_hold import drainer_held, start_drainer
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -29,11 +31,16 @@ def backlog(redis_url: str, ns: str) -> int:
 def admitted_mix(gw: Any, redis_url: str, key: str, per_tier: dict[str, int],
                  window: int) -> Counter[str]:
     """Queue ``per_tier`` requests with the drainer held, release it, and count the tiers of
-    the first ``window`` requests the engine received."""
-    drainer, engine = gw.services.worker.drainer, gw.engine
-    drainer.paused = True
-    time.sleep(0.4)
-    start = len(engine.started_ids)
+    the first ``window`` requests the engine received (the order of their first outputs: the
+    echo engine steps requests in the order they were added)."""
+    started: list[str] = []
+    recording = True
+
+    def record(outputs: list[RequestOutput]) -> None:
+        if recording:
+            started.extend(o.request_id for o in outputs if o.new_token_ids)
+
+    gw.engine.add_step_callback(record)
     bodies = [(tier, {"model": "echo", "prompt": "x", "max_tokens": 1, "service_tier": tier})
               for tier, n in per_tier.items() for _ in range(n)]
 
@@ -46,16 +53,17 @@ def admitted_mix(gw: Any, redis_url: str, key: str, per_tier: dict[str, int],
             while backlog(redis_url, gw.config.namespace) < len(bodies):
                 assert time.monotonic() < deadline, "requests did not all reach the queues"
                 await asyncio.sleep(0.02)
-            drainer.paused = False
+            start_drainer(gw)
             res = await asyncio.gather(*tasks)
         assert all(r.status_code == 200 for r in res)
         return {r.json()["id"]: r.json()["service_tier"] for r in res}
 
     try:
-        tiers_by_id = asyncio.run(go())
+        with drainer_held(gw):
+            tiers_by_id = asyncio.run(go())
     finally:
-        drainer.paused = False
-    order = [rid for rid in engine.started_ids[start:] if rid in tiers_by_id]
+        recording = False
+    order = [rid for rid in started if rid in tiers_by_id]
     assert len(order) == len(bodies)
     return Counter(tiers_by_id[rid] for rid in order[:window])
 

@@ -5,6 +5,7 @@ role), the benchmarks and the load test's local server:
   run_loop                run a coroutine on uvloop when installed (what uvicorn picks too)
   startup_objects_frozen  the objects alive after start-up moved out of the cyclic GC's reach
   exit_cleanly_on_sigterm SIGTERM -> ``SystemExit(0)``, so ``finally`` blocks and atexit run
+  stop_event              set by SIGINT/SIGTERM, for a loop without uvicorn (the worker role)
 """
 
 from __future__ import annotations
@@ -69,3 +70,14 @@ def exit_cleanly_on_sigterm() -> None:
         raise SystemExit(0)  # a requested stop that completed
 
     signal.signal(signal.SIGTERM, handler)
+
+
+
+def stop_event() -> asyncio.Event:
+    """An event that SIGINT or SIGTERM sets, handled on the running loop from now on (for a
+    loop uvicorn does not run: the worker role)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -16,6 +15,7 @@ from typing import Any
 
 from gateway.bus.embedded import EmbeddedRedis
 from gateway.config import GatewayConfig
+from gateway.process import free_port
 from gateway.tenancy.tenants import Tenant, TenantQuota, TenantStore
 from policies.tiers import TIERS
 
@@ -27,12 +27,6 @@ class LocalServer:
     url: str
     keys: dict[str, str]  # tier -> API key of that tier's tenant
     app: Any
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def make_tenants(redis_url: str, namespace: str, secret: bytes,

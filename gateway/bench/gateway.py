@@ -20,7 +20,6 @@ engine does, on both sides: the gateway's work on the event loop cannot stretch 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -28,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from gateway.bench.load import (
     pin,
     server_pids,
 )
+from gateway.process import free_port, loop_factory, run_loop
 
 SECRET = "bench-secret"
 
@@ -237,21 +237,21 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.bus.embedded import EmbeddedRedis
 
     tokenizer = load_tokenizer(resolve_model_dir(args.model))
-    loop_name, run = _runner()
-    direct = run(direct_rows(tokenizer, args))
-    port = _free_port()
+    loop_name = loop_factory()[0]
+    direct = run_loop(direct_rows(tokenizer, args))
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     cpus = sorted(os.sched_getaffinity(0))
     with EmbeddedRedis() as redis:
         with serving(redis.url, port, args, ("all",)) as procs:
-            key = run(make_key(redis.url))
+            key = run_loop(make_key(redis.url))
             pinned = (server_pids(procs[0], redis.url), cpus[:1]) \
                 if args.pin and len(cpus) > 1 else None
-            gw = run(gateway_rows(url, key, args, pinned))
+            gw = run_loop(gateway_rows(url, key, args, pinned))
         if args.split:
-            port = _free_port()
+            port = free_port()
             with serving(redis.url, port, args, ("gateway", "worker")):
-                gw += run(split_rows(f"http://127.0.0.1:{port}", key, args))
+                gw += run_loop(split_rows(f"http://127.0.0.1:{port}", key, args))
     client = ("lean asyncio HTTP/1.1 keep-alive client (gateway/bench/client.py)"
               if args.client == "lean" else "httpx")
     print(f"carpool bench gateway: FAKE echo engine, {args.requests} requests, concurrency "
@@ -273,33 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _runner() -> tuple[str, Callable[[Any], Any]]:
-    """Run coroutines on uvloop when installed: what uvicorn picks for the gateway too."""
-    try:
-        import uvloop
-    except ImportError:
-        return "asyncio", asyncio.run
-
-    def run(coro: Any) -> Any:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(coro)
-    return "uvloop", run
-
-
 def _export_state() -> str:
     """What the serving processes inherit: spans are built only when something exports them."""
     from gateway.telemetry.config import OTLP_ENDPOINT_VARS
 
     set_vars = [v for v in OTLP_ENDPOINT_VARS if os.environ.get(v)]
     return f"ON ({', '.join(set_vars)} set)" if set_vars else "off (no OTLP endpoint set)"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":

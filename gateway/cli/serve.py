@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import socket
 import sys
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from typing import Any
 from gateway.bus.embedded import EmbeddedRedis
 from gateway.bus.keys import RedisKeys
 from gateway.config import GatewayConfig
-from gateway.process import exit_cleanly_on_sigterm, run_loop, startup_objects_frozen
+from gateway.process import exit_cleanly_on_sigterm, run_loop, startup_objects_frozen, stop_event
 from gateway.tenancy.keys import generate_key, resolve_secret
 from gateway.tenancy.tenants import Tenant, TenantQuota, TenantStore
 
@@ -140,14 +139,11 @@ async def run_worker(config: GatewayConfig, redis_url: str, secret: bytes) -> No
     from gateway.telemetry.gateway_events import events_for
     from gateway.worker.worker import Worker
 
+    stop = stop_event()
     redis = redis_client(redis_url)
     engine: Any = await asyncio.to_thread(build_engine, config)
     events = events_for("worker", trace_console=config.trace_console)
     worker = Worker(redis, engine, config, events)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     await worker.start()
     await events.start(worker)
     if config.metrics_port:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
@@ -25,6 +24,7 @@ from gateway.http.errors import APIError, error_response
 from gateway.http.openai import routes as api
 from gateway.http.services import Services
 from gateway.model_info import ModelInfo, build_engine, load_model_info
+from gateway.process import startup_objects_frozen
 from gateway.telemetry.events import GatewayEvents
 from gateway.telemetry.gateway_events import events_for
 from gateway.telemetry.telemetry import metrics_endpoint
@@ -75,22 +75,6 @@ async def load_tenants(store: TenantStore, path: str) -> int:
     for tenant in tenants:
         await store.put(tenant)
     return len(tenants)
-
-
-@contextlib.contextmanager
-def startup_objects_frozen() -> Iterator[None]:
-    """Move everything alive after start-up (modules, tokenizer, model) out of the cyclic
-    GC's reach while serving. A full collection walks every tracked object: ~300k after the
-    imports, a ~100-200 ms pause that lands on the requests in flight (the p99 in ``carpool
-    bench gateway``); frozen, it walks only what serving allocated. Unfrozen on the way out:
-    frozen objects are never finalized at exit, and triton's nanobind bindings then print
-    hundreds of "leaked instance" lines on every stop."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,

@@ -5,7 +5,6 @@ Redis through the same ``TenantStore`` the gateway uses."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 import uuid
@@ -19,15 +18,10 @@ import uvicorn
 from gateway.bus.keys import RedisKeys
 from gateway.config import GatewayConfig
 from gateway.http.app import create_app
+from gateway.process import free_port
 from gateway.tenancy.tenants import Tenant, TenantQuota, TenantStore
 
 SECRET = b"test-secret-0123456789abcdef"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_config(**overrides: Any) -> GatewayConfig:

@@ -1,15 +1,23 @@
-"""``carpool serve`` freezes the objects alive after start-up, so full GC passes stop walking
-the imports, tokenizer and model; apps made without ``freeze_gc`` (tests) leave the GC alone."""
+"""``gateway/process.py``. ``carpool serve`` freezes the objects alive after start-up, so full
+GC passes stop walking the imports, tokenizer and model; apps made without ``freeze_gc``
+(tests) leave the GC alone. The free port, the loop runner and the stop signals."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import importlib.util
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
+from gateway.process import free_port, run_loop
 from tests.gateway.harness import make_config, run_gateway
+from tests.gateway.procs import REPO
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,3 +36,50 @@ def test_freeze_after_startup(redis_url: str, tiny_model_dir: Path, freeze: bool
         assert gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()  # the rest of the session collects as usual
+
+
+def test_free_port_is_free() -> None:
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # raises if somebody holds it
+
+
+def test_run_loop_runs_on_uvloop_when_installed() -> None:
+    async def loop_module() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    expected = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    assert run_loop(loop_module()).split(".")[0] == expected
+
+
+SIGNALLED = """
+import asyncio, os, signal, sys
+from gateway.process import exit_cleanly_on_sigterm, run_loop, stop_event
+async def wait_for_stop() -> None:
+    stop = stop_event()
+    asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIG{sig})
+    await asyncio.wait_for(stop.wait(), 10)
+    print("stop event set")
+if sys.argv[1] == "loop":
+    run_loop(wait_for_stop())
+else:
+    exit_cleanly_on_sigterm()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pause()
+    finally:
+        print("finally ran")
+"""
+
+
+@pytest.mark.parametrize(("mode", "sig", "printed"), [
+    ("plain", "TERM", "finally ran"), ("loop", "TERM", "stop event set"),
+    ("loop", "INT", "stop event set")])
+def test_stop_signals(mode: str, sig: str, printed: str) -> None:
+    """SIGTERM ends a plain process through ``finally`` with exit code 0; on a loop that is not
+    uvicorn's, SIGINT and SIGTERM set the stop event."""
+    done = subprocess.run([sys.executable, "-c", SIGNALLED.format(sig=sig), mode],
+                          check=False, cwd=str(REPO), capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == printed

@@ -5,9 +5,9 @@ time) and that bandwidth as a fraction of the device's peak. Attention is also t
 ``F.scaled_dot_product_attention`` on KV already gathered into contiguous tensors (the gather is
 not timed, which flatters SDPA). Decode batches 1/32/256 at context 512 and 4096, on SmolLM2
 (9 q heads, 3 KV heads, head dim 64) and a Llama-7B layer (32 heads, head dim 128). Every Triton
-result is checked against its reference (max abs error column). Last part: the
-engine's decode throughput with Triton vs references (``bench_engine_decode``; --no-engine
-skips it).
+result is checked against its reference (max abs error column). The engine's decode
+throughput with Triton vs references is an engine benchmark (``carpool bench engine
+--decode-kernels``): nothing here imports the engine.
 
 Without CUDA it says so and returns 0. Target from issue #3: paged decode attention at
 >= 70% of HBM bandwidth at batch 256, context 4096 on an H100/H200.
@@ -16,7 +16,6 @@ Without CUDA it says so and returns 0. Target from issue #3: paged decode attent
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -218,33 +217,6 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def bench_engine_decode(
-    model: str | None = None, batch: int = 32, prompt_len: int = 64, max_tokens: int = 64,
-    dtype: str = "bfloat16", device: str = "cuda",
-) -> dict[str, float]:
-    """Engine decode throughput (generated tokens/s, prompt included in the wall time, which is
-    small at these lengths) with the Triton kernels vs the torch references, on CUDA."""
-    from engine.core.sampling_params import SamplingParams
-    from engine.frontend.llm import LLM
-
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    prompts = [[(7 * i + j) % 1000 + 100 for j in range(prompt_len)] for i in range(batch)]
-    results: dict[str, float] = {}
-    for name, flag in (("triton", True), ("torch ref", False)):
-        llm = LLM(model=model, dtype=dtype, device=device, use_triton=flag,
-                  max_num_seqs=batch)
-        llm.generate(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
-        _sync(device)
-        start = time.perf_counter()
-        outs = llm.generate(prompts, params)
-        _sync(device)
-        results[name] = sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
-        del llm
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()
-    return results
-
-
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="carpool bench kernels", description=__doc__.split("\n")[0])
     p.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
@@ -252,10 +224,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
     p.add_argument("--tokens", type=int, nargs="+", default=[32, 256, 4096],
                    help="token counts for the pointwise ops")
-    p.add_argument("--no-engine", action="store_true",
-                   help="skip the engine decode throughput (Triton vs references)")
-    p.add_argument("--model", default=None, help="model dir for the engine part "
-                   "(default: the bundled SmolLM2)")
     return p.parse_args(argv)
 
 
@@ -278,13 +246,4 @@ def main(argv: list[str] | None = None) -> int:
         for tokens in args.tokens:
             rows += bench_pointwise(shape, tokens, dtype, dev)
     print_rows(rows, peak)
-    if args.no_engine:
-        return 0
-    try:
-        tput = bench_engine_decode(args.model, dtype=args.dtype)
-    except Exception as exc:  # noqa: BLE001 -- the kernel table above still stands
-        print(f"engine decode throughput failed: {exc!r}")
-        return 1
-    print("engine decode, 32 requests x 64 tokens, tok/s: "
-          + ", ".join(f"{k} {v:.0f}" for k, v in tput.items()))
     return 0

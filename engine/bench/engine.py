@@ -1,4 +1,5 @@
 """`carpool bench engine`: seed 000's workload, Carpool against transformers, one table.
+(``--decode-kernels``: the Triton-vs-reference decode throughput instead, on CUDA.)
 
 100 requests alternating 20 and 200 output tokens (exact, ignore_eos), short varied prompts,
 all arriving at once, SmolLM2 fp32. The padded transformers row, slow by design, runs on a
@@ -228,7 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long", type=int, default=200)
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--decode-kernels", action="store_true",
+                    help="instead: decode throughput on the Triton kernels vs the torch "
+                         "references (CUDA; engine.bench.decode_attention)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
+                    help="with --decode-kernels")
     args = ap.parse_args(argv)
+    if args.decode_kernels:
+        from engine.bench.decode_attention import run
+
+        return run(args.model, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
 

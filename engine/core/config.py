@@ -2,11 +2,15 @@
 
 ``EngineConfig.from_kwargs(**kw)`` routes flat keyword arguments (as ``LLM(...)`` and the CLI
 pass them) to the sub-config that owns each field, and rejects unknown names.
+
+The engine's environment is read here and nowhere else, once per config:
+``CARPOOL_FORCE_TRITON=1`` turns a ``use_triton`` left at None (by device) into True.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -14,6 +18,7 @@ from typing import Any, Literal
 BatchingMode = Literal["continuous", "static", "dynamic"]
 PreemptionMode = Literal["recompute", "swap"]
 DType = Literal["float32", "bfloat16", "float16", "float64"]
+FORCE_TRITON_ENV = "CARPOOL_FORCE_TRITON"  # "1": Triton kernels even where the device says no
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,10 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     use_triton: bool | None = None  # None = Triton on CUDA, torch references on CPU
+
+    def __post_init__(self) -> None:
+        if self.use_triton is None and os.environ.get(FORCE_TRITON_ENV) == "1":
+            object.__setattr__(self, "use_triton", True)  # frozen: set once, here
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

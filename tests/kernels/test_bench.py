@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-import kernels
 from kernels import bench
 
 
@@ -16,7 +13,7 @@ def test_without_cuda_prints_message_and_exits_zero(capsys: pytest.CaptureFixtur
     assert bench.main([]) == 0
     out = capsys.readouterr().out
     assert "no CUDA device" in out
-    assert bench.main(["--batches", "1", "--no-engine"]) == 0  # flags parse, still no CUDA
+    assert bench.main(["--batches", "1"]) == 0  # flags parse, still no CUDA
 
 
 def test_bandwidth_row_math(capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,10 +51,3 @@ def test_bench_cases_run_and_agree_on_cpu(monkeypatch: pytest.MonkeyPatch) -> No
     errors = [r.max_err for r in rows if r.max_err is not None]
     assert len(errors) == 7 and max(errors) < 1e-4
     assert all(r.bytes_moved > 0 for r in rows)
-
-
-def test_engine_decode_hook_runs_on_cpu(tiny_model_dir: Path) -> None:
-    tput = bench.bench_engine_decode(str(tiny_model_dir), batch=2, prompt_len=6, max_tokens=3,
-                                     dtype="float32", device="cpu")
-    assert set(tput) == {"triton", "torch ref"} and all(v > 0 for v in tput.values())
-    assert not kernels.use_triton(torch.zeros(1))  # the process-wide switch is reset

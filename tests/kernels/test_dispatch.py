@@ -42,12 +42,8 @@ def _spy_all(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return called
 
 
-@pytest.fixture(autouse=True)
-def _automatic_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CARPOOL_FORCE_TRITON", raising=False)
-
-
 def test_cpu_tensors_use_the_references(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CARPOOL_FORCE_TRITON", "1")  # read into EngineConfig, never here
     called = _spy_all(monkeypatch)
     assert not use_triton(torch.zeros(1))
     for call in _calls().values():
@@ -55,23 +51,38 @@ def test_cpu_tensors_use_the_references(monkeypatch: pytest.MonkeyPatch) -> None
     assert called == []
 
 
-@pytest.mark.parametrize("how", ["argument", "env"])
-def test_forcing_routes_every_op_to_triton(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forcing_routes_every_op_to_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     called = _spy_all(monkeypatch)
-    if how == "env":
-        monkeypatch.setenv("CARPOOL_FORCE_TRITON", "1")
-    for op, call in _calls(triton=True if how == "argument" else None).items():
+    for op, call in _calls(triton=True).items():
         with pytest.raises(RuntimeError, match="triton path taken"):
             call()
         assert called[-1] == op
     assert len(called) == len(_calls())
 
 
-def test_forcing_false_beats_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CARPOOL_FORCE_TRITON", "1")
+def test_forcing_false_keeps_the_references(monkeypatch: pytest.MonkeyPatch) -> None:
     called = _spy_all(monkeypatch)
     assert not use_triton(torch.zeros(1), force=False)
     for call in _calls(triton=False).values():
         call()
     assert called == []
+
+
+@pytest.mark.parametrize(("env", "given", "expected"), [
+    (None, None, None), ("1", None, True), ("0", None, None), ("1", False, False),
+    (None, True, True),
+])
+def test_the_env_switch_is_read_into_the_engine_config(
+    env: str | None, given: bool | None, expected: bool | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CARPOOL_FORCE_TRITON=1 forces Triton only where the config leaves the choice open."""
+    from engine.core.config import EngineConfig
+
+    if env is None:
+        monkeypatch.delenv("CARPOOL_FORCE_TRITON", raising=False)
+    else:
+        monkeypatch.setenv("CARPOOL_FORCE_TRITON", env)
+    config = EngineConfig.from_kwargs(use_triton=given) if given is not None else EngineConfig()
+    assert config.use_triton is expected
 

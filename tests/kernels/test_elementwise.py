@@ -17,7 +17,6 @@ from kernels.rotary import rotary_embedding_ref
 DTYPES = [torch.float32, torch.float16]
 # fp16 references round after every op; the kernels compute in fp32 and round once.
 TOL: dict[torch.dtype, dict[str, Any]] = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.float16: {"atol": 5e-3, "rtol": 5e-3}}
-pytestmark = pytest.mark.usefixtures("force_triton")
 
 
 def _randn(*shape: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
@@ -29,7 +28,7 @@ def _randn(*shape: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
 def test_rms_norm(tokens: int, hidden: int, dtype: torch.dtype) -> None:
     x = _randn(tokens, hidden, dtype=dtype) * 3
     w = _randn(hidden, dtype=dtype, seed=1)
-    out = kernels.rms_norm(x, w, 1e-5)
+    out = kernels.rms_norm(x, w, 1e-5, triton=True)
     assert out.dtype == dtype
     torch.testing.assert_close(out, rms_norm_ref(x, w, 1e-5), **TOL[dtype])
 
@@ -39,7 +38,7 @@ def test_rms_norm(tokens: int, hidden: int, dtype: torch.dtype) -> None:
 def test_fused_add_rms_norm(tokens: int, hidden: int, dtype: torch.dtype) -> None:
     x, res = _randn(tokens, hidden, dtype=dtype), _randn(tokens, hidden, dtype=dtype, seed=2)
     w = _randn(hidden, dtype=dtype, seed=1)
-    out, summed = kernels.fused_add_rms_norm(x, res, w, 1e-6)
+    out, summed = kernels.fused_add_rms_norm(x, res, w, 1e-6, triton=True)
     ref_out, ref_summed = fused_add_rms_norm_ref(x, res, w, 1e-6)
     torch.testing.assert_close(summed, ref_summed, atol=0, rtol=0)
     torch.testing.assert_close(out, ref_out, **TOL[dtype])
@@ -47,7 +46,7 @@ def test_fused_add_rms_norm(tokens: int, hidden: int, dtype: torch.dtype) -> Non
 
 def test_rms_norm_with_fp32_weight_promotes_like_reference() -> None:
     x, w = _randn(3, 64, dtype=torch.float16), _randn(64, dtype=torch.float32)
-    out = kernels.rms_norm(x, w, 1e-6)
+    out = kernels.rms_norm(x, w, 1e-6, triton=True)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, rms_norm_ref(x, w, 1e-6), atol=1e-5, rtol=1e-5)
 
@@ -62,7 +61,7 @@ def test_rotary_on_fused_qkv_views(heads: int, kv_heads: int, head_dim: int,
     q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
     k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
     positions = torch.tensor([0, 1, 17, 299, 5, 128])
-    q_out, k_out = kernels.rotary_embedding(positions, q, k, table)
+    q_out, k_out = kernels.rotary_embedding(positions, q, k, table, triton=True)
     q_ref, k_ref = rotary_embedding_ref(positions, q, k, table)
     torch.testing.assert_close(q_out, q_ref, **TOL[dtype])
     torch.testing.assert_close(k_out, k_ref, **TOL[dtype])
@@ -73,7 +72,7 @@ def test_rotary_on_fused_qkv_views(heads: int, kv_heads: int, head_dim: int,
 @pytest.mark.parametrize(("tokens", "inter"), [(1, 64), (5, 1536), (3, 40)])
 def test_silu_and_mul(tokens: int, inter: int, dtype: torch.dtype) -> None:
     x = _randn(tokens, 2 * inter, dtype=dtype) * 4
-    out = kernels.silu_and_mul(x)
+    out = kernels.silu_and_mul(x, triton=True)
     assert out.shape == (tokens, inter) and out.dtype == dtype
     torch.testing.assert_close(out, silu_and_mul_ref(x), **TOL[dtype])
 
@@ -90,7 +89,7 @@ def test_write_kv_cache(block_size: int, kv_heads: int, head_dim: int, dtype: to
     k_cache = _randn(n_blocks, block_size, kv_heads, head_dim, dtype=dtype, seed=4)
     v_cache = _randn(n_blocks, block_size, kv_heads, head_dim, dtype=dtype, seed=5)
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
-    kernels.write_kv_cache(k, v, k_cache, v_cache, slots)
+    kernels.write_kv_cache(k, v, k_cache, v_cache, slots, triton=True)
     write_kv_cache_ref(k, v, k_ref, v_ref, slots)
     # A copy: bit-exact, and every slot not in the mapping is untouched.
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
@@ -100,7 +99,7 @@ def test_write_kv_cache_skips_padding_slots() -> None:
     k = _randn(3, 2, 16, dtype=torch.float32)
     k_cache = torch.zeros(2, 16, 2, 16)
     v_cache = torch.zeros(2, 16, 2, 16)
-    kernels.write_kv_cache(k, k, k_cache, v_cache, torch.tensor([5, -1, 31]))
+    kernels.write_kv_cache(k, k, k_cache, v_cache, torch.tensor([5, -1, 31]), triton=True)
     flat = k_cache.view(-1, 2, 16)
     assert torch.equal(flat[5], k[0]) and torch.equal(flat[31], k[2])
     assert int((flat.abs().sum((1, 2)) > 0).sum()) == 2

@@ -29,11 +29,10 @@ MIXED = ([5, 1, 0, 12], [5, 40, 7, 30])
 @pytest.mark.parametrize("lens", [DECODE, MIXED], ids=["decode", "mixed"])
 def test_matches_reference(
     lens: tuple[list[int], list[int]], head_dim: int, block_size: int, dtype: torch.dtype,
-    force_triton: None,
 ) -> None:
     batch = make_paged_batch(*lens, num_heads=9, num_kv_heads=3, head_dim=head_dim,
                              block_size=block_size, dtype=dtype)
-    out = kernels.paged_attention(*batch.args())
+    out = kernels.paged_attention(*batch.args(), triton=True)
     ref = paged_attention_ref(*batch.args())
     assert out.dtype == dtype and out.shape == batch.q.shape
     torch.testing.assert_close(out, ref, **TOL[dtype])

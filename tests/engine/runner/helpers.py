@@ -64,7 +64,8 @@ def step_logits(runner: ModelRunner, scheduled: list[ScheduledRequest]) -> list[
 def hf_model(model_dir: Path, dtype: torch.dtype = torch.float64) -> Any:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype,
+                                                 local_files_only=True)
     return model.eval()
 
 

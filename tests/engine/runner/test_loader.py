@@ -95,7 +95,8 @@ def test_conversion_is_atomic_and_a_lost_race_is_harmless(
     from engine.runner.loader import convert_gguf
 
     model = hf_model(tiny_model_dir, torch.float32)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir),
+                                                           local_files_only=True)
     calls: list[str] = []
 
     def fake_model(src: str, gguf_file: str, **kw: object) -> object:

@@ -44,7 +44,8 @@ class LLMEngine:
         self._ids = itertools.count()
         self.step_count = 0
         self.last_step_seconds = 0.0
-        # Called after every step with (SchedulerOutput, step seconds): telemetry hooks in here.
+        # Called after every step with (SchedulerOutput, step seconds), on the stepping thread;
+        # AsyncEngine.add_step_observer adds to this list (telemetry's StepObserver).
         self.step_observers: list[Callable[[SchedulerOutput, float], None]] = []
         self._stats = self.scheduler.stats
 

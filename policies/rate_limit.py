@@ -1,4 +1,5 @@
-"""Per-minute limits as token buckets. Pure functions; gateway/quota.lua mirrors them exactly.
+"""Per-minute limits as token buckets. Pure functions; the quota Lua (gateway/bus/scripts.py)
+mirrors them exactly.
 
 A limit of L per minute is a bucket of capacity L refilled at L/60 000 per millisecond, so a
 tenant may burst a full minute's worth and then proceeds at the steady rate. A request costing

@@ -218,7 +218,7 @@ def print_table(rows: list[Row], bound_tok_s: float) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="carpool bench engine", description=__doc__)
     ap.add_argument("--model", default=None, help="local checkpoint (default: SmolLM2)")
     ap.add_argument("--num-requests", type=int, default=100)
@@ -234,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
                          "references (CUDA; engine.bench.decode_attention)")
     ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
                     help="with --decode-kernels")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     if args.decode_kernels:
         from engine.bench.decode_attention import run
 
@@ -270,7 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     for step in plan:
         rows.append(step())
         print(f"  done: {rows[-1].name} ({rows[-1].wall_s:.1f} s)", flush=True)
+    _report(rows, cfg)
+    return 0
 
+
+def _report(rows: list[Row], cfg: Any) -> None:
+    """The table, then the ceilings and ratios measured in this run."""
     gflops, gflop_tok, bound = compute_bound(cfg)
     print()
     print(f"compute bound: {gflops:.1f} GFLOP/s fp32 on the model's shapes / {gflop_tok:.3f} "
@@ -290,7 +299,6 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"scheduler CPU time per step at 256 running (schedule + update, fake runner): "
           f"{measure_scheduler_step_ms(256):.3f} ms")
-    return 0
 
 
 if __name__ == "__main__":

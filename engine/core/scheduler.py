@@ -22,8 +22,9 @@ Phases 2-3 are skipped in a step where phase 1 had to preempt (memory is short).
 Failures never hang: a prompt that can never fit finishes in ``add_request``, and a request
 whose prompt + output outgrows the whole cache finishes, both with FINISHED_ERROR.
 
-Not thread-safe: call everything from the engine's step thread, never between ``schedule()``
-and the runner's execution of its output.
+The eviction mechanism (swap or recompute, victims of lower priority, ``preempt_request``)
+lives in ``engine.core.preemption``. Not thread-safe: call everything from the engine's step
+thread, never between ``schedule()`` and the runner's execution of its output.
 """
 
 from __future__ import annotations
@@ -33,20 +34,21 @@ import time
 from collections.abc import Callable
 
 from engine.core.block_manager import BlockManager
-from engine.core.config import CacheConfig, PreemptionMode, SchedulerConfig
+from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.core.preemption import PreemptionMixin
 from engine.core.request import Request, RequestStatus
 from engine.core.request_checks import never_fits_reason, outgrown_reason, stop_status
 from engine.core.request_queue import RequestQueue
 from engine.core.stats import SchedulerCounters, SchedulerStats
 from engine.core.step_plan import StepPlan
 from policies.batching import AdmissionSnapshot, get_admission_policy, padding_rows
-from policies.preemption import VictimCandidate, choose_victim, may_preempt_for
+from policies.preemption import choose_victim
 
 _OK, _NO_BUDGET, _NO_ROOM = "ok", "budget", "room"
 
 
-class Scheduler:
+class Scheduler(PreemptionMixin):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -117,26 +119,6 @@ class Scheduler:
         self._drop_pending_swap_out(request_id)
         self._finish(req, status, returned=False)
         self._requests.pop(request_id, None)
-
-    def _drop_pending_swap_out(self, request_id: str) -> None:
-        # A swap-out decided between steps has not been copied yet; once the request is gone
-        # its CPU blocks are free again, and a second copy into them in the same step would
-        # race with this one.
-        cpu = set(self.block_manager.get_cpu_block_ids(request_id))
-        if cpu and self._between_steps.swap_out:
-            plan = self._between_steps
-            plan.swap_out = [(d, c) for d, c in plan.swap_out if c not in cpu]
-
-    def preempt_request(self, request_id: str, mode: PreemptionMode | None = None) -> bool:
-        """Preempt a running request now (tests, operator tools); False if it is not running.
-
-        Its swap-out copies (if any) go out with the next ``schedule()``'s output.
-        """
-        req = self.running.get(request_id)
-        if req is None:
-            return False
-        self._preempt(req, self._between_steps, mode)
-        return True
 
     def get_request(self, request_id: str) -> Request | None:
         return self._requests.get(request_id)
@@ -282,21 +264,6 @@ class Scheduler:
         self._start_running(req, num_new, plan)
         return _OK
 
-    def _preempt_lower(self, priority: int, need_blocks: int, plan: StepPlan) -> bool:
-        """Preempt one running request of strictly lower priority, but only if preempting
-        all of them would give a seat and ``need_blocks`` free blocks (else waste no work)."""
-        bm = self.block_manager
-        lower = self._candidates(lambda r: may_preempt_for(priority, r.priority), plan)
-        if not lower:
-            return False
-        freeable = bm.num_free_blocks + sum(bm.num_device_blocks_of(c.request_id) for c in lower)
-        if len(self.running) - len(lower) >= self.config.max_num_seqs or freeable < need_blocks:
-            return False
-        victim_id = choose_victim(lower)
-        assert victim_id is not None
-        self._preempt(self.running[victim_id], plan)
-        return True
-
     # ---- mechanism --------------------------------------------------------------------
     def _chunk(self, req: Request, computed: int, budget: int) -> int:
         """Tokens to compute now: all remaining, or a chunk of the budget, or 0 (wait).
@@ -319,39 +286,6 @@ class Scheduler:
         if error is not None:
             self._finish(req, RequestStatus.FINISHED_ERROR, error)
         return error is not None
-
-    def _candidates(
-        self, eligible: Callable[[Request], bool], plan: StepPlan
-    ) -> list[VictimCandidate]:
-        return [
-            VictimCandidate(r.request_id, r.priority, r.arrival_time)
-            for r in self.running.values()
-            if r.request_id not in plan.swapped_in and eligible(r)
-        ]
-
-    def _preempt(self, req: Request, plan: StepPlan, mode: PreemptionMode | None = None) -> None:
-        """Evict a running request: swap it to the CPU pool, or drop its KV (recompute)."""
-        rid = req.request_id
-        plan.unschedule(rid)
-        del self.running[rid]
-        mapping = None
-        if (mode or self.config.preemption_mode) == "swap":
-            mapping = self.block_manager.swap_out(rid)
-        if mapping is not None:
-            plan.swap_out.extend(mapping)
-            plan.swapped_out[rid] = len(mapping)
-            req.status = RequestStatus.SWAPPED
-            self.swapped.add(req)
-            self._counts.preemptions_swap += 1
-        else:
-            self.block_manager.free(rid)
-            req.num_computed_tokens = 0
-            req.status = RequestStatus.PREEMPTED
-            self.waiting.add(req)
-            self._counts.preemptions_recompute += 1
-        req.num_preemptions += 1
-        plan.preempted_ids.append(rid)
-        plan.preempted.add(rid)
 
     def _start_running(self, req: Request, num_new: int, plan: StepPlan) -> None:
         req.status = RequestStatus.RUNNING

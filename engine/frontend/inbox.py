@@ -2,7 +2,8 @@
 
 The loop ``post``s requests and aborts; the step thread ``drain``s them at the top of each step
 and, with nothing to do, ``wait``s until something is posted (or a timeout, to re-check its
-stop flag). Shared by the real ``AsyncEngine`` and the gateway's FAKE echo engine.
+stop flag). Used by ``engine.frontend.threaded.ThreadedEngine``, the base of the real
+``AsyncEngine`` and of the FAKE echo engine.
 """
 
 from __future__ import annotations

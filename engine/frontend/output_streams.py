@@ -1,8 +1,9 @@
 """The per-request output queues behind an engine's ``generate``.
 
 An engine hands each step's outputs to the event loop; ``put`` routes every output to the
-caller waiting on that request in ``generate``. Shared by the real ``AsyncEngine`` and the
-gateway's FAKE echo engine, which run the same way (a step thread, outputs on the loop).
+caller waiting on that request in ``generate``. Used by
+``engine.frontend.threaded.ThreadedEngine``, the base of the real ``AsyncEngine`` and of the
+FAKE echo engine.
 """
 
 from __future__ import annotations

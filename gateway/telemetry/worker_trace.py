@@ -86,7 +86,7 @@ class WorkerRequestTrace:
             self._finish(out.finish_reason or "stop", end, out.num_output_tokens, out.error)
 
     # on_prefill_chunk / on_preempted / on_swap take per-step facts, which the StepObserver
-    # hands over (drained on the event loop) when the engine offers step observers.
+    # hands over (drained on the event loop) (every EngineClient offers step observers).
     def on_prefill_chunk(self, start_pos: int, num_tokens: int, at_ns: int | None = None) -> None:
         """A chunk computed for this request. Until the first token is seen it is part of the
         initial prefill (stamps taken at step end can lie a hair past the first token's);

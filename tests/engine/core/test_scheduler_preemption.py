@@ -43,6 +43,32 @@ def test_priority_preemption_when_blocks_run_out(mode: str) -> None:
         assert r.output_token_ids == reference_tokens(r)
 
 
+@pytest.mark.parametrize(("mode", "num_cpu_blocks"), [("recompute", 16), ("swap", 16),
+                                                     ("swap", 1)])
+def test_output_says_which_preemptions_swapped_and_how_many_blocks(
+        mode: str, num_cpu_blocks: int) -> None:
+    """``swapped_out`` names the swap preemptions with the blocks that moved (what telemetry
+    reports); a swap that falls back to recompute (CPU pool too small) is not in it."""
+    sched = make_scheduler(num_blocks=8, num_cpu_blocks=num_cpu_blocks, preemption_mode=mode)
+    runner = FakeRunner(sched)
+    lows = make_requests(2, prompt_len=14, max_tokens=10, priority=2)
+    for r in lows:
+        sched.add_request(r)
+    step(sched, runner)
+    (urgent,) = make_requests(1, prompt_len=6, max_tokens=3, priority=0, start_time=5.0)
+    sched.add_request(urgent)
+    out, _ = step(sched, runner)
+    (victim,) = out.preempted_ids
+    swapped = sched.get_request(victim).status == RequestStatus.SWAPPED  # type: ignore[union-attr]
+    assert swapped == (mode == "swap" and num_cpu_blocks > 1)
+    if swapped:
+        assert out.swapped_out == {victim: len(out.swap_out)}
+        assert len(out.swap_out) == sched.block_manager.num_cpu_blocks_of(victim)
+    else:
+        assert out.swapped_out == {} and out.swap_out == []
+    run_to_completion(sched, runner)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_priority_preemption_when_max_num_seqs_is_reached(mode: str) -> None:
     sched = make_scheduler(num_blocks=64, max_num_seqs=2, preemption_mode=mode)

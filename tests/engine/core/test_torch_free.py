@@ -1,0 +1,46 @@
+"""engine.core and engine.protocol import without torch: a fresh interpreter where torch
+cannot be imported loads every one of those modules, and torch never shows up."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+SCRIPT = textwrap.dedent("""
+    import importlib, importlib.abc, pkgutil, sys
+
+    class NoTorch(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch" or name.startswith("torch."):
+                raise ImportError(f"torch is blocked here ({name})")
+            return None
+
+    sys.meta_path.insert(0, NoTorch())
+
+    import engine.core
+    names = [m.name for m in pkgutil.walk_packages(engine.core.__path__, "engine.core.")]
+    for name in names + ["engine.protocol"]:
+        importlib.import_module(name)
+    assert "torch" not in sys.modules, "torch was imported"
+    print("imported", len(names) + 1)
+    try:  # the blocker works: the runner needs torch
+        import engine.runner.model_runner
+    except ImportError as exc:
+        print("blocked:", exc)
+    else:
+        raise AssertionError("engine.runner.model_runner imported without torch")
+""")
+
+
+def test_engine_core_and_protocol_import_without_torch() -> None:
+    res = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, check=False,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    count = int(res.stdout.split("imported ")[1].split()[0])
+    modules = [p for p in (ROOT / "engine" / "core").glob("*.py") if p.name != "__init__.py"]
+    assert count == len(modules) + 1  # every module of engine.core, and engine.protocol
+    assert "blocked: torch is blocked here" in res.stdout

@@ -33,11 +33,10 @@ async def make_tenants(redis_url: str, namespace: str, secret: bytes,
                        rpm: Mapping[str, int]) -> dict[str, str]:
     """One tenant per tier, allowed only that tier (``rpm[tier]``: its requests-per-minute
     limit, 0 = unlimited); returns tier -> a fresh key."""
-    import redis.asyncio as aioredis
-
+    from gateway.bus.client import redis_client
     from gateway.bus.keys import RedisKeys
 
-    client = aioredis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     store = TenantStore(client, RedisKeys(namespace), secret)
     keys = {}
     try:

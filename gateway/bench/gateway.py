@@ -180,12 +180,11 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) ->
 
 
 async def make_key(redis_url: str) -> str:
-    import redis.asyncio as aioredis
-
+    from gateway.bus.client import redis_client
     from gateway.bus.keys import RedisKeys
     from gateway.tenancy.tenants import Tenant, TenantStore
 
-    client = aioredis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)
     try:
         store = TenantStore(client, RedisKeys("bench"), SECRET.encode())
         await store.put(Tenant("bench"))

@@ -18,49 +18,7 @@ from typing import Any
 from gateway.bus.keys import GROUP, RedisKeys
 from gateway.bus.messages import MessageError, SubmitMsg, decode
 from gateway.bus.resp import LuaScript, RespConnection
-
-# KEYS: per request: req;  ARGV: consumer, reclaim (0/1)
-# Returns one status per request: run | lost (reclaimed with output already sent: its 'sent'
-# mark, set by the step writer, outlives a held-back output stream that expired) | abort
-# (reclaimed after an explicit cancel its dead worker never answered: the live reader needs a
-# final event) | cancelled | finished | gone.  One call for a whole batch: the claim is on the
-# path of every request, and a pipeline holding a script costs redis-py an extra SCRIPT EXISTS
-# round trip per execute.
-CLAIM_LUA = """
-local out = {}
-for i = 1, #KEYS do
-  local req = KEYS[i]
-  local st = redis.call('HGET', req, 'state')
-  local c = st and redis.call('HGET', req, 'cancel')
-  local res
-  if not st then
-    res = 'gone'
-  elseif c then
-    res = (c == 'live' and st == 'running') and 'abort' or 'cancelled'
-  elseif st == 'queued' or (st == 'running' and ARGV[2] == '1') then
-    redis.call('HSET', req, 'state', 'running', 'worker', ARGV[1])
-    res = (st == 'running' and redis.call('HGET', req, 'sent')) and 'lost' or 'run'
-  else
-    res = st
-  end
-  out[#out + 1] = res
-end
-return out
-"""
-
-# KEYS: the tier streams;  ARGV: group.  Entries not yet delivered to any worker, per stream
-# (XLEN minus pending), in one call instead of two commands per tier.
-BACKLOG_LUA = """
-local out = {}
-for i = 1, #KEYS do
-  local pending = 0
-  if redis.call('EXISTS', KEYS[i]) == 1 then
-    pending = redis.call('XPENDING', KEYS[i], ARGV[1])[1]
-  end
-  out[i] = math.max(0, redis.call('XLEN', KEYS[i]) - pending)
-end
-return out
-"""
+from gateway.bus.scripts import BACKLOG_LUA, CLAIM_LUA
 
 
 @dataclass(frozen=True)

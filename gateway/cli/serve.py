@@ -30,7 +30,8 @@ def runtime_url_file(config: GatewayConfig) -> Path:
 async def bootstrap(config: GatewayConfig, redis_url: str, secret: bytes) -> dict[str, str]:
     """Load the tenants file; make an admin key and a demo tenant on a fresh Redis.
     Returns the new secrets to show once (never logged)."""
-    from gateway.http.app import load_tenants, redis_client
+    from gateway.bus.client import redis_client
+    from gateway.http.app import load_tenants
 
     redis = redis_client(redis_url)
     shown: dict[str, str] = {}
@@ -134,7 +135,7 @@ def run_http(config: GatewayConfig, redis_url: str, secret: bytes,
 
 async def run_worker(config: GatewayConfig, redis_url: str, secret: bytes) -> None:
     """A worker process: no HTTP, just the drainer/engine loop until SIGTERM/SIGINT."""
-    from gateway.http.app import redis_client
+    from gateway.bus.client import redis_client
     from gateway.model_info import build_engine
     from gateway.telemetry.gateway_events import events_for
     from gateway.worker.worker import Worker

@@ -61,8 +61,7 @@ def _redis_url(config: Any, explicit: str | None) -> str:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    import redis.asyncio as aioredis
-
+    from gateway.bus.client import redis_client
     from gateway.bus.keys import RedisKeys
     from gateway.config import GatewayConfig
     from gateway.http.admin import tenant_json
@@ -70,7 +69,7 @@ async def _run(args: argparse.Namespace) -> int:
     from gateway.tenancy.tenants import Tenant, TenantQuota, TenantStore
 
     config = GatewayConfig.from_env(namespace=args.namespace)
-    redis = aioredis.Redis.from_url(_redis_url(config, args.redis_url))
+    redis = redis_client(_redis_url(config, args.redis_url))
     store = TenantStore(redis, RedisKeys(config.namespace),
                         resolve_secret(config.secret, config.state_dir))
     out = sys.stdout

@@ -1,6 +1,6 @@
 """Cancellation from the gateway side: client gone, explicit cancel, server deadline.
 
-One Lua script decides by the request's state, atomically against the worker's claim:
+One Lua script (``CANCEL_LUA`` in ``bus/scripts.py``) decides by the request's state, atomically against the worker's claim:
   queued   -> state cancelled, the queue entry is deleted (a worker that already read it sees
               'cancelled' at claim and drops it); a live reader gets a final abort event
   running  -> a cancel mark on the request and a CancelMsg on the channel: the owning worker
@@ -18,34 +18,8 @@ from typing import Any
 
 from gateway.bus.keys import RedisKeys
 from gateway.bus.messages import CancelMsg, FinishMsg, encode, encode_payload
-
-# KEYS: req, out, stats;  ARGV: reader_gone (0/1), cancel payload, channel, finish type,
-# finish data, ttl.  Returns the state found: queued | running | finished | cancelled | unknown
-CANCEL_LUA = """
-local st = redis.call('HGET', KEYS[1], 'state')
-if not st then return 'unknown' end
-if st == 'queued' then
-  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'cancel', ARGV[1] == '1' and 'gone' or 'live')
-  local q, e = redis.call('HGET', KEYS[1], 'queue'), redis.call('HGET', KEYS[1], 'entry')
-  if q and e then redis.call('XDEL', q, e) end
-  if ARGV[1] == '1' then
-    redis.call('DEL', KEYS[2])
-  else
-    redis.call('XADD', KEYS[2], '*', 't', ARGV[4], 'd', ARGV[5])
-    redis.call('EXPIRE', KEYS[2], tonumber(ARGV[6]))
-  end
-  redis.call('HINCRBY', KEYS[3], 'aborted', 1)
-  return 'queued'
-end
-if st == 'running' then
-  if not redis.call('HGET', KEYS[1], 'cancel') then
-    redis.call('HSET', KEYS[1], 'cancel', ARGV[1] == '1' and 'gone' or 'live')
-    redis.call('PUBLISH', ARGV[3], ARGV[2])
-  end
-  return 'running'
-end
-return st
-"""
+from gateway.bus.resp import LuaScript
+from gateway.bus.scripts import CANCEL_LUA
 
 
 class Canceller:
@@ -53,7 +27,7 @@ class Canceller:
         self.redis = redis
         self.keys = keys
         self.ttl = stream_ttl_s
-        self._script = redis.register_script(CANCEL_LUA)
+        self._script = LuaScript(redis, None, CANCEL_LUA)  # through redis-py: not hot
 
     async def cancel(self, request_id: str, reader_gone: bool, reason: str) -> str:
         """Cancel wherever the request is; returns the state it was found in."""

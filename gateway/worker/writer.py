@@ -2,7 +2,7 @@
 
 The engine calls the worker's step callback on the event loop with all outputs of a step; the
 writer turns them into ``TokenMsg``/``FinishMsg`` entries on ``out:{id}`` with one Lua call
-(``STEP_LUA``), sent from the callback itself when no write is in flight, else coalescing the
+(``STEP_LUA`` in ``bus/scripts.py``), sent from the callback itself when no write is in flight, else coalescing the
 steps that queued up meanwhile into the next write. A finished
 request's queue entry is acknowledged in the same call — entries are acked only once finished.
 When the reader is gone (client disconnected, deadline), its stream is deleted instead of
@@ -27,54 +27,12 @@ from gateway.bus.keys import GROUP, RedisKeys
 from gateway.bus.messages import FinishMsg, TokenMsg, encode
 from gateway.bus.queues import TierQueues
 from gateway.bus.resp import LuaScript, RespConnection
+from gateway.bus.scripts import STEP_LUA
 
 log = logging.getLogger("carpool.worker")
 
 TOKEN_TYPE = encode(TokenMsg([], ""))["t"]
 FINISH_TYPE = encode(FinishMsg("stop", 0, 0))["t"]
-
-# KEYS: stats, then per request: req, out, queue
-# ARGV: ttl, refresh-below, group, token type, finish type, then per request:
-#       finished (0/1), reader gone (0/1), token data ('' = none), finish data, entry id, outcome
-# A request's final write and its state change are one step against the cancel script
-# (``cancel.py``): a reader that left before the finish was written (its cancel mark is
-# 'gone') gets its stream deleted, not recreated until the TTL. A stream's TTL is set at its
-# first write and refreshed once it fell below ``refresh-below`` (not on every step), and set
-# afresh with the finish; a stream recreated after a reader's DEL gets one at its next write.
-# The first write also marks the request 'sent' (the claim script's 'lost': its reader has
-# output, even once a held-back stream has expired). A finish is written once: a retried write
-# whose first try was applied finds the request finished and only acks again.
-STEP_LUA = """
-local ttl, low, group = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-for i = 0, (#KEYS - 1) / 3 - 1 do
-  local req, out, queue = KEYS[2 + 3 * i], KEYS[3 + 3 * i], KEYS[4 + 3 * i]
-  local a = 6 + 6 * i
-  local gone, tok = ARGV[a + 1] == '1', ARGV[a + 2]
-  if ARGV[a] == '1' then
-    -- finished already: a write whose reply was lost, written again (only ack again)
-    if redis.call('HGET', req, 'state') ~= 'finished' then
-      if gone or redis.call('HGET', req, 'cancel') == 'gone' then
-        redis.call('DEL', out)
-      else
-        if tok ~= '' then redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok) end
-        redis.call('XADD', out, '*', 't', ARGV[5], 'd', ARGV[a + 3])
-        redis.call('EXPIRE', out, ttl)
-      end
-      redis.call('HSET', req, 'state', 'finished')
-      redis.call('HINCRBY', KEYS[1], ARGV[a + 5], 1)
-    end
-    redis.call('XACK', queue, group, ARGV[a + 4])
-    redis.call('XDEL', queue, ARGV[a + 4])
-  elseif not gone and tok ~= '' then
-    redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok)
-    if redis.call('TTL', out) < low then
-      redis.call('EXPIRE', out, ttl)
-      redis.call('HSET', req, 'sent', '1')  -- the reader has output: a reclaim must not rerun it
-    end
-  end
-end
-"""
-
 
 @dataclass
 class Inflight:

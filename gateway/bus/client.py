@@ -1,0 +1,28 @@
+"""Redis clients: every asyncio redis-py client a Carpool process uses is made here.
+
+One blocking pool per client: each in-flight request may hold a connection while it waits (a
+non-streaming admission, a cancel), so the pool is large and a caller that finds it exhausted
+waits (``timeout``) instead of failing. The hot loops add their own lean connections on top
+(``resp.RespConnection.for_client``), with this client's settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_REDIS_CONNECTIONS = 4096
+POOL_TIMEOUT_S = 30
+
+
+def redis_client(url: str) -> Any:
+    """A ``redis.asyncio.Redis`` for ``url`` (``redis://``, ``rediss://``, ``unix://``)."""
+    import redis.asyncio as aioredis
+
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=MAX_REDIS_CONNECTIONS, timeout=POOL_TIMEOUT_S)
+    return aioredis.Redis(connection_pool=pool)
+
+
+def text(value: bytes | str) -> str:
+    """A reply value as text (these clients return bytes; typed as either)."""
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,204 @@
+"""Every Lua script Carpool runs in Redis, in one place: each is one atomic step of a protocol
+whose owner calls it (named in each section) through ``resp.LuaScript``. Keys and arguments
+are documented above each script; key names come from ``keys.py``.
+
+Scripts that touch a tier queue's entries (``queues.py`` owns the streams): ``ADMIT_LUA``
+enqueues (XADD), ``CANCEL_LUA`` deletes a queued entry (XDEL), ``STEP_LUA`` acks and deletes a
+finished one (XACK + XDEL); each does it in the same atomic step as the request's state
+change, which is why the commands live in the scripts and not in ``queues.py``'s own calls.
+"""
+
+from __future__ import annotations
+
+# -- admission and settlement (``tenancy/quota.py``) ------------------------------------------
+# The bucket math mirrors ``policies/rate_limit.py``.
+
+_BUCKET_LUA = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function level_at(key, limit, now)
+  local h = redis.call('HMGET', key, 'level', 'ts')
+  if not h[1] then return limit end
+  return math.min(limit, tonumber(h[1]) + math.max(0, now - tonumber(h[2])) * limit / 60000)
+end
+local function store(key, level, now)
+  redis.call('HSET', key, 'level', tostring(level), 'ts', tostring(now))
+  redis.call('PEXPIRE', key, 120000)
+end
+"""
+
+ADMIT_LUA = _BUCKET_LUA + """
+-- KEYS: rpm, tpm, conc, queue, req, stats
+-- ARGV: rpm, tpm, max_conc, queue_max, cost, request_id, lease_ms, type, data, tenant, tier, req_ttl_s
+local now = now_ms()
+local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
+local maxc, qmax, cost = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local function reject(reason, retry)
+  redis.call('HINCRBY', KEYS[6], 'rejected:' .. reason, 1)
+  return {reason, retry}
+end
+if redis.call('XLEN', KEYS[4]) >= qmax then return reject('queue_full', 1) end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+if maxc > 0 and redis.call('ZCARD', KEYS[3]) >= maxc then return reject('concurrency', 1) end
+local function retry_s(level, c, limit)
+  return math.max(1, math.ceil((math.min(c, limit) - level) * 60000 / limit / 1000))
+end
+local lr, lt = 0, 0
+if rpm > 0 then
+  lr = level_at(KEYS[1], rpm, now)
+  if lr < 1 then return reject('rpm', retry_s(lr, 1, rpm)) end
+end
+if tpm > 0 then
+  lt = level_at(KEYS[2], tpm, now)
+  if lt < cost then return reject('tpm', retry_s(lt, cost, tpm)) end
+end
+if rpm > 0 then store(KEYS[1], lr - 1, now) end
+if tpm > 0 then store(KEYS[2], lt - cost, now) end
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[7]), ARGV[6])
+redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
+local id = redis.call('XADD', KEYS[4], '*', 't', ARGV[8], 'd', ARGV[9])
+redis.call('HSET', KEYS[5], 'tenant', ARGV[10], 'tier', ARGV[11], 'state', 'queued',
+  'queue', KEYS[4], 'entry', id, 'reserved', ARGV[5])
+redis.call('EXPIRE', KEYS[5], tonumber(ARGV[12]))
+redis.call('HINCRBY', KEYS[6], 'admitted', 1)
+return {'ok', id}
+"""
+
+SETTLE_LUA = _BUCKET_LUA + """
+-- KEYS: tpm, conc, stats[, a key to delete: the finished request's output stream]
+-- ARGV: tpm, reserved, actual, request_id, outcome
+if KEYS[4] then redis.call('DEL', KEYS[4]) end
+if redis.call('ZREM', KEYS[2], ARGV[4]) == 0 then return 0 end
+local tpm = tonumber(ARGV[1])
+if tpm > 0 then
+  local now = now_ms()
+  local refund = math.max(0, tonumber(ARGV[2]) - tonumber(ARGV[3]))
+  store(KEYS[1], math.min(tpm, level_at(KEYS[1], tpm, now) + refund), now)
+end
+redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
+return 1
+"""
+
+
+# -- the worker's claim and the drainer's backlog count (``bus/queues.py``) -----------------
+
+# KEYS: per request: req;  ARGV: consumer, reclaim (0/1)
+# Returns one status per request: run | lost (reclaimed with output already sent: its 'sent'
+# mark, set by the step writer, outlives a held-back output stream that expired) | abort
+# (reclaimed after an explicit cancel its dead worker never answered: the live reader needs a
+# final event) | cancelled | finished | gone.  One call for a whole batch: the claim is on the
+# path of every request, and a pipeline holding a script costs redis-py an extra SCRIPT EXISTS
+# round trip per execute.
+CLAIM_LUA = """
+local out = {}
+for i = 1, #KEYS do
+  local req = KEYS[i]
+  local st = redis.call('HGET', req, 'state')
+  local c = st and redis.call('HGET', req, 'cancel')
+  local res
+  if not st then
+    res = 'gone'
+  elseif c then
+    res = (c == 'live' and st == 'running') and 'abort' or 'cancelled'
+  elseif st == 'queued' or (st == 'running' and ARGV[2] == '1') then
+    redis.call('HSET', req, 'state', 'running', 'worker', ARGV[1])
+    res = (st == 'running' and redis.call('HGET', req, 'sent')) and 'lost' or 'run'
+  else
+    res = st
+  end
+  out[#out + 1] = res
+end
+return out
+"""
+
+# KEYS: the tier streams;  ARGV: group.  Entries not yet delivered to any worker, per stream
+# (XLEN minus pending), in one call instead of two commands per tier.
+BACKLOG_LUA = """
+local out = {}
+for i = 1, #KEYS do
+  local pending = 0
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    pending = redis.call('XPENDING', KEYS[i], ARGV[1])[1]
+  end
+  out[i] = math.max(0, redis.call('XLEN', KEYS[i]) - pending)
+end
+return out
+"""
+
+
+# -- cancellation (``http/cancel.py``) --------------------------------------------------------
+
+# KEYS: req, out, stats;  ARGV: reader_gone (0/1), cancel payload, channel, finish type,
+# finish data, ttl.  Returns the state found: queued | running | finished | cancelled | unknown
+CANCEL_LUA = """
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return 'unknown' end
+if st == 'queued' then
+  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'cancel', ARGV[1] == '1' and 'gone' or 'live')
+  local q, e = redis.call('HGET', KEYS[1], 'queue'), redis.call('HGET', KEYS[1], 'entry')
+  if q and e then redis.call('XDEL', q, e) end
+  if ARGV[1] == '1' then
+    redis.call('DEL', KEYS[2])
+  else
+    redis.call('XADD', KEYS[2], '*', 't', ARGV[4], 'd', ARGV[5])
+    redis.call('EXPIRE', KEYS[2], tonumber(ARGV[6]))
+  end
+  redis.call('HINCRBY', KEYS[3], 'aborted', 1)
+  return 'queued'
+end
+if st == 'running' then
+  if not redis.call('HGET', KEYS[1], 'cancel') then
+    redis.call('HSET', KEYS[1], 'cancel', ARGV[1] == '1' and 'gone' or 'live')
+    redis.call('PUBLISH', ARGV[3], ARGV[2])
+  end
+  return 'running'
+end
+return st
+"""
+
+
+# -- one engine step's outputs (``worker/writer.py``) ----------------------------------------
+
+# KEYS: stats, then per request: req, out, queue
+# ARGV: ttl, refresh-below, group, token type, finish type, then per request:
+#       finished (0/1), reader gone (0/1), token data ('' = none), finish data, entry id, outcome
+# A request's final write and its state change are one step against the cancel script
+# (``cancel.py``): a reader that left before the finish was written (its cancel mark is
+# 'gone') gets its stream deleted, not recreated until the TTL. A stream's TTL is set at its
+# first write and refreshed once it fell below ``refresh-below`` (not on every step), and set
+# afresh with the finish; a stream recreated after a reader's DEL gets one at its next write.
+# The first write also marks the request 'sent' (the claim script's 'lost': its reader has
+# output, even once a held-back stream has expired). A finish is written once: a retried write
+# whose first try was applied finds the request finished and only acks again.
+STEP_LUA = """
+local ttl, low, group = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+for i = 0, (#KEYS - 1) / 3 - 1 do
+  local req, out, queue = KEYS[2 + 3 * i], KEYS[3 + 3 * i], KEYS[4 + 3 * i]
+  local a = 6 + 6 * i
+  local gone, tok = ARGV[a + 1] == '1', ARGV[a + 2]
+  if ARGV[a] == '1' then
+    -- finished already: a write whose reply was lost, written again (only ack again)
+    if redis.call('HGET', req, 'state') ~= 'finished' then
+      if gone or redis.call('HGET', req, 'cancel') == 'gone' then
+        redis.call('DEL', out)
+      else
+        if tok ~= '' then redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok) end
+        redis.call('XADD', out, '*', 't', ARGV[5], 'd', ARGV[a + 3])
+        redis.call('EXPIRE', out, ttl)
+      end
+      redis.call('HSET', req, 'state', 'finished')
+      redis.call('HINCRBY', KEYS[1], ARGV[a + 5], 1)
+    end
+    redis.call('XACK', queue, group, ARGV[a + 4])
+    redis.call('XDEL', queue, ARGV[a + 4])
+  elseif not gone and tok ~= '' then
+    redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok)
+    if redis.call('TTL', out) < low then
+      redis.call('EXPIRE', out, ttl)
+      redis.call('HSET', req, 'sent', '1')  -- the reader has output: a reclaim must not rerun it
+    end
+  end
+end
+"""

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.config import GatewayConfig
+
+if TYPE_CHECKING:
+    from engine.protocol import EngineClient
 
 ECHO_MODEL_NAME = "echo"
 
@@ -23,7 +26,7 @@ class ModelInfo:
     vocab_size: int
 
     @classmethod
-    def from_engine(cls, engine: Any) -> ModelInfo:
+    def from_engine(cls, engine: EngineClient) -> ModelInfo:
         return cls(engine.model_name, engine.max_model_len, engine.tokenizer, len(engine.tokenizer))
 
 
@@ -41,16 +44,3 @@ def load_model_info(config: GatewayConfig) -> ModelInfo:
     name = ECHO_MODEL_NAME if config.engine == "echo" else model_name(model_dir)
     return ModelInfo(name, max_len, tokenizer, len(tokenizer))
 
-
-def build_engine(config: GatewayConfig, info: ModelInfo | None = None) -> Any:
-    """The engine a worker drives: the real ``AsyncEngine`` or the fake echo engine."""
-    if config.engine == "echo":
-        from engine.frontend.echo import FakeEchoEngine
-
-        info = info or load_model_info(config)
-        return FakeEchoEngine(info.tokenizer, ECHO_MODEL_NAME, info.max_model_len,
-                              step_ms=config.echo_step_ms)
-    from engine.core.config import EngineConfig
-    from engine.frontend.async_engine import AsyncEngine
-
-    return AsyncEngine(EngineConfig.from_kwargs(model=config.model, **dict(config.engine_options)))

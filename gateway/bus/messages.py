@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from engine.core.finish import FinishReason
 from engine.core.sampling_params import SamplingParams
 
 
@@ -61,7 +62,7 @@ class TokenMsg:
 class FinishMsg:
     """The last message on ``out:{id}``: why it ended and the usage to settle quotas with."""
 
-    finish_reason: str  # stop | length | abort | error
+    finish_reason: str  # a FinishReason
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
@@ -69,6 +70,15 @@ class FinishMsg:
     # older worker that does not send them).
     queue_wait_s: float | None = None
     num_preemptions: int | None = None
+
+
+# How a request ended, by its finish reason: the stats counters the worker's finish and the
+# gateway's settle add to (``completed`` for a natural end: stop or length).
+OUTCOMES: dict[str, str] = {FinishReason.ABORT: "aborted", FinishReason.ERROR: "errored"}
+
+
+def outcome(finish_reason: str) -> str:
+    return OUTCOMES.get(finish_reason, "completed")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from gateway.bus.embedded import EmbeddedRedis
 from gateway.bus.keys import RedisKeys
@@ -136,13 +135,13 @@ def run_http(config: GatewayConfig, redis_url: str, secret: bytes,
 async def run_worker(config: GatewayConfig, redis_url: str, secret: bytes) -> None:
     """A worker process: no HTTP, just the drainer/engine loop until SIGTERM/SIGINT."""
     from gateway.bus.client import redis_client
-    from gateway.model_info import build_engine
     from gateway.telemetry.gateway_events import events_for
+    from gateway.worker.engine_factory import build_engine
     from gateway.worker.worker import Worker
 
     stop = stop_event()
     redis = redis_client(redis_url)
-    engine: Any = await asyncio.to_thread(build_engine, config)
+    engine = await asyncio.to_thread(build_engine, config)
     events = events_for("worker", trace_console=config.trace_console)
     worker = Worker(redis, engine, config, events)
     await worker.start()

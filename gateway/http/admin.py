@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.bus.client import text
 from gateway.http.errors import APIError, bad_request
 from gateway.http.openai.routes import read_json
 from gateway.http.services import Services
@@ -94,7 +95,7 @@ async def revoke_key(request: Request) -> Response:
 async def stats(request: Request) -> Response:
     svc = _svc(request)
     raw = await svc.redis.hgetall(svc.keys.stats)
-    return JSONResponse({k.decode(): int(v) for k, v in raw.items()})
+    return JSONResponse({text(k): int(v) for k, v in raw.items()})
 
 
 ADMIN_ROUTES = [

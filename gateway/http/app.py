@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -17,19 +16,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from engine.protocol import EngineClient
+from gateway.bus.client import redis_client
 from gateway.config import GatewayConfig
 from gateway.http.admin import ADMIN_ROUTES
 from gateway.http.auth import AuthMiddleware
 from gateway.http.errors import APIError, error_response
 from gateway.http.openai import routes as api
 from gateway.http.services import Services
-from gateway.model_info import ModelInfo, build_engine, load_model_info
+from gateway.model_info import ModelInfo, load_model_info
 from gateway.process import startup_objects_frozen
 from gateway.telemetry.events import GatewayEvents
 from gateway.telemetry.gateway_events import events_for
 from gateway.telemetry.telemetry import metrics_endpoint
 from gateway.tenancy.tenants import TenantStore, load_tenants_file
-from gateway.worker.worker import Worker
+from gateway.worker.engine_factory import build_engine
 
 ROUTES = [  # matched in order: the completions, on every request's path, first
     Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -58,18 +59,6 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(APIError(500, "internal server error", code="internal_error"))
 
 
-# Each in-flight request holds one connection while it blocks on XREAD of its output stream.
-MAX_REDIS_CONNECTIONS = 4096
-
-
-def redis_client(url: str) -> Any:
-    import redis.asyncio as aioredis
-
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=MAX_REDIS_CONNECTIONS, timeout=30)
-    return aioredis.Redis(connection_pool=pool)
-
-
 async def load_tenants(store: TenantStore, path: str) -> int:
     tenants = load_tenants_file(path)
     for tenant in tenants:
@@ -78,7 +67,7 @@ async def load_tenants(store: TenantStore, path: str) -> int:
 
 
 def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
-               engine: Any = None, model: ModelInfo | None = None,
+               engine: EngineClient | None = None, model: ModelInfo | None = None,
                events: GatewayEvents | None = None, freeze_gc: bool = False) -> Starlette:
     """The gateway app. With ``config.role == "all"`` it also runs a worker driving ``engine``
     (built from the config when not given); with ``"gateway"`` it only serves HTTP.
@@ -99,28 +88,20 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
         else:
             info = await asyncio.to_thread(load_model_info, config)
         svc = Services.create(config, redis, secret, info, events or events_for(
-            config.role, trace_console=config.trace_console))
-        svc.mux.start()
+            config.role, trace_console=config.trace_console),
+            engine=eng if config.role == "all" else None)
         if config.tenants_file:
             await load_tenants(svc.store, config.tenants_file)
         if config.admin_key:
             await svc.store.add_admin_key(config.admin_key)
-        if config.role == "all":
-            svc.engine = eng
-            svc.worker = Worker(redis, eng, config, svc.events)
-            await svc.worker.start()
+        await svc.start()
         app.state.services = svc
         app.state.telemetry = getattr(svc.events, "telemetry", None)
-        await svc.events.start(svc)
         with startup_objects_frozen() if freeze_gc else contextlib.nullcontext():
             try:
                 yield
             finally:
-                if svc.worker is not None:
-                    await svc.worker.stop()
-                await svc.events.stop()
-                await svc.mux.stop()
-                await svc.quota.close()
+                await svc.stop()  # every loop stops before the engine and the client close
                 if eng is not None and engine is None:
                     await eng.shutdown()
                 await redis.aclose()

@@ -1,18 +1,57 @@
-"""Authentication as pure-ASGI middleware (not BaseHTTPMiddleware, which buffers and breaks
-streaming and disconnect detection). Resolves ``Authorization: Bearer <key>`` to a tenant and
-puts it in ``scope["state"]["tenant"]``; ``/admin/*`` requires an admin key. The key itself is
-never logged or stored; failures are OpenAI-style 401/403 bodies.
+"""Authentication and its cache. The pure-ASGI middleware (not BaseHTTPMiddleware, which
+buffers and breaks streaming and disconnect detection) resolves ``Authorization: Bearer <key>``
+to a tenant through ``AuthCache`` and puts it in ``scope["state"]["tenant"]``; ``/admin/*``
+requires an admin key. The key itself is never logged or stored; failures are OpenAI-style
+401/403 bodies.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.http.errors import APIError, error_response
+from gateway.tenancy.keys import key_digest, looks_like_key
+from gateway.tenancy.tenants import Tenant, TenantStore
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})  # metrics: for the scraper
+
+
+@dataclass
+class AuthCache:
+    """Short-lived caches of key -> tenant id and tenant id -> Tenant, so the hot path costs no
+    Redis round trip; entries live ``ttl_s`` (< 1 s), which bounds how long a revoked key or a
+    changed quota goes unnoticed. Indexed by the key's HMAC, never by the key."""
+
+    store: TenantStore
+    secret: bytes
+    ttl_s: float
+    _keys: dict[str, tuple[float, str | None]] = field(default_factory=dict)
+    _tenants: dict[str, tuple[float, Tenant | None]] = field(default_factory=dict)
+
+    async def tenant_for_key(self, key: str) -> Tenant | None:
+        if not looks_like_key(key):
+            return None
+        now = time.monotonic()
+        digest = key_digest(self.secret, key)
+        hit = self._keys.get(digest)
+        if hit is None or hit[0] < now:
+            tid = await self.store.resolve_key(key)
+            if len(self._keys) > 100_000:
+                self._keys.clear()
+            self._keys[digest] = hit = (now + self.ttl_s, tid)
+        return await self.tenant(hit[1]) if hit[1] is not None else None
+
+    async def tenant(self, tenant_id: str) -> Tenant | None:
+        now = time.monotonic()
+        hit = self._tenants.get(tenant_id)
+        if hit is None or hit[0] < now:
+            hit = (now + self.ttl_s, await self.store.get(tenant_id))
+            self._tenants[tenant_id] = hit
+        return hit[1]
 
 
 def bearer_key(scope: Scope) -> str | None:

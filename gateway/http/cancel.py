@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from engine.core.finish import FinishReason
 from gateway.bus.keys import RedisKeys
 from gateway.bus.messages import CancelMsg, FinishMsg, encode, encode_payload
 from gateway.bus.resp import LuaScript
@@ -31,7 +32,7 @@ class Canceller:
 
     async def cancel(self, request_id: str, reader_gone: bool, reason: str) -> str:
         """Cancel wherever the request is; returns the state it was found in."""
-        finish = encode(FinishMsg("abort", 0, 0, f"cancelled: {reason}"))
+        finish = encode(FinishMsg(FinishReason.ABORT, 0, 0, f"cancelled: {reason}"))
         res = await self._script(
             keys=[self.keys.req(request_id), self.keys.out(request_id), self.keys.stats],
             args=[1 if reader_gone else 0, encode_payload(CancelMsg(request_id, reader_gone, reason)),

@@ -20,7 +20,8 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from gateway.bus.messages import FinishMsg, TokenMsg
+from engine.core.finish import FinishReason
+from gateway.bus.messages import FinishMsg, TokenMsg, outcome
 from gateway.http.cancel import wait_for_disconnect
 from gateway.http.errors import APIError, error_bytes
 from gateway.http.openai.format import SSE_DONE, Formatter, sse
@@ -172,7 +173,7 @@ class RelayResponse:
                 elif isinstance(msg, FinishMsg):
                     self.state.finish = msg
                     out = fmt.text_chunk("".join(text)) if any(text) else b""
-                    if msg.finish_reason == "error":
+                    if msg.finish_reason == FinishReason.ERROR:
                         out += sse(_finish_error(msg).body())
                     else:
                         out += fmt.chunk(None, msg.finish_reason)
@@ -207,7 +208,7 @@ class RelayResponse:
     async def _send_full(self, send: Send) -> None:
         finish, ctx = self.state.finish, self.ctx
         assert finish is not None
-        if finish.finish_reason == "error":
+        if finish.finish_reason == FinishReason.ERROR:
             err = _finish_error(finish)
             status, body = err.status, error_bytes(err)
         else:
@@ -237,7 +238,7 @@ class RelayResponse:
         await svc.canceller.cancel(self.ctx.request_id, reader_gone=True, reason=source)
         await svc.redis.delete(svc.keys.out(self.ctx.request_id))
         svc.events.request_cancelled(self.ctx.request_id, source)
-        return "aborted"
+        return outcome(FinishReason.ABORT)
 
     async def _settle(self, outcome: str) -> None:
         svc, ctx = self.services, self.ctx
@@ -258,8 +259,8 @@ class RelayResponse:
 
 def _outcome(finish: FinishMsg | None) -> str:
     if finish is None:
-        return "errored"
-    return {"abort": "aborted", "error": "errored"}.get(finish.finish_reason, "completed")
+        return outcome(FinishReason.ERROR)
+    return outcome(finish.finish_reason)
 
 
 def _finish_error(finish: FinishMsg) -> APIError:

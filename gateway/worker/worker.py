@@ -2,7 +2,7 @@
 
 One worker per engine (per GPU). Tasks on the event loop:
   drainer      tier choice by WRR, pull when the engine has room (``drainer.py``)
-  writer       one pipelined write per engine step (``output_writer.py``)
+  writer       one pipelined write per engine step (``writer.py``)
   cancels      CancelMsg from any gateway -> ``engine.abort(id)`` (KV freed at the next step)
   maintenance  heartbeat our pending entries; XAUTOCLAIM entries of dead workers
 """
@@ -18,6 +18,7 @@ import time
 import uuid
 from typing import Any
 
+from engine.core.finish import FinishReason
 from engine.core.outputs import RequestOutput
 from engine.protocol import EngineClient
 from gateway.bus.backoff import run_forever
@@ -133,16 +134,17 @@ class Worker:
                 continue
             rec = Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream)
             if status == "run" and time.time() > msg.deadline_unix > 0:
-                self._finish_now(rec, msg, "error", "deadline exceeded before the request started")
+                self._finish_now(rec, msg, FinishReason.ERROR,
+                                 "deadline exceeded before the request started")
             elif status == "run" and (refused := self._run(rec, msg)) is not None:
-                self._finish_now(rec, msg, "error", refused)
+                self._finish_now(rec, msg, FinishReason.ERROR, refused)
             elif status == "run":
                 started.append((msg.request_id, len(cmds)))
                 cmds.append(("HGET", self.keys.req(msg.request_id), "cancel"))
             elif status == "lost":
-                self._finish_now(rec, msg, "error", LOST_ERROR)
+                self._finish_now(rec, msg, FinishReason.ERROR, LOST_ERROR)
             elif status == "abort":
-                self._finish_now(rec, msg, "abort", "cancelled")
+                self._finish_now(rec, msg, FinishReason.ABORT, "cancelled")
             else:  # cancelled / finished / gone: whoever cancelled it told the reader
                 cmds += self.queues.done_commands(env.tier, env.entry_id)
                 self.events.dropped(msg.request_id, status)
@@ -201,7 +203,8 @@ class Worker:
         self.events.dispatched(rec.tier, rec.request_id, wait, traceparent=msg.traceparent)
         return None
 
-    def _finish_now(self, rec: Inflight, msg: SubmitMsg, reason: str, error: str) -> None:
+    def _finish_now(self, rec: Inflight, msg: SubmitMsg, reason: FinishReason,
+                    error: str) -> None:
         out = RequestOutput(rec.request_id, [], "", True, reason, len(msg.prompt_token_ids), 0,
                             error=error)
         self.writer.submit([(rec, out)])

@@ -21,10 +21,11 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from engine.core.finish import FinishReason
 from engine.core.outputs import RequestOutput
 from gateway.bus.backoff import run_forever
 from gateway.bus.keys import GROUP, RedisKeys
-from gateway.bus.messages import FinishMsg, TokenMsg, encode
+from gateway.bus.messages import FinishMsg, TokenMsg, encode, outcome
 from gateway.bus.queues import TierQueues
 from gateway.bus.resp import LuaScript, RespConnection
 from gateway.bus.scripts import STEP_LUA
@@ -32,7 +33,7 @@ from gateway.bus.scripts import STEP_LUA
 log = logging.getLogger("carpool.worker")
 
 TOKEN_TYPE = encode(TokenMsg([], ""))["t"]
-FINISH_TYPE = encode(FinishMsg("stop", 0, 0))["t"]
+FINISH_TYPE = encode(FinishMsg(FinishReason.STOP, 0, 0))["t"]
 
 @dataclass
 class Inflight:
@@ -139,12 +140,11 @@ class OutputWriter:
         self._watched.discard(claim)
         self._queue.put_nowait([])  # wake the loop: its parked outputs can go now
 
-    async def flush(self) -> None:
-        """Wait until everything submitted so far is written or held back (a non-streaming
-        request's outputs go out with its finish) and the writer waits for more. For tests;
-        the writer's task must be running."""
-        while not self._queue.empty() or self._retry or self._parked or not self._waiting:
-            await asyncio.sleep(0.005)
+    @property
+    def idle(self) -> bool:
+        """Everything submitted so far is written or held back (a non-streaming request's
+        outputs go out with its finish), and the task waits for more."""
+        return self._queue.empty() and not self._retry and not self._parked and self._waiting
 
     def _write_now(self, fresh: list[tuple[Inflight, RequestOutput]]) -> _Sent | None:
         """Sort out and send ``fresh`` without waiting; None if the lean connection is not
@@ -250,11 +250,10 @@ def _by_request(items: list[tuple[Inflight, RequestOutput]]
 
 
 def _finish(rec: Inflight, out: RequestOutput) -> FinishMsg:
-    return FinishMsg(out.finish_reason or "stop", out.num_prompt_tokens, out.num_output_tokens,
+    return FinishMsg(out.finish_reason or FinishReason.STOP, out.num_prompt_tokens, out.num_output_tokens,
                      out.error, queue_wait_s=rec.queue_wait_s,
                      num_preemptions=out.num_preemptions)
 
 
 def _outcome(out: RequestOutput) -> str:
-    reason = out.finish_reason or "stop"
-    return {"abort": "aborted", "error": "errored"}.get(reason, "completed")
+    return outcome(out.finish_reason or FinishReason.STOP)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
-
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
@@ -35,7 +33,7 @@ class Formatter:
 
     def full(self, text: str, finish_reason: str, prompt_tokens: int,
              completion_tokens: int) -> dict[str, Any]:
-        reason = FINISH_REASONS.get(finish_reason, finish_reason)
+        reason = str(finish_reason)  # a FinishReason: OpenAI spells stop and length alike
         if self.kind == "chat":
             body = self._base("chat.completion")
             body["choices"] = [{"index": 0, "finish_reason": reason, "logprobs": None,
@@ -49,7 +47,7 @@ class Formatter:
 
     def chunk(self, text: str | None, finish_reason: str | None = None,
               first: bool = False) -> bytes:
-        reason = FINISH_REASONS.get(finish_reason, finish_reason) if finish_reason else None
+        reason = str(finish_reason) if finish_reason else None
         if self.kind == "chat":
             body = self._base("chat.completion.chunk")
             delta: dict[str, Any] = {}

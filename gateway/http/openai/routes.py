@@ -16,6 +16,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.bus.client import text
 from gateway.bus.messages import SubmitMsg
 from gateway.http.errors import APIError, bad_request
 from gateway.http.openai.format import Formatter
@@ -186,8 +187,8 @@ async def get_request(request: Request) -> Response:
     svc, rid = await _owned(request)
     fields = await svc.redis.hmget(svc.keys.req(rid), ["state", "tier"])
     return JSONResponse({"id": rid, "object": "request",
-                         "status": (fields[0] or b"finished").decode(),
-                         "service_tier": (fields[1] or b"").decode()})
+                         "status": text(fields[0] or b"finished"),
+                         "service_tier": text(fields[1] or b"")})
 
 
 async def cancel_request(request: Request) -> Response:

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from engine.core.finish import COMPLETED, FinishReason
 from gateway.bus.messages import (
     FinishMsg,
     MessageError,
@@ -15,6 +16,7 @@ from gateway.bus.messages import (
     decode_payload,
     encode,
     encode_payload,
+    outcome,
 )
 
 
@@ -42,3 +44,12 @@ def test_a_field_from_a_newer_sender_is_left_out() -> None:
         decode({"t": "finish", "d": "[1, 2]"})
     with pytest.raises(MessageError):
         decode({"t": "finish", "d": json.dumps({"finish_reason": "stop"})})  # missing fields
+
+
+@pytest.mark.parametrize("reason", list(FinishReason))
+def test_outcome_by_finish_reason(reason: FinishReason) -> None:
+    """One table: a natural end (``COMPLETED``) counts as completed, the rest as cut short."""
+    got = outcome(reason)
+    assert (got == "completed") == (reason in COMPLETED)
+    assert got == outcome(str(reason))  # as decoded from a FinishMsg: a plain string
+    assert got in ("completed", "aborted", "errored")

@@ -10,7 +10,7 @@ The gateway runs as its own process (``carpool serve --engine echo``, gateway + 
 engine in one process); the "split roles" rows run ``--role gateway`` and ``--role worker`` as
 two processes (the engine's loop then no longer shares the gateway's). The load generator is
 this process, so on a small machine both share the CPUs. By default it is the lean asyncio
-HTTP/1.1 keep-alive client of ``bench_client.py`` (``--client httpx`` for the heavier httpx);
+HTTP/1.1 keep-alive client of ``client.py`` (``--client httpx`` for the heavier httpx);
 whatever it costs is still counted as gateway latency. The direct baseline and the load
 generator run on the same event loop implementation as the gateway's uvicorn (uvloop when
 installed). The FAKE engine steps on a thread of its own at a fixed cadence, as the real
@@ -274,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _export_state() -> str:
     """What the serving processes inherit: spans are built only when something exports them."""
-    from gateway.telemetry.config import OTLP_ENDPOINT_VARS
+    from gateway.telemetry.config import TelemetryConfig
 
-    set_vars = [v for v in OTLP_ENDPOINT_VARS if os.environ.get(v)]
-    return f"ON ({', '.join(set_vars)} set)" if set_vars else "off (no OTLP endpoint set)"
+    return "ON (an OTLP endpoint is set)" if TelemetryConfig.from_env().otlp else \
+        "off (no OTLP endpoint set)"
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The load generator of ``carpool bench gateway``: closed and open loops, the two clients'
-calls (the lean one of ``bench_client.py`` and httpx), and CPU pinning for the pinned row."""
+calls (the lean one of ``client.py`` and httpx), and CPU pinning for the pinned row."""
 
 from __future__ import annotations
 

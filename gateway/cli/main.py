@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
 # Commands whose engine shares the cores with an event loop and Redis. OpenMP's default
 # busy-wait between parallel regions starves those threads (measured: a 4-request decode step
 # went from 67 to 975 ms with one competing busy core; 109 ms with PASSIVE). Must be set
-# before torch loads libgomp, i.e. before any subcommand imports the engine.
+# before torch loads libgomp, i.e. before any subcommand imports the engine. Written at run time
+# in main(), for those commands only, not when this module is imported (tests import it), and
+# the one environment write in the gateway: gateway/config.py only reads.
 _SHARED_CORE_COMMANDS = ("serve", "loadtest")
 
 

@@ -18,6 +18,7 @@ from gateway.worker.worker import Worker
 from gateway.worker.writer import Inflight
 from policies.tiers import TIERS
 from tests.gateway.harness import make_config
+from tests.gateway.worker.writer_helpers import flushed
 
 pytestmark = pytest.mark.timeout(30)
 TIER = TIERS[0]
@@ -92,7 +93,7 @@ async def test_an_engine_failure_while_starting_early_leaves_no_claim_open(clien
         assert set(worker.inflight) == {"r-1", "other"}  # r-2 never reached the engine
         worker._on_step([out("r-1", True), out("other", True)])
         await written(client, worker.keys.out("other"))
-        await worker.writer.flush()
+        await flushed(worker.writer)
         assert not await client.exists(worker.keys.out("r-1"))
     finally:
         writer.cancel()

@@ -20,6 +20,7 @@ from gateway.bus.queues import Envelope
 from gateway.worker.worker import Worker
 from policies.tiers import TIERS
 from tests.gateway.harness import make_config
+from tests.gateway.worker.writer_helpers import flushed
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -138,7 +139,7 @@ async def test_early_start_writes_nothing_for_a_request_its_claim_does_not_give_
         assert engine.started_ids == ["r-cancelled", "r-ok"]  # before the claim answered
         while worker.inflight or engine.load().num_running:
             await asyncio.sleep(0.01)
-        await worker.writer.flush()
+        await flushed(worker.writer)
         assert not await client.exists(keys.out("r-cancelled"))
         entries: Any = await client.xrange(keys.out("r-ok"))
         msgs = [decode({k.decode(): v for k, v in fields.items()}) for _, fields in entries]

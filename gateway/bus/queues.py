@@ -1,11 +1,17 @@
-"""Tier queues: one Redis Stream per tier, consumed by the worker group ``workers``.
+"""Tier queues: one Redis Stream per tier, consumed by the worker group ``workers``. This
+module is the only code that adds, acknowledges or deletes queue entries.
 
-Life of an entry: a gateway XADDs it (inside the admission script, ``quota.py``); a worker
-XREADGROUPs it, which makes it *pending* for that worker; the worker ``claim``s the request
-(state queued -> running) and runs it; when the request has finished the entry is XACKed and
-XDELed, so ``XLEN`` is always queued + running. A worker keeps its pending entries fresh with
-an idle-resetting XCLAIM heartbeat; entries of a worker that went silent for the visibility
-timeout are taken over by another worker with XAUTOCLAIM.
+Life of an entry: a gateway XADDs it (``QueueEntries.admit``, in the admission script); a
+worker XREADGROUPs it (``TierQueues.read``), which makes it *pending* for that worker; the
+worker ``claim``s the request (state queued -> running) and runs it; when the request has
+finished the entry is XACKed and XDELed (``QueueEntries`` step writes, or
+``TierQueues.done_commands`` for one dropped unrun), so ``XLEN`` is always queued + running. A
+cancel while queued XDELs it (``QueueEntries.cancel``). A worker keeps its pending entries
+fresh with an idle-resetting XCLAIM heartbeat; entries of a worker that went silent for the
+visibility timeout are taken over by another worker with XAUTOCLAIM.
+
+Adding, cancelling and finishing each happen in one Lua script (``scripts.py``) together with
+the request's state change; ``QueueEntries`` builds their keys and arguments and runs them.
 """
 
 from __future__ import annotations
@@ -15,10 +21,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from engine.core.finish import FinishReason
 from gateway.bus.keys import GROUP, RedisKeys
-from gateway.bus.messages import MessageError, SubmitMsg, decode
+from gateway.bus.messages import (
+    CancelMsg,
+    FinishMsg,
+    MessageError,
+    SubmitMsg,
+    TokenMsg,
+    decode,
+    encode,
+    encode_payload,
+    outcome,
+)
 from gateway.bus.resp import LuaScript, RespConnection
-from gateway.bus.scripts import BACKLOG_LUA, CLAIM_LUA
+from gateway.bus.scripts import ADMIT_LUA, BACKLOG_LUA, CANCEL_LUA, CLAIM_LUA, STEP_LUA
+
+TOKEN_TYPE = encode(TokenMsg([], ""))["t"]
+FINISH_TYPE = encode(FinishMsg(FinishReason.STOP, 0, 0))["t"]
 
 
 @dataclass(frozen=True)
@@ -147,3 +167,94 @@ class TierQueues:
             except MessageError:
                 msg = None
         return Envelope(tier, eid, msg)
+
+
+class QueueEntries:
+    """The three atomic steps that add, delete and finish queue entries, each with the
+    request's state change (``ADMIT_LUA``, ``CANCEL_LUA``, ``STEP_LUA``). It needs only a
+    redis-py client (the scripts' fallback path), the keys and, for the hot paths, a lean
+    connection (``conn``, owned by the caller): a gateway-only process, which has no
+    ``TierQueues``, makes one for admission and one for cancellation."""
+
+    def __init__(self, redis: Any, keys: RedisKeys, conn: RespConnection | None) -> None:
+        self.keys = keys
+        self._conn = conn
+        self._admit = LuaScript(redis, conn, ADMIT_LUA)
+        self._cancel = LuaScript(redis, conn, CANCEL_LUA)
+        self._step = LuaScript(redis, conn, STEP_LUA)
+
+    async def admit(self, msg: SubmitMsg, tenant_id: str, *, rpm: int, tpm: int, max_concurrency: int,
+                    queue_max_len: int, cost: int, lease_ms: int, req_ttl_s: int
+                    ) -> tuple[str, str]:
+        """Check the tenant's limits and enqueue ``msg`` in one step: ``("ok", entry id)``,
+        or ``(the limit that refused it, retry-after seconds)``."""
+        k, fields = self.keys, encode(msg)
+        res = await self._admit(
+            keys=[k.bucket(tenant_id, "rpm"), k.bucket(tenant_id, "tpm"),
+                  k.concurrency(tenant_id), k.queue(msg.tier), k.req(msg.request_id), k.stats],
+            args=[rpm, tpm, max_concurrency, queue_max_len, cost, msg.request_id, lease_ms,
+                  fields["t"], fields["d"], tenant_id, msg.tier, req_ttl_s],
+        )
+        return _text(res[0]), _text(res[1])
+
+    async def cancel(self, request_id: str, reader_gone: bool, reason: str,
+                     stream_ttl_s: int) -> str:
+        """Cancel wherever the request is (a queued entry is deleted); returns the state it
+        was found in: queued | running | finished | cancelled | unknown."""
+        finish = encode(FinishMsg(FinishReason.ABORT, 0, 0, f"cancelled: {reason}"))
+        k = self.keys
+        res = await self._cancel(
+            keys=[k.req(request_id), k.out(request_id), k.stats],
+            args=[1 if reader_gone else 0,
+                  encode_payload(CancelMsg(request_id, reader_gone, reason)),
+                  k.cancel_channel, finish["t"], finish["d"], stream_ttl_s],
+        )
+        return _text(res)
+
+    def step(self, stream_ttl_s: int) -> StepWrite:
+        """An empty write of one engine step's outputs, to ``add`` requests to."""
+        return StepWrite(self.keys, stream_ttl_s)
+
+    async def write_step(self, step: StepWrite) -> None:
+        await self._step(keys=step.keys, args=step.args)
+
+    def send_step_now(self, step: StepWrite) -> asyncio.Future[Any] | None:
+        """Send ``step`` right away from synchronous code (the engine's step callback) and
+        return its reply's future; None (nothing sent) unless the lean connection is up.
+        A NOSCRIPT reply means the server lost the script: ``write_step`` loads it."""
+        if self._conn is None:
+            return None
+        return self._conn.send_now("EVALSHA", self._step.sha, len(step.keys), *step.keys,
+                                   *step.args)
+
+
+class StepWrite:
+    """``STEP_LUA``'s keys and arguments for one engine step, a request at a time."""
+
+    __slots__ = ("_k", "args", "keys")
+
+    def __init__(self, keys: RedisKeys, stream_ttl_s: int) -> None:
+        self._k = keys
+        self.keys: list[str] = [keys.stats]
+        # the stream TTL is refreshed once it fell below two thirds (not on every step)
+        self.args: list[Any] = [stream_ttl_s, stream_ttl_s * 2 // 3, GROUP, TOKEN_TYPE,
+                                FINISH_TYPE]
+
+    def add(self, request_id: str, tier: str, entry_id: str, reader_gone: bool,
+            tokens: TokenMsg | None, finish: FinishMsg | None) -> None:
+        """Write ``tokens`` (None: none) to the request's stream; with ``finish`` the
+        request ends: the finish is written (or the stream deleted if ``reader_gone``), its
+        outcome counted, and its queue entry acknowledged and deleted."""
+        k = self._k
+        self.keys += [k.req(request_id), k.out(request_id), k.queue(tier)]
+        self.args += [1 if finish is not None else 0, 1 if reader_gone else 0,
+                      encode(tokens)["d"] if tokens is not None else "",
+                      encode(finish)["d"] if finish is not None else "",
+                      entry_id, outcome(finish.finish_reason) if finish is not None else ""]
+
+    def __bool__(self) -> bool:
+        return len(self.keys) > 1
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

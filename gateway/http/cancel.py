@@ -1,6 +1,7 @@
 """Cancellation from the gateway side: client gone, explicit cancel, server deadline.
 
-One Lua script (``CANCEL_LUA`` in ``bus/scripts.py``) decides by the request's state, atomically against the worker's claim:
+One Lua script (``QueueEntries.cancel`` in ``bus/queues.py``, the owner of queue entries)
+decides by the request's state, atomically against the worker's claim:
   queued   -> state cancelled, the queue entry is deleted (a worker that already read it sees
               'cancelled' at claim and drops it); a live reader gets a final abort event
   running  -> a cancel mark on the request and a CancelMsg on the channel: the owning worker
@@ -16,11 +17,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from engine.core.finish import FinishReason
 from gateway.bus.keys import RedisKeys
-from gateway.bus.messages import CancelMsg, FinishMsg, encode, encode_payload
-from gateway.bus.resp import LuaScript
-from gateway.bus.scripts import CANCEL_LUA
+from gateway.bus.queues import QueueEntries
 
 
 class Canceller:
@@ -28,17 +26,11 @@ class Canceller:
         self.redis = redis
         self.keys = keys
         self.ttl = stream_ttl_s
-        self._script = LuaScript(redis, None, CANCEL_LUA)  # through redis-py: not hot
+        self._entries = QueueEntries(redis, keys, None)  # through redis-py: not hot
 
     async def cancel(self, request_id: str, reader_gone: bool, reason: str) -> str:
         """Cancel wherever the request is; returns the state it was found in."""
-        finish = encode(FinishMsg(FinishReason.ABORT, 0, 0, f"cancelled: {reason}"))
-        res = await self._script(
-            keys=[self.keys.req(request_id), self.keys.out(request_id), self.keys.stats],
-            args=[1 if reader_gone else 0, encode_payload(CancelMsg(request_id, reader_gone, reason)),
-                  self.keys.cancel_channel, finish["t"], finish["d"], self.ttl],
-        )
-        return res.decode() if isinstance(res, bytes) else str(res)
+        return await self._entries.cancel(request_id, reader_gone, reason, self.ttl)
 
     async def owner(self, request_id: str) -> str | None:
         raw = await self.redis.hget(self.keys.req(request_id), "tenant")

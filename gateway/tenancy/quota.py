@@ -3,8 +3,9 @@
 ``admit`` is one Lua script, one round trip: queue length, concurrency, requests/minute and
 tokens/minute are checked together against the server clock (``TIME``) and, only if all pass,
 the buckets are charged, a concurrency lease is taken, the envelope is appended to the tier's
-stream and the request's ownership record is written (``ADMIT_LUA`` in ``bus/scripts.py``). ``settle`` returns the unused token
-reservation and the lease; it is idempotent (the ZREM of the lease decides), so the gateway
+stream and the request's ownership record is written (``QueueEntries.admit`` in
+``bus/queues.py``, the owner of queue entries). ``settle`` returns the unused token reservation
+and the lease; it is idempotent (the ZREM of the lease decides), so the gateway
 may call it from every exit path. The bucket math mirrors ``policies/rate_limit.py``.
 """
 
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.bus.keys import RedisKeys
-from gateway.bus.messages import SubmitMsg, encode
+from gateway.bus.messages import SubmitMsg
+from gateway.bus.queues import QueueEntries
 from gateway.bus.resp import LuaScript, RespConnection
-from gateway.bus.scripts import ADMIT_LUA, SETTLE_LUA
+from gateway.bus.scripts import SETTLE_LUA
 from gateway.tenancy.tenants import Tenant
 
 LIMIT_MESSAGES = {
@@ -46,7 +48,7 @@ class QuotaEnforcer:
         # Both calls are on every request's path: one lean connection (``resp.py``) that
         # concurrent requests share (their calls are pipelined on it).
         self._conn = RespConnection.for_client(redis)
-        self._admit = LuaScript(redis, self._conn, ADMIT_LUA)
+        self._entries = QueueEntries(redis, keys, self._conn)
         self._settle = LuaScript(redis, self._conn, SETTLE_LUA)
 
     async def close(self) -> None:
@@ -55,20 +57,16 @@ class QuotaEnforcer:
 
     async def admit(self, tenant: Tenant, msg: SubmitMsg, cost: int) -> Admission:
         """Check every limit and enqueue ``msg`` atomically; ``cost`` = prompt + max_tokens."""
-        q, k = tenant.quota, self.keys
-        fields = encode(msg)
-        res = await self._admit(
-            keys=[k.bucket(tenant.id, "rpm"), k.bucket(tenant.id, "tpm"),
-                  k.concurrency(tenant.id), k.queue(msg.tier), k.req(msg.request_id), k.stats],
-            args=[q.rpm, q.tpm, q.max_concurrency, self.queue_max_len, cost, msg.request_id,
-                  self.lease_ms, fields["t"], fields["d"], tenant.id, msg.tier, self.req_ttl_s],
-        )
-        status = res[0].decode()
+        q = tenant.quota
+        status, detail = await self._entries.admit(
+            msg, tenant.id, rpm=q.rpm, tpm=q.tpm, max_concurrency=q.max_concurrency,
+            queue_max_len=self.queue_max_len, cost=cost, lease_ms=self.lease_ms,
+            req_ttl_s=self.req_ttl_s)
         if status == "ok":
-            return Admission(True, entry_id=res[1].decode())
+            return Admission(True, entry_id=detail)
         text = LIMIT_MESSAGES[status].format(
             tier=msg.tier, max_concurrency=q.max_concurrency, rpm=q.rpm, tpm=q.tpm, cost=cost)
-        return Admission(False, status, int(res[1]), message=text)
+        return Admission(False, status, int(detail), message=text)
 
     async def settle(self, tenant: Tenant, request_id: str, reserved: int, actual: int,
                      outcome: str, delete_key: str | None = None) -> bool:

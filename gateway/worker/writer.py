@@ -2,9 +2,10 @@
 
 The engine calls the worker's step callback on the event loop with all outputs of a step; the
 writer turns them into ``TokenMsg``/``FinishMsg`` entries on ``out:{id}`` with one Lua call
-(``STEP_LUA`` in ``bus/scripts.py``), sent from the callback itself when no write is in flight, else coalescing the
-steps that queued up meanwhile into the next write. A finished
-request's queue entry is acknowledged in the same call — entries are acked only once finished.
+(a ``StepWrite`` run by ``QueueEntries`` in ``bus/queues.py``), sent from the callback itself
+when no write is in flight, else coalescing the steps that queued up meanwhile into the next
+write. A finished request's queue entry is acknowledged in the same call — entries are acked
+only once finished.
 When the reader is gone (client disconnected, deadline), its stream is deleted instead of
 written. One call rather than a pipeline of XADD/EXPIRE per request: the Python client's cost
 per command dominated the step (measured with ``carpool bench gateway``), and a script makes
@@ -24,16 +25,12 @@ from redis.exceptions import ResponseError
 from engine.core.finish import FinishReason
 from engine.core.outputs import RequestOutput
 from gateway.bus.backoff import run_forever
-from gateway.bus.keys import GROUP, RedisKeys
-from gateway.bus.messages import FinishMsg, TokenMsg, encode, outcome
-from gateway.bus.queues import TierQueues
-from gateway.bus.resp import LuaScript, RespConnection
-from gateway.bus.scripts import STEP_LUA
+from gateway.bus.keys import RedisKeys
+from gateway.bus.messages import FinishMsg, TokenMsg
+from gateway.bus.queues import QueueEntries, StepWrite, TierQueues
+from gateway.bus.resp import RespConnection
 
 log = logging.getLogger("carpool.worker")
-
-TOKEN_TYPE = encode(TokenMsg([], ""))["t"]
-FINISH_TYPE = encode(FinishMsg(FinishReason.STOP, 0, 0))["t"]
 
 @dataclass
 class Inflight:
@@ -73,7 +70,7 @@ class OutputWriter:
         self._watched: set[asyncio.Future[str]] = set()  # claims that wake us when answered
         # its own lean connection (``resp.py``): this call is made once per engine step
         self._conn = RespConnection.for_client(redis)
-        self._script = LuaScript(redis, self._conn, STEP_LUA)
+        self._entries = QueueEntries(redis, keys, self._conn)
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -152,12 +149,8 @@ class OutputWriter:
         if self._conn is None or not self._conn.ready:
             return None
         items = self._sort_out(fresh)
-        call = self._script_call(items)
-        reply = None
-        if call is not None:
-            keys, args = call
-            reply = self._conn.send_now("EVALSHA", self._script.sha, len(keys), *keys, *args)
-        return _Sent(items, reply)
+        step = self._step_write(items)
+        return _Sent(items, self._entries.send_step_now(step) if step else None)
 
     async def _confirm(self, sent: _Sent) -> None:
         if sent.reply is None:
@@ -182,18 +175,15 @@ class OutputWriter:
             raise
 
     async def _write(self, items: list[tuple[Inflight, RequestOutput]]) -> None:
-        call = self._script_call(items)
-        if call is None:
+        step = self._step_write(items)
+        if not step:
             return
-        keys, args = call
-        await self._script(keys=keys, args=args)
+        await self._entries.write_step(step)
         self.writes += 1
 
-    def _script_call(self, items: list[tuple[Inflight, RequestOutput]]
-                     ) -> tuple[list[Any], list[Any]] | None:
-        """STEP_LUA's keys and args for ``items``; None when there is nothing to write."""
-        keys: list[str] = [self.keys.stats]
-        args: list[Any] = [self.ttl, self.ttl * 2 // 3, GROUP, TOKEN_TYPE, FINISH_TYPE]
+    def _step_write(self, items: list[tuple[Inflight, RequestOutput]]) -> StepWrite:
+        """The write of ``items`` (empty when there is nothing to write)."""
+        step = self._entries.step(self.ttl)
         for rec, outs in _by_request(items):
             last = outs[-1]
             # steps that queued up behind a slow write become one message per request
@@ -202,13 +192,10 @@ class OutputWriter:
             has_tokens = (ids or text) and not rec.reader_gone
             if not last.finished and not has_tokens:
                 continue
-            keys += [self.keys.req(rec.request_id), self.keys.out(rec.request_id),
-                     self.keys.queue(rec.tier)]
-            args += [1 if last.finished else 0, 1 if rec.reader_gone else 0,
-                     encode(TokenMsg(ids, text))["d"] if has_tokens else "",
-                     encode(_finish(rec, last))["d"] if last.finished else "",
-                     rec.entry_id, _outcome(last)]
-        return (keys, args) if len(keys) > 1 else None
+            step.add(rec.request_id, rec.tier, rec.entry_id, rec.reader_gone,
+                     TokenMsg(ids, text) if has_tokens else None,
+                     _finish(rec, last) if last.finished else None)
+        return step
 
 
 @dataclass
@@ -253,7 +240,3 @@ def _finish(rec: Inflight, out: RequestOutput) -> FinishMsg:
     return FinishMsg(out.finish_reason or FinishReason.STOP, out.num_prompt_tokens, out.num_output_tokens,
                      out.error, queue_wait_s=rec.queue_wait_s,
                      num_preemptions=out.num_preemptions)
-
-
-def _outcome(out: RequestOutput) -> str:
-    return outcome(out.finish_reason or FinishReason.STOP)

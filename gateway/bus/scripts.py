@@ -2,15 +2,17 @@
 whose owner calls it (named in each section) through ``resp.LuaScript``. Keys and arguments
 are documented above each script; key names come from ``keys.py``.
 
-Scripts that touch a tier queue's entries (``queues.py`` owns the streams): ``ADMIT_LUA``
-enqueues (XADD), ``CANCEL_LUA`` deletes a queued entry (XDEL), ``STEP_LUA`` acks and deletes a
-finished one (XACK + XDEL); each does it in the same atomic step as the request's state
-change, which is why the commands live in the scripts and not in ``queues.py``'s own calls.
+Scripts that touch a tier queue's entries are run only by ``queues.py`` (``QueueEntries``,
+the owner of the queue-entry protocol), on behalf of the module named in their section:
+``ADMIT_LUA`` enqueues (XADD), ``CANCEL_LUA`` deletes a queued entry (XDEL), ``STEP_LUA`` acks
+and deletes a finished one (XACK + XDEL); each does it in the same atomic step as the
+request's state change, which is why the commands live in the scripts and not in
+``queues.py``'s own calls.
 """
 
 from __future__ import annotations
 
-# -- admission and settlement (``tenancy/quota.py``) ------------------------------------------
+# -- admission and settlement (``tenancy/quota.py``; admission through ``queues.py``) ---------
 # The bucket math mirrors ``policies/rate_limit.py``.
 
 _BUCKET_LUA = """
@@ -128,7 +130,7 @@ return out
 """
 
 
-# -- cancellation (``http/cancel.py``) --------------------------------------------------------
+# -- cancellation (``http/cancel.py``, through ``queues.py``) ---------------------------------
 
 # KEYS: req, out, stats;  ARGV: reader_gone (0/1), cancel payload, channel, finish type,
 # finish data, ttl.  Returns the state found: queued | running | finished | cancelled | unknown
@@ -159,7 +161,7 @@ return st
 """
 
 
-# -- one engine step's outputs (``worker/writer.py``) ----------------------------------------
+# -- one engine step's outputs (``worker/writer.py``, through ``queues.py``) -----------------
 
 # KEYS: stats, then per request: req, out, queue
 # ARGV: ttl, refresh-below, group, token type, finish type, then per request:

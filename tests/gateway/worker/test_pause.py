@@ -1,0 +1,78 @@
+"""``Worker.pause_draining`` against real Redis and the echo engine: once it returns the worker
+takes nothing from the queues (a blocking read in flight when it was called has been handled,
+so an entry queued right after stays queued and unread); ``resume_draining`` runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from engine.frontend.echo import FakeEchoEngine
+from engine.runner.loader import load_tokenizer
+from gateway.bus.keys import GROUP
+from gateway.bus.messages import FinishMsg, SubmitMsg, decode
+from gateway.bus.queues import QueueEntries
+from gateway.worker.worker import Worker
+from policies.tiers import TIERS
+from tests.gateway.harness import make_config
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_a_paused_worker_takes_nothing_until_resumed(
+    redis_url: str, tiny_model_dir: Path
+) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    engine = FakeEchoEngine(load_tokenizer(tiny_model_dir), step_ms=0.0)
+    worker = Worker(client, engine, make_config())
+    keys, tier = worker.keys, TIERS[0]
+    queue = keys.queue(tier)
+    entries = QueueEntries(client, keys, None)
+    started: list[str] = []
+    real_add = engine.add_request
+    engine.add_request = lambda rid, *a, **kw: started.append(rid) or real_add(rid, *a, **kw)  # type: ignore[method-assign]
+    await worker.start()
+    try:
+        await asyncio.sleep(0.05)  # the idle drainer now waits in a blocking read
+        await worker.pause_draining()
+        msg = SubmitMsg("p1", "t", tier, 0, [1, 2], 3)
+        status, _ = await entries.admit(msg, "t", rpm=0, tpm=0, max_concurrency=0,
+                                        queue_max_len=10, cost=5, lease_ms=60_000, req_ttl_s=60)
+        assert status == "ok"
+        await asyncio.sleep(0.5)  # longer than a blocking read (200 ms)
+        assert await client.xlen(queue) == 1
+        assert (await client.xpending(queue, GROUP))["pending"] == 0  # delivered to nobody
+        assert started == []
+
+        worker.resume_draining()
+        deadline = time.monotonic() + 10
+        while await client.xlen(queue):  # acked and deleted once finished
+            assert time.monotonic() < deadline, "the resumed worker never finished p1"
+            await asyncio.sleep(0.02)
+        assert started == ["p1"]
+        out = [decode(f) for _, f in await client.xrange(keys.out("p1"))]
+        assert isinstance(out[-1], FinishMsg) and out[-1].completion_tokens == 3
+    finally:
+        await worker.stop()
+        await engine.shutdown()
+        await client.delete(queue, keys.req("p1"), keys.out("p1"), keys.stats,
+                            keys.concurrency("t"))
+        await client.aclose()
+
+
+async def test_pausing_a_worker_that_is_not_started_returns_at_once(redis_url: str,
+                                                                   tiny_model_dir: Path) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    engine = FakeEchoEngine(load_tokenizer(tiny_model_dir), step_ms=0.0)
+    worker = Worker(client, engine, make_config())
+    try:
+        async with asyncio.timeout(1):
+            await worker.pause_draining()
+        worker.resume_draining()
+    finally:
+        await worker.stop()
+        await client.aclose()

@@ -1,5 +1,15 @@
 """``carpool serve``: Redis (embedded unless ``REDIS_URL``), first-run set-up, then the process's
-role: ``all`` (HTTP + worker + engine), ``gateway`` (HTTP only) or ``worker`` (no HTTP)."""
+role: ``all`` (HTTP + worker + engine), ``gateway`` (HTTP only) or ``worker`` (no HTTP).
+
+A normal stop (Ctrl-C, SIGTERM) exits 0 with no traceback and ends every request:
+  HTTP roles  uvicorn stops accepting; the requests in flight get ``GRACEFUL_S`` to finish and
+              new ones a 503 (``http/shutdown.py``); ``END_MARGIN_S`` before uvicorn would
+              cancel them, the relays still open cancel their requests end to end and tell
+              their clients the server is shutting down (an error event and ``[DONE]``).
+  worker      ``Worker.stop`` ends what it runs (see there: a request that streamed output is
+              finished with a worker-lost error, one that did not is left for another worker
+              to reclaim and run), then the engine shuts down.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +19,7 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gateway.bus.embedded import EmbeddedRedis
 from gateway.bus.keys import RedisKeys
@@ -16,6 +27,15 @@ from gateway.config import GatewayConfig
 from gateway.process import exit_cleanly_on_sigterm, run_loop, startup_objects_frozen, stop_event
 from gateway.tenancy.keys import generate_key, resolve_secret
 from gateway.tenancy.tenants import Tenant, TenantQuota, TenantStore
+
+if TYPE_CHECKING:
+    import uvicorn
+
+# uvicorn's timeout_graceful_shutdown: how long requests in flight get to finish after a stop
+GRACEFUL_S = 5
+# the relays still open are ended this long before uvicorn would cancel them: time for each to
+# send its last event and to cancel and settle its request (a few Redis round trips)
+END_MARGIN_S = 1.0
 
 DEMO_TENANT = Tenant("demo", "Demo tenant", TenantQuota(
     rpm=600, tpm=200_000, max_concurrency=32, max_prompt_tokens=4096, max_max_tokens=1024))
@@ -109,23 +129,47 @@ def serve(config: GatewayConfig) -> int:
     return 0
 
 
-def run_http(config: GatewayConfig, redis_url: str, secret: bytes,
-             on_started: Callable[[], None]) -> None:
-    """uvicorn.run, with ``on_started`` called once the socket listens and the app's start-up
-    (engine included) has completed."""
+def gateway_server(config: uvicorn.Config, on_started: Callable[[], None]) -> uvicorn.Server:
+    """A ``uvicorn.Server`` for the gateway app in ``config``: ``on_started`` is called once
+    the socket listens and the app's start-up (engine included) has completed; its shutdown
+    ends the requests still open before the graceful period runs out (module docstring)."""
     import uvicorn
 
-    from gateway.http.app import create_app
-
-    class Server(uvicorn.Server):
+    class GatewayServer(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if self.started:
                 on_started()
 
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            app: Any = self.config.app  # the Starlette app (create_app)
+            services = getattr(app.state, "services", None)
+            if services is None:  # the app's start-up never completed
+                await super().shutdown(sockets)
+                return
+            services.shutdown.begin()
+            grace = self.config.timeout_graceful_shutdown or 0
+            timer = asyncio.get_running_loop().call_later(
+                max(0.0, grace - END_MARGIN_S), services.shutdown.end_inflight)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
+    return GatewayServer(config)
+
+
+def run_http(config: GatewayConfig, redis_url: str, secret: bytes,
+             on_started: Callable[[], None]) -> None:
+    """uvicorn.run with the gateway app, through ``gateway_server``."""
+    import uvicorn
+
+    from gateway.http.app import create_app
+
     app = create_app(config, redis_url, secret, freeze_gc=True)
-    server = Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="info",
-                                   access_log=config.access_log, timeout_graceful_shutdown=5))
+    server = gateway_server(uvicorn.Config(
+        app, host=config.host, port=config.port, log_level="info",
+        access_log=config.access_log, timeout_graceful_shutdown=GRACEFUL_S), on_started)
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: it re-raises the SIGINT
         server.run()  # it caught, once its graceful shutdown is done
     if not server.started:

@@ -1,6 +1,6 @@
-"""The Starlette app, assembled explicitly: routes, pure-ASGI auth middleware, error handlers,
-and a lifespan that creates the Redis client, the services and (``--role all``) the engine and
-its worker, all kept on ``app.state``.
+"""The Starlette app, assembled explicitly: routes, pure-ASGI middleware (the shutdown gate,
+then auth), error handlers, and a lifespan that creates the Redis client, the services and
+(``--role all``) the engine and its worker, all kept on ``app.state``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from gateway.http.auth import AuthMiddleware
 from gateway.http.errors import APIError, error_response
 from gateway.http.openai import routes as api
 from gateway.http.services import Services
+from gateway.http.shutdown import ShutdownGate
 from gateway.model_info import ModelInfo, load_model_info
 from gateway.process import startup_objects_frozen
 from gateway.telemetry.events import GatewayEvents
@@ -108,7 +109,8 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
 
     return Starlette(
         routes=ROUTES,
-        middleware=[Middleware(AuthMiddleware)],
+        # the gate first: a stopping server refuses before any auth lookup
+        middleware=[Middleware(ShutdownGate), Middleware(AuthMiddleware)],
         exception_handlers={APIError: _api_error, HTTPException: _http_error,
                             Exception: _server_error},
         lifespan=lifespan,

@@ -55,3 +55,13 @@ def error_bytes(err: APIError) -> bytes:
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, code=code, param=param)
+
+
+# Seconds a client is told to wait before retrying a request refused or ended by a stopping
+# server: a restart (or another replica behind the balancer) takes about this long.
+SHUTDOWN_RETRY_AFTER_S = 5
+
+
+def server_shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down; retry the request",
+                    code="server_shutdown", retry_after=SHUTDOWN_RETRY_AFTER_S)

@@ -3,9 +3,10 @@
 The response is an ASGI callable that relays (reads the output stream through the process's
 ``OutputMux``, writes SSE chunks or collects the full body) while a watcher task waits on the
 ASGI receive channel for ``http.disconnect`` and cancels the relay if it comes first. A
-finished relay answers; a disconnect, the request's deadline, or a client that stops reading
-(a send blocked past the stall timeout) cancels the request end to end. In every case the
-quota reservation is settled exactly once.
+finished relay answers; a disconnect, the request's deadline, a client that stops reading
+(a send blocked past the stall timeout), or the server's shutdown (``shutdown.py``: the
+client is told so) cancels the request end to end. In every case the quota reservation is
+settled exactly once.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from engine.core.finish import FinishReason
 from gateway.bus.messages import FinishMsg, TokenMsg, outcome
 from gateway.http.cancel import wait_for_disconnect
-from gateway.http.errors import APIError, error_bytes
+from gateway.http.errors import APIError, error_bytes, server_shutting_down
 from gateway.http.openai.format import SSE_DONE, Formatter, sse
 from gateway.tenancy.tenants import Tenant
 
@@ -66,19 +67,23 @@ class RelayResponse:
         self.state = RelayState()
         self.closing = False  # set on the way out: the reader loop stops at its next turn
         self.relaying = False  # reading the output (a disconnect now cancels the relay)
-        self.disconnected = False  # the watcher saw the client leave and cancelled the relay
+        # who cancelled the relay, once one has: "disconnect" (the watcher) or "shutdown"
+        self.ended_by: str | None = None
+        self._task: asyncio.Task[Any] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx = self.ctx
         # The relay runs right here, not in a task of its own: the output reaches the client
         # two event-loop turns sooner (a task's end, then the wait on it, were turns on every
         # request's path). The watcher cancels this task when the client goes away.
-        me = asyncio.current_task()
+        me = self._task = asyncio.current_task()
         watcher = asyncio.create_task(self._watch(receive, me))
         deadline = asyncio.timeout_at(ctx.deadline)
         cancel_source: str | None = None
+        shutdown = self.services.shutdown
         try:
             self.relaying = True  # only meanwhile does a disconnect cancel this task
+            shutdown.track(self)
             try:
                 async with deadline:
                     if ctx.stream:
@@ -94,20 +99,25 @@ class RelayResponse:
                 cancel_source = "error"
                 raise
             cancel_source = "deadline"
-            await self._send_timeout(send)
+            await self._send_error_end(send, APIError(
+                504, f"request exceeded the server deadline of "
+                     f"{self.services.config.request_timeout_s:g}s", code="timeout"))
         except Stalled:
             cancel_source = "stalled"
         except asyncio.CancelledError:
-            if not self.disconnected or me is None:
-                raise  # cancelled from outside (shutdown): the clean-up below still runs
-            cancel_source = "disconnect"
+            if self.ended_by is None or me is None:
+                raise  # cancelled from outside (uvicorn): the clean-up below still runs
+            cancel_source = self.ended_by
             if me.uncancel() > 0:  # our cancel is handled; one from outside still ends us
                 raise
+            if cancel_source == "shutdown":
+                await self._send_error_end(send, server_shutting_down())
         except Exception:
             cancel_source = "error"  # nobody reads this output any more: stop generating
             raise  # the clean-up below still cancels and settles
         finally:
             self.closing = True
+            shutdown.untrack(self)
             watcher.cancel()
             # Clean-up runs in its own task with bounded waits: whatever happens to this one
             # (cancelled at shutdown, an error above), the cancel and the settle still happen.
@@ -117,9 +127,17 @@ class RelayResponse:
         """Cancel the relay when the client disconnects while it relays (not while it sends
         the answer or the timeout error: uvicorn drops sends to a client that has left)."""
         await wait_for_disconnect(receive)
-        if self.relaying and relay is not None:
-            self.disconnected = True
+        if self.relaying and relay is not None and self.ended_by is None:
+            self.ended_by = "disconnect"
             relay.cancel()
+
+    def end_for_shutdown(self) -> None:
+        """Cancel the relay so that it tells its client the server is shutting down and
+        cancels its request (``Shutdown.end_inflight``). Not while it already answers: that
+        ends on its own."""
+        if self.relaying and self._task is not None and self.ended_by is None:
+            self.ended_by = "shutdown"
+            self._task.cancel()
 
     async def _finish(self, cancel_source: str | None, watcher: asyncio.Task[Any]) -> None:
         await asyncio.wait({watcher}, timeout=CLEANUP_TIMEOUT_S)
@@ -221,16 +239,19 @@ class RelayResponse:
             (b"x-request-id", ctx.request_id.encode())]})
         await self._send(send, {"type": "http.response.body", "body": body})
 
-    async def _send_timeout(self, send: Send) -> None:
-        err = APIError(504, f"request exceeded the server deadline of "
-                            f"{self.services.config.request_timeout_s:g}s", code="timeout")
-        with contextlib.suppress(Exception, Stalled):
+    async def _send_error_end(self, send: Send, err: APIError) -> None:
+        """End the response with ``err``: a started stream gets it as its last event, then
+        ``[DONE]``; otherwise it is the response (with Retry-After when it says one)."""
+        with contextlib.suppress(Exception):  # Stalled too: the client is not reading
             if self.state.headers_sent:
                 await self._body(send, sse(err.body()))
                 await self._body(send, SSE_DONE, more=False)
             else:
-                await self._send(send, {"type": "http.response.start", "status": 504,
-                                        "headers": [(b"content-type", b"application/json")]})
+                headers = [(b"content-type", b"application/json")]
+                if err.retry_after is not None:
+                    headers.append((b"retry-after", b"%d" % err.retry_after))
+                await self._send(send, {"type": "http.response.start", "status": err.status,
+                                        "headers": headers})
                 await self._send(send, {"type": "http.response.body", "body": error_bytes(err)})
 
     async def _cancel(self, source: str) -> str:

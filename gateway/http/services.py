@@ -1,12 +1,13 @@
 """The shared objects of one gateway process, built once (``Services.create``) in the app's
 lifespan and never reassigned: Redis client, tenants and their auth cache, quotas,
-cancellation, the output reader (``OutputMux``), and, when the process also runs a worker
-(``--role all``), the engine and the worker driving it. ``start``/``stop`` run the loops
-among them, stopped in reverse before the Redis client closes."""
+cancellation, the output reader (``OutputMux``), the shutdown state and its open relays
+(``Shutdown``), and, when the process also runs a worker (``--role all``), the engine and the
+worker driving it. ``start``/``stop`` run the loops among them, stopped in reverse before the
+Redis client closes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
@@ -16,6 +17,7 @@ from gateway.config import GatewayConfig
 from gateway.http.auth import AuthCache
 from gateway.http.cancel import Canceller
 from gateway.http.output_mux import OutputMux
+from gateway.http.shutdown import Shutdown
 from gateway.model_info import ModelInfo
 from gateway.telemetry.events import GatewayEvents
 from gateway.tenancy.quota import QuotaEnforcer
@@ -37,6 +39,7 @@ class Services:
     mux: OutputMux  # the one reader of every in-flight output stream
     engine: EngineClient | None = None  # set when this process also runs a worker
     worker: Worker | None = None
+    shutdown: Shutdown = field(default_factory=Shutdown)  # mutable inside: the frozen field
 
     @classmethod
     def create(cls, config: GatewayConfig, redis: Redis, secret: bytes, model: ModelInfo,

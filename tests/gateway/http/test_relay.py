@@ -13,6 +13,7 @@ import pytest
 from gateway.bus.messages import FinishMsg, TokenMsg
 from gateway.http.openai.format import Formatter
 from gateway.http.relay import RelayContext, RelayResponse
+from gateway.http.shutdown import Shutdown
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -46,7 +47,7 @@ def make_services(calls: list[str]) -> Any:
         mux=Mux(), keys=SimpleNamespace(out=lambda rid: f"out:{rid}"), events=ev,
         config=SimpleNamespace(stall_timeout_s=5.0, request_timeout_s=0.05),
         canceller=SimpleNamespace(cancel=cancel), redis=SimpleNamespace(delete=delete),
-        quota=SimpleNamespace(settle=settle))
+        quota=SimpleNamespace(settle=settle), shutdown=Shutdown())
 
 
 def make_ctx(deadline_in: float, stream: bool = False) -> RelayContext:

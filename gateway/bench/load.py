@@ -136,9 +136,9 @@ async def httpx_calls(url: str, key: str, args: argparse.Namespace) -> AsyncIter
 
 def server_pids(proc: subprocess.Popen[bytes], redis_url: str) -> list[int]:
     """The gateway process and the Redis server (its pid from INFO)."""
-    import redis as sync_redis
+    from gateway.bus.client import sync_redis_client
 
-    client = sync_redis.Redis.from_url(redis_url)
+    client = sync_redis_client(redis_url)
     try:
         return [proc.pid, int(client.info("server")["process_id"])]
     finally:

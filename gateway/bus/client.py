@@ -1,4 +1,5 @@
-"""Redis clients: every asyncio redis-py client a Carpool process uses is made here.
+"""Redis clients: every redis-py client a Carpool process uses is made here (asyncio ones,
+and a synchronous one for the tools that make a few one-off calls).
 
 One blocking pool per client: each in-flight request may hold a connection while it waits (a
 non-streaming admission, a cancel), so the pool is large and a caller that finds it exhausted
@@ -21,6 +22,14 @@ def redis_client(url: str) -> Any:
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=MAX_REDIS_CONNECTIONS, timeout=POOL_TIMEOUT_S)
     return aioredis.Redis(connection_pool=pool)
+
+
+def sync_redis_client(url: str) -> Any:
+    """A synchronous ``redis.Redis`` for ``url``, for a few one-off calls outside an event
+    loop (the benchmark asks the server for its pid); close it after use."""
+    import redis
+
+    return redis.Redis.from_url(url)
 
 
 def text(value: bytes | str) -> str:

@@ -1,10 +1,11 @@
-"""``bus/client.py``: the one redis-py client factory, and the lean connection built from it."""
+"""``bus/client.py``: the redis-py client factories (asyncio and sync), and the lean connection
+built from the asyncio one."""
 
 from __future__ import annotations
 
 import asyncio
 
-from gateway.bus.client import MAX_REDIS_CONNECTIONS, redis_client
+from gateway.bus.client import MAX_REDIS_CONNECTIONS, redis_client, sync_redis_client
 from gateway.bus.resp import RespConnection
 
 
@@ -24,3 +25,21 @@ def test_client_and_its_lean_connection_reach_the_same_server(redis_url: str) ->
 
     via_client, via_lean = asyncio.run(go())
     assert via_client == via_lean == b"seen"
+
+
+def test_the_sync_client_reaches_the_same_server(redis_url: str) -> None:
+    sync = sync_redis_client(redis_url)
+    try:
+        sync.set("t-sync-probe", b"from sync")
+
+        async def read() -> bytes | None:
+            client = redis_client(redis_url)
+            try:
+                return await client.get("t-sync-probe")  # type: ignore[no-any-return]
+            finally:
+                await client.aclose()
+
+        assert asyncio.run(read()) == b"from sync"
+    finally:
+        sync.delete("t-sync-probe")
+        sync.close()

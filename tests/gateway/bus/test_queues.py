@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -56,7 +57,7 @@ def admit_args(cost: int = 7) -> dict[str, int]:
 
 
 async def test_an_entry_admitted_read_and_finished_is_acked_and_deleted(redis_url: str) -> None:
-    client = aioredis.Redis.from_url(redis_url)
+    client: Any = aioredis.Redis.from_url(redis_url)
     keys = RedisKeys(f"qe{uuid.uuid4().hex[:8]}")
     queues, entries = TierQueues(client, keys, TIERS), QueueEntries(client, keys, None)
     queue = keys.queue(TIERS[0])
@@ -93,7 +94,7 @@ async def test_an_entry_admitted_read_and_finished_is_acked_and_deleted(redis_ur
 
 async def test_a_cancelled_queued_entry_is_deleted_and_refusals_enqueue_nothing(
         redis_url: str) -> None:
-    client = aioredis.Redis.from_url(redis_url)
+    client: Any = aioredis.Redis.from_url(redis_url)
     keys = RedisKeys(f"qe{uuid.uuid4().hex[:8]}")
     entries = QueueEntries(client, keys, None)
     queue = keys.queue(TIERS[0])

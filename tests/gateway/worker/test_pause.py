@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.timeout(30)
 async def test_a_paused_worker_takes_nothing_until_resumed(
     redis_url: str, tiny_model_dir: Path
 ) -> None:
-    client = aioredis.Redis.from_url(redis_url)
+    client: Any = aioredis.Redis.from_url(redis_url)
     engine = FakeEchoEngine(load_tokenizer(tiny_model_dir), step_ms=0.0)
     worker = Worker(client, engine, make_config())
     keys, tier = worker.keys, TIERS[0]
@@ -34,7 +35,12 @@ async def test_a_paused_worker_takes_nothing_until_resumed(
     entries = QueueEntries(client, keys, None)
     started: list[str] = []
     real_add = engine.add_request
-    engine.add_request = lambda rid, *a, **kw: started.append(rid) or real_add(rid, *a, **kw)  # type: ignore[method-assign]
+
+    def add_request(request_id: str, *args: Any, **kwargs: Any) -> None:
+        started.append(request_id)
+        real_add(request_id, *args, **kwargs)
+
+    engine.add_request = add_request  # type: ignore[method-assign]
     await worker.start()
     try:
         await asyncio.sleep(0.05)  # the idle drainer now waits in a blocking read
@@ -66,7 +72,7 @@ async def test_a_paused_worker_takes_nothing_until_resumed(
 
 async def test_pausing_a_worker_that_is_not_started_returns_at_once(redis_url: str,
                                                                    tiny_model_dir: Path) -> None:
-    client = aioredis.Redis.from_url(redis_url)
+    client: Any = aioredis.Redis.from_url(redis_url)
     engine = FakeEchoEngine(load_tokenizer(tiny_model_dir), step_ms=0.0)
     worker = Worker(client, engine, make_config())
     try:

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,3 +104,42 @@ def test_stop_is_clean(tiny_model_dir: Path, tmp_path: Path, how: str) -> None:
         assert "Traceback" not in output, output
         assert "Application shutdown complete" in output
         assert not _accepts(redis_port), "embedded Redis left running"
+
+
+def test_sigterm_ends_a_stream_in_flight_cleanly(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A stream that would run for ~20 s when SIGTERM comes: the process exits 0 within the
+    graceful period, prints no traceback, and the client's stream ends with the shutdown
+    error event and ``[DONE]`` (not a cut connection)."""
+    # echo engine, 20 ms a step: 1000 tokens (the demo tenant's cap is 1024) last 20 s
+    with _serve(tiny_model_dir, tmp_path, "--engine", "echo", "--echo-step-ms", "20") as proc:
+        proc.wait_for(lambda: _curl_request(list(proc.lines)) is not None)
+        redis_port = int(re.findall(r"embedded Redis at redis://[^:]+:(\d+)",
+                                    "".join(proc.lines))[0])
+        request = _curl_request(list(proc.lines))
+        assert request is not None
+        url, headers, body = request
+        events: list[str] = []
+        with httpx.stream("POST", url, headers=headers, timeout=30,
+                          json={**body, "stream": True, "max_tokens": 1000}) as resp:
+            assert resp.status_code == 200
+            lines = resp.iter_lines()
+            for line in lines:  # a few tokens first: the request runs in the engine
+                events += [line] if line else []
+                if len(events) >= 5:
+                    break
+            proc.popen.send_signal(signal.SIGTERM)
+            sent_at = time.monotonic()
+            events += [line for line in lines if line]  # raises if the connection is cut
+        assert time.monotonic() - sent_at < 10, "the stream outlived the graceful period"
+        assert proc.popen.wait(10) == 0
+        proc._reader.join(5)
+    output = "".join(proc.lines)
+    assert "Traceback" not in output, output
+    assert "Exception in ASGI application" not in output, output
+    assert events[-1] == "data: [DONE]"
+    last = json.loads(events[-2].removeprefix("data: "))
+    assert last["error"]["code"] == "server_shutdown", events[-3:]
+    # what came before is an unfinished completion: the shutdown ended it, not the engine
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert len(chunks) >= 5 and all(c["choices"][0]["finish_reason"] is None for c in chunks)
+    assert not _accepts(redis_port), "embedded Redis left running"

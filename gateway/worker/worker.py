@@ -5,6 +5,7 @@ One worker per engine (per GPU). Tasks on the event loop:
   writer       one pipelined write per engine step (``writer.py``)
   cancels      CancelMsg from any gateway -> ``engine.abort(id)`` (KV freed at the next step)
   maintenance  heartbeat our pending entries; XAUTOCLAIM entries of dead workers
+``stop`` (SIGTERM, the app's shutdown) ends what the worker runs, see ``_end_inflight``.
 ``pause_draining``/``resume_draining`` stop and restart the drainer alone (drain a worker).
 """
 
@@ -18,6 +19,8 @@ import socket
 import time
 import uuid
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from engine.core.finish import FinishReason
 from engine.core.outputs import RequestOutput
@@ -35,6 +38,8 @@ from policies.tiers import TIERS
 log = logging.getLogger("carpool.worker")
 
 LOST_ERROR = "worker lost mid-generation; partial output was already streamed"
+STOPPED_ERROR = "worker lost: it shut down mid-generation; partial output was already streamed"
+STOP_TIMEOUT_S = 5.0  # for the ends of the requests in flight to be written at stop
 
 
 def default_worker_id() -> str:
@@ -87,17 +92,45 @@ class Worker:
         return any(t.get_name() == f"worker-{name}" and not t.done() for t in self._tasks)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        writer = [t for t in self._tasks if t.get_name() == "worker-writer"]
+        await _stop_tasks([t for t in self._tasks if t not in writer])  # no new work first
+        await self._end_inflight()  # the writer still runs: it writes their ends
+        await _stop_tasks(writer)
         self._tasks.clear()
         await self.writer.close()
         await self.queues.close()
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()
+
+    async def _end_inflight(self) -> None:
+        """Abort every request this worker runs. One that streamed output (the 'sent' mark
+        the claim script reads) cannot run again: it is finished now with a worker-lost
+        error, as a worker reclaiming it would after the visibility timeout, so its relay
+        ends at once. One that did not is left pending in its queue, as a dead worker's: the
+        next worker to reclaim it runs it from the start, its client sees only the delay."""
+        recs = [rec for rec in self.inflight.values() if rec.owned]
+        self.inflight.clear()  # the engine's abort outputs are not written (``_on_step``)
+        for rec in recs:
+            self.engine.abort(rec.request_id)
+        if not recs or not self._tasks:
+            return
+        try:
+            async with asyncio.timeout(STOP_TIMEOUT_S):
+                await self._writer_idle()  # outputs already produced are in: 'sent' is exact
+                sent = await self.queues.execute(
+                    [("HGET", self.keys.req(rec.request_id), "sent") for rec in recs])
+                self.writer.submit([(rec, RequestOutput(
+                    rec.request_id, [], "", True, FinishReason.ERROR, 0, 0, error=STOPPED_ERROR))
+                    for rec, mark in zip(recs, sent, strict=True) if mark is not None])
+                await self._writer_idle()
+        except (RedisError, OSError, TimeoutError) as exc:  # the entries stay pending,
+            # reclaimed as a dead worker's; one line, not a traceback, on a stop
+            log.warning("could not end the requests in flight at stop: %r", exc)
+
+    async def _writer_idle(self) -> None:
+        while not self.writer.idle:
+            await asyncio.sleep(0.005)
 
     # -- engine side ----------------------------------------------------------------------
 
@@ -262,6 +295,14 @@ class Worker:
             reclaimed = await self.queues.autoclaim(tier, self.consumer, min_idle_ms)
             if reclaimed:
                 await self._start(reclaimed, reclaim=True)
+
+
+async def _stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

@@ -53,7 +53,7 @@ class GatewayEvents:
         worker's ``queue_wait_s`` and ``num_preemptions`` when it sent them."""
 
     def request_cancelled(self, request_id: str, source: str) -> None:
-        """source: disconnect | explicit | deadline | stalled"""
+        """source: disconnect | explicit | deadline | stalled | shutdown"""
 
     # -- worker ---------------------------------------------------------------------------
     def dispatched(self, tier: str, request_id: str, queue_wait_s: float,

@@ -1,6 +1,7 @@
 """The relay against stub services: the disconnect watcher cancels it only while it relays,
 a cancel from outside in the same turn as a disconnect still ends it, and output that queued
-up while it was busy goes out as one SSE event."""
+up while it was busy goes out as one SSE event, and a relay that starts once the open ones
+were ended for a shutdown ends at once."""
 from __future__ import annotations
 
 import asyncio
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.bus.messages import FinishMsg, TokenMsg
+from gateway.http.errors import SHUTDOWN_RETRY_AFTER_S
 from gateway.http.openai.format import Formatter
 from gateway.http.relay import RelayContext, RelayResponse
 from gateway.http.shutdown import Shutdown
@@ -154,3 +156,24 @@ async def test_batches_that_queued_up_go_out_as_one_sse_event() -> None:
     assert events[-1] == b"data: [DONE]"
     assert b'"completion_tokens":3' in b"".join(sent)
     assert calls == ["settle:settled:completed"]
+
+
+async def test_a_relay_that_starts_after_end_inflight_ends_at_once() -> None:
+    """Admitted while the open relays were being ended: it answers 503 + Retry-After and
+    cancels its request instead of relaying past the server's graceful period."""
+    calls: list[str] = []
+    services = make_services(calls)
+    assert services.shutdown.end_inflight() == 0
+    relay = RelayResponse(services, make_ctx(5.0))
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    _, receive = client_that_leaves()
+    await asyncio.wait_for(relay({"type": "http"}, receive, send), 3)
+    assert sent[0]["status"] == 503
+    assert (b"retry-after", str(SHUTDOWN_RETRY_AFTER_S).encode()) in sent[0]["headers"]
+    assert json.loads(sent[1]["body"])["error"]["code"] == "server_shutdown"
+    assert calls == ["cancel:shutdown", "settle:settled:aborted"]
+    assert services.shutdown.open == 0

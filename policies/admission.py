@@ -3,10 +3,17 @@ drainer may pull now. Pure functions of an ``EngineLoad`` snapshot; the one plac
 decisions are made (the real engine, the FAKE echo engine and the drainer all call them).
 
 Imports nothing from ``engine/``: an engine builds an ``EngineLoad`` from its own state.
+
+Only work at least as urgent as the newcomer stands in its way: a waiting or swapped request of
+a lower priority (e.g. best-effort work evicted by a preemption) starts after it, so it counts
+neither toward ``MAX_ENGINE_WAITING`` nor toward the seats taken (no priority inversion
+between the drainer and the engine's own queue).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # Keep a few percent of blocks in reserve so running requests can keep decoding.
@@ -31,20 +38,45 @@ class EngineLoad:
     # The largest priority number running, i.e. the work a more urgent request may preempt;
     # None when idle or when the engine never preempts (the echo engine).
     lowest_running_priority: int | None
+    # (priority, count) of the waiting / swapped requests whose priority the engine knows,
+    # ascending by priority. ``num_waiting`` may count more (requests posted to the engine
+    # and not applied yet): those count as urgent. Empty: every one counts as urgent.
+    waiting_by_priority: tuple[tuple[int, int], ...] = ()
+    swapped_by_priority: tuple[tuple[int, int], ...] = ()
 
 
-def free_seats(load: EngineLoad) -> int:
-    """Seats left once everything already inside the engine runs (may be negative)."""
-    return load.max_num_seqs - load.num_running - load.num_swapped - load.num_waiting
+def by_priority(priorities: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """``(priority, count)`` pairs, ascending, for an ``EngineLoad`` field."""
+    return tuple(sorted(Counter(priorities).items()))
+
+
+def _at_least_as_urgent(total: int, counts: tuple[tuple[int, int], ...], priority: int) -> int:
+    return total - sum(n for p, n in counts if p > priority)
+
+
+def waiting_ahead(load: EngineLoad, priority: int) -> int:
+    """Waiting requests that would start no later than a new one of ``priority``."""
+    return _at_least_as_urgent(load.num_waiting, load.waiting_by_priority, priority)
+
+
+def free_seats(load: EngineLoad, priority: int | None = None) -> int:
+    """Seats left once everything already inside the engine runs (may be negative); with
+    ``priority``, once everything at least as urgent runs (lower-priority queued work
+    starts after it)."""
+    if priority is None:
+        return load.max_num_seqs - load.num_running - load.num_swapped - load.num_waiting
+    swapped = _at_least_as_urgent(load.num_swapped, load.swapped_by_priority, priority)
+    return load.max_num_seqs - load.num_running - swapped - waiting_ahead(load, priority)
 
 
 def engine_has_capacity(load: EngineLoad, priority: int) -> bool:
     """Room for one more request of ``priority``: a free seat with blocks to spare and
-    only a short queue inside the engine, or lower-priority running work it may preempt."""
+    only a short queue of work at least as urgent inside the engine, or lower-priority
+    running work it may preempt."""
     free_fraction = load.num_free_blocks / max(1, load.num_total_blocks)
-    if load.num_waiting >= MAX_ENGINE_WAITING:
+    if waiting_ahead(load, priority) >= MAX_ENGINE_WAITING:
         return False
-    if free_seats(load) > 0 and free_fraction > MIN_FREE_BLOCK_FRACTION:
+    if free_seats(load, priority) > 0 and free_fraction > MIN_FREE_BLOCK_FRACTION:
         return True
     lowest = load.lowest_running_priority
     return lowest is not None and lowest > priority

@@ -42,6 +42,7 @@ from engine.core.request_checks import never_fits_reason, outgrown_reason, stop_
 from engine.core.request_queue import RequestQueue
 from engine.core.stats import SchedulerCounters, SchedulerStats
 from engine.core.step_plan import StepPlan
+from policies.admission import by_priority
 from policies.batching import AdmissionSnapshot, get_admission_policy, padding_rows
 from policies.preemption import choose_victim
 
@@ -134,6 +135,8 @@ class Scheduler(PreemptionMixin):
             num_waiting=len(self.waiting),
             num_swapped=len(self.swapped),
             lowest_running_priority=max((r.priority for r in self.running.values()), default=None),
+            waiting_by_priority=by_priority(r.priority for r in self.waiting) if self.waiting else (),
+            swapped_by_priority=by_priority(r.priority for r in self.swapped) if self.swapped else (),
             device_blocks_total=bm.num_blocks,
             device_blocks_used=bm.num_used_blocks,
             device_blocks_free=bm.num_free_blocks,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.core.config import EngineConfig
+from engine.core.outputs import RequestOutput
 from engine.core.sampling_params import SamplingParams
 from engine.core.stats import EngineStats
 from engine.frontend.threaded import ThreadedEngine
@@ -57,6 +58,8 @@ class AsyncEngine(ThreadedEngine):
             num_total_blocks=s.num_total_blocks,
             max_num_seqs=self.engine.config.scheduler.max_num_seqs,
             lowest_running_priority=s.lowest_running_priority,
+            waiting_by_priority=s.waiting_by_priority,
+            swapped_by_priority=s.swapped_by_priority,
         )
 
     def stats(self) -> EngineStats:
@@ -85,3 +88,6 @@ class AsyncEngine(ThreadedEngine):
 
     def _abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
+
+    def _abort_all(self) -> list[RequestOutput]:
+        return self.engine.abort_all()

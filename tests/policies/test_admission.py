@@ -50,3 +50,61 @@ def test_an_engine_that_never_preempts_has_no_room_when_full() -> None:
     full = make_load(num_running=8, lowest_running_priority=None)
     assert not any(engine_has_capacity(full, p) for p in range(3))
     assert engine_has_capacity(make_load(num_running=7), priority=2)
+
+
+# ---- priority inversion: lower-priority queued work does not block more urgent work ----
+
+def _evicted_best_effort_load() -> EngineLoad:
+    """Four best-effort requests evicted by preemption wait in the engine; four run."""
+    return make_load(num_running=4, num_waiting=4, max_num_seqs=8, lowest_running_priority=1,
+                     waiting_by_priority=((2, 4),))
+
+
+def test_evicted_best_effort_no_longer_blocks_interactive() -> None:
+    load = _evicted_best_effort_load()
+    assert engine_has_capacity(load, priority=0)
+    assert engine_has_capacity(load, priority=1)
+    assert not engine_has_capacity(load, priority=2)  # they still block their own tier
+
+
+def test_without_a_breakdown_every_waiting_request_counts() -> None:
+    load = make_load(num_running=4, num_waiting=4, max_num_seqs=8, lowest_running_priority=1)
+    assert not any(engine_has_capacity(load, p) for p in range(3))
+
+
+def test_requests_of_unknown_priority_count_as_urgent() -> None:
+    # 5 waiting, of which the engine placed 2 at best-effort: 3 (still in its inbox) are urgent
+    from policies.admission import waiting_ahead
+
+    load = make_load(num_waiting=5, waiting_by_priority=((2, 2),))
+    assert waiting_ahead(load, 0) == 3 and waiting_ahead(load, 2) == 5
+
+
+def test_by_priority_rule_equals_old_rule_on_the_urgent_part_only() -> None:
+    """Reference: the rule without a breakdown, on a load from which every queued request
+    less urgent than the newcomer was removed."""
+    import random
+
+    from policies.admission import by_priority, free_seats
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        waiting = [rng.randrange(3) for _ in range(rng.randrange(8))]
+        swapped = [rng.randrange(3) for _ in range(rng.randrange(4))]
+        unknown = rng.randrange(3)  # posted, not applied yet
+        max_seqs = rng.randrange(1, 12)
+        running = rng.randrange(max_seqs + 1)
+        lowest = rng.choice([None, 0, 1, 2]) if running else None
+        free = rng.choice([0, 3, 50, 100])
+        load = make_load(num_running=running, num_waiting=len(waiting) + unknown,
+                         num_swapped=len(swapped), num_free_blocks=free, max_num_seqs=max_seqs,
+                         lowest_running_priority=lowest, waiting_by_priority=by_priority(waiting),
+                         swapped_by_priority=by_priority(swapped))
+        for p in range(3):
+            urgent = make_load(
+                num_running=running, num_waiting=sum(w <= p for w in waiting) + unknown,
+                num_swapped=sum(s <= p for s in swapped), num_free_blocks=free,
+                max_num_seqs=max_seqs, lowest_running_priority=lowest)
+            assert engine_has_capacity(load, p) == engine_has_capacity(urgent, p), (load, p)
+            assert free_seats(load, p) == free_seats(urgent)
+        assert free_seats(load) == max_seqs - running - len(waiting) - unknown - len(swapped)

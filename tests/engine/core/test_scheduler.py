@@ -287,3 +287,21 @@ def test_stats_report_the_lowest_running_priority_and_block_counts() -> None:
     assert st.lowest_running_priority == 3
     assert st.num_total_blocks == 20 and st.num_free_blocks == 20 - 6 == st.device_blocks_free
     assert st.kv_usage == pytest.approx(6 / 20)
+
+
+def test_stats_count_queued_requests_by_priority() -> None:
+    sched = make_scheduler(max_num_seqs=2, preemption_mode="swap")
+    runner = FakeRunner(sched)
+    running = make_requests(2, priority=[1, 2], max_tokens=20)
+    for r in running:
+        sched.add_request(r)
+    step(sched, runner)
+    for r in make_requests(4, priority=[2, 1, 2, 2], start_time=5.0):
+        sched.add_request(r)
+    assert sched.stats.waiting_by_priority == ((1, 1), (2, 3))
+    assert sched.preempt_request(running[1].request_id)  # priority 2, swapped out
+    stats = sched.stats
+    assert stats.swapped_by_priority == ((2, 1),) and stats.num_swapped == 1
+    assert sum(n for _, n in stats.waiting_by_priority) == stats.num_waiting == 4
+    run_to_completion(sched, runner)
+    assert sched.stats.waiting_by_priority == () and sched.stats.swapped_by_priority == ()

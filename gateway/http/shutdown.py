@@ -26,6 +26,22 @@ from gateway.http.errors import error_response, server_shutting_down
 
 # answered while stopping: liveness (the process is still alive) and the metrics scrape
 UNGATED_PATHS = frozenset({"/healthz", "/metrics"})
+# and what acts on a request already admitted: its status, and its cancel (a client that
+# gives up during the graceful period frees its KV blocks at once instead of at its end)
+_REQUEST_PREFIX = "/v1/requests/"
+
+
+def gated(method: str, path: str) -> bool:
+    """Whether a stopping server refuses this request (503 + Retry-After)."""
+    if path in UNGATED_PATHS:
+        return False
+    if path.startswith(_REQUEST_PREFIX):
+        rest = path[len(_REQUEST_PREFIX):].split("/")
+        if len(rest) == 1 and method == "GET":
+            return False
+        if len(rest) == 2 and rest[1] == "cancel" and method == "POST":
+            return False
+    return True
 
 
 class Endable(Protocol):
@@ -53,26 +69,24 @@ class Shutdown:
         self._open.discard(relay)
 
     def end_inflight(self) -> int:
-        """End every open relay (each finishes on its own task); returns how many."""
+        """End every open relay (each finishes on its own task); returns how many. Again
+        later, it ends what was left open since (none, once every relay has untracked)."""
         self.begun = self.ending = True
         relays = list(self._open)
         for relay in relays:
             relay.end_for_shutdown()
         return len(relays)
 
-    @property
-    def open(self) -> int:
-        return len(self._open)
-
 
 class ShutdownGate:
-    """Pure-ASGI middleware: 503 + Retry-After for every request once shutdown has begun."""
+    """Pure-ASGI middleware: 503 + Retry-After for every new request once shutdown has
+    begun, except those ``gated`` lets through."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in UNGATED_PATHS:
+        if scope["type"] == "http" and gated(scope["method"], scope["path"]):
             services = getattr(scope["app"].state, "services", None)
             if services is not None and services.shutdown.begun:
                 await error_response(server_shutting_down())(scope, receive, send)

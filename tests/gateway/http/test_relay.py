@@ -176,4 +176,4 @@ async def test_a_relay_that_starts_after_end_inflight_ends_at_once() -> None:
     assert (b"retry-after", str(SHUTDOWN_RETRY_AFTER_S).encode()) in sent[0]["headers"]
     assert json.loads(sent[1]["body"])["error"]["code"] == "server_shutdown"
     assert calls == ["cancel:shutdown", "settle:settled:aborted"]
-    assert services.shutdown.open == 0
+    assert services.shutdown.end_inflight() == 0  # none left open

@@ -50,6 +50,13 @@ def _wait_running(gw: Any, n: int) -> None:
         time.sleep(0.01)
 
 
+def _wait_until(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
 def test_end_inflight_ends_streams_and_answers_the_rest(gateway: Any, redis_url: str) -> None:
     ns = gateway.config.namespace
     key = make_tenant(redis_url, ns, "shut")
@@ -62,7 +69,9 @@ def test_end_inflight_ends_streams_and_answers_the_rest(gateway: Any, redis_url:
     def stream() -> None:
         with client.stream("POST", "/v1/completions", json={**BODY, "stream": True}) as resp:
             assert resp.status_code == 200
-            events.extend(line for line in resp.iter_lines() if line)
+            for line in resp.iter_lines():  # one by one: the test polls for the first
+                if line:
+                    events.append(line)
 
     def full() -> None:
         answers["full"] = client.post("/v1/completions", json=BODY)
@@ -71,7 +80,7 @@ def test_end_inflight_ends_streams_and_answers_the_rest(gateway: Any, redis_url:
     for t in threads:
         t.start()
     _wait_running(gateway, 2)
-    time.sleep(0.2)  # some tokens streamed
+    _wait_until(lambda: len(events) > 0)  # some tokens streamed
     _on_loop(gateway, gateway.services.shutdown.end_inflight)
     for t in threads:
         t.join(10)
@@ -88,7 +97,7 @@ def test_end_inflight_ends_streams_and_answers_the_rest(gateway: Any, redis_url:
     wait_engine_idle(gateway, timeout=5)
     wait_clean(redis_url, ns, timeout=5)
     assert stat(redis_url, ns, "aborted") == aborted_before + 2
-    assert gateway.services.shutdown.open == 0
+    assert gateway.services.shutdown.end_inflight() == 0  # none left open
 
 
 def test_requests_after_shutdown_began_get_503(gateway: Any, redis_url: str) -> None:
@@ -103,3 +112,40 @@ def test_requests_after_shutdown_began_get_503(gateway: Any, redis_url: str) -> 
         assert client.get("/readyz").status_code == 503
         assert client.get("/healthz").status_code == 200
     assert gateway.engine.load().num_running == 0
+
+
+def test_a_request_in_flight_can_be_looked_up_and_cancelled_during_the_graceful_period(
+        gateway: Any, redis_url: str) -> None:
+    """The gate refuses new work only: the status and the cancel of a request already
+    admitted still answer, and the cancel ends its stream (and frees its engine seat)."""
+    key = make_tenant(redis_url, gateway.config.namespace, "giveup")
+    events: list[str] = []
+    rid: list[str] = []
+    client = httpx.Client(base_url=gateway.url, timeout=30,
+                          headers={"Authorization": f"Bearer {key}"})
+
+    def stream() -> None:
+        with client.stream("POST", "/v1/completions", json={**BODY, "stream": True}) as resp:
+            rid.append(resp.headers["x-request-id"])
+            for line in resp.iter_lines():
+                if line:
+                    events.append(line)
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    _wait_until(lambda: len(events) > 0)
+    _on_loop(gateway, gateway.services.shutdown.begin)
+    try:
+        assert client.post("/v1/completions", json=BODY).status_code == 503  # new work: no
+        got = client.get(f"/v1/requests/{rid[0]}")
+        assert got.status_code == 200, got.text
+        assert got.json()["status"] == "running"
+        cancel = client.post(f"/v1/requests/{rid[0]}/cancel")
+        assert cancel.status_code == 200, cancel.text
+        assert cancel.json()["status"] == "cancelled"
+        thread.join(10)
+        assert not thread.is_alive()
+        assert events[-1] == "data: [DONE]"
+        wait_engine_idle(gateway, timeout=5)
+    finally:
+        client.close()

@@ -64,7 +64,6 @@ class OutputWriter:
         self.ttl = stream_ttl_s
         self._queue: asyncio.Queue[list[tuple[Inflight, RequestOutput]] | _Sent] = asyncio.Queue()
         self._waiting = False  # the task waits for work: nothing queued or being written
-        self.writes = 0  # Redis calls made (one per step when keeping up)
         self._retry: list[tuple[Inflight, RequestOutput]] = []  # a batch whose write failed
         self._parked: list[tuple[Inflight, RequestOutput]] = []  # their claim has not answered
         self._watched: set[asyncio.Future[str]] = set()  # claims that wake us when answered
@@ -157,7 +156,6 @@ class OutputWriter:
             return
         try:
             await sent.reply
-            self.writes += 1
         except ResponseError as exc:
             if not str(exc).startswith("NOSCRIPT"):
                 self._retry = sent.items
@@ -179,7 +177,6 @@ class OutputWriter:
         if not step:
             return
         await self._entries.write_step(step)
-        self.writes += 1
 
     def _step_write(self, items: list[tuple[Inflight, RequestOutput]]) -> StepWrite:
         """The write of ``items`` (empty when there is nothing to write)."""

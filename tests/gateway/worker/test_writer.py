@@ -17,21 +17,22 @@ from engine.core.outputs import RequestOutput
 from gateway.bus.keys import GROUP, RedisKeys
 from gateway.bus.messages import FinishMsg, TokenMsg, decode
 from gateway.bus.queues import TierQueues
-from gateway.worker.writer import Inflight, OutputWriter
+from gateway.worker.writer import Inflight
 from policies.tiers import TIERS
+from tests.gateway.worker.writer_helpers import CountingWriter
 
 pytestmark = pytest.mark.timeout(30)
 TTL = 600
 
 
 @pytest.fixture
-async def setup(redis_url: str) -> AsyncIterator[tuple[Any, RedisKeys, OutputWriter]]:
+async def setup(redis_url: str) -> AsyncIterator[tuple[Any, RedisKeys, CountingWriter]]:
     client = aioredis.Redis.from_url(redis_url)
     keys = RedisKeys(f"ow{uuid.uuid4().hex[:8]}")
     queues = TierQueues(client, keys, TIERS)
     await queues.ensure_groups()
     try:
-        yield client, keys, OutputWriter(client, keys, queues, stream_ttl_s=TTL)
+        yield client, keys, CountingWriter(client, keys, queues, stream_ttl_s=TTL)
     finally:
         await client.delete(keys.stats, *(keys.queue(t) for t in TIERS))
         await client.aclose()
@@ -123,7 +124,7 @@ async def test_a_non_streaming_request_gets_its_first_tokens_then_the_rest_with_
         await client.delete(keys.out("n"), keys.out("s"), keys.req("n"))
 
 
-async def run_steps(writer: OutputWriter, *batches: list[tuple[Inflight, RequestOutput]],
+async def run_steps(writer: CountingWriter, *batches: list[tuple[Inflight, RequestOutput]],
                     writes: int) -> None:
     """Submit ``batches`` (each written by ``submit`` itself when the writer is idle) and wait
     until the writer has made ``writes`` Redis calls in all."""

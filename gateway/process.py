@@ -62,9 +62,10 @@ def startup_objects_frozen() -> Iterator[None]:
 
 
 def exit_cleanly_on_sigterm() -> None:
-    """SIGTERM -> SystemExit, so ``finally`` and atexit stop the embedded Redis. uvicorn
-    re-raises the SIGTERM it caught once its graceful shutdown is done; under the default
-    action the process died right there and left the server running."""
+    """SIGTERM -> SystemExit(0), so ``finally`` and atexit run (they stop an embedded Redis).
+    uvicorn re-raises the SIGTERM it caught once its graceful shutdown is done; under the
+    default action the process died right there (status -15, an embedded Redis left
+    running). ``carpool serve`` installs it in every role."""
 
     def handler(_signum: int, _frame: object) -> None:
         raise SystemExit(0)  # a requested stop that completed

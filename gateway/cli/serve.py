@@ -101,8 +101,10 @@ def serve(config: GatewayConfig) -> int:
     embedded: EmbeddedRedis | None = None
     redis_url = config.redis_url
     url_file = runtime_url_file(config)
+    # Every role: uvicorn re-raises the SIGTERM it handled, and under the default action the
+    # process would then die with -SIGTERM after a clean graceful stop.
+    exit_cleanly_on_sigterm()
     if redis_url is None:
-        exit_cleanly_on_sigterm()
         embedded = EmbeddedRedis()
         redis_url = embedded.start()
         url_file.parent.mkdir(parents=True, exist_ok=True)

@@ -81,6 +81,17 @@ def outcome(finish_reason: str) -> str:
     return OUTCOMES.get(finish_reason, "completed")
 
 
+_REASON_OF_OUTCOME: dict[str, FinishReason] = {
+    out: FinishReason(reason) for reason, out in OUTCOMES.items()}
+
+
+def reason_of_outcome(outcome_name: str) -> FinishReason:
+    """The finish reason an outcome stands for, the inverse of ``outcome`` (for whoever has
+    only the outcome, e.g. telemetry): ``completed`` -> STOP, as which natural end it was
+    (stop or length) is not in the outcome."""
+    return _REASON_OF_OUTCOME.get(outcome_name, FinishReason.STOP)
+
+
 @dataclass(frozen=True)
 class CancelMsg:
     """Published on the cancel channel. ``reader_gone`` tells the worker nobody reads the

@@ -17,6 +17,7 @@ from gateway.bus.messages import (
     encode,
     encode_payload,
     outcome,
+    reason_of_outcome,
 )
 
 
@@ -53,3 +54,11 @@ def test_outcome_by_finish_reason(reason: FinishReason) -> None:
     assert (got == "completed") == (reason in COMPLETED)
     assert got == outcome(str(reason))  # as decoded from a FinishMsg: a plain string
     assert got in ("completed", "aborted", "errored")
+
+
+@pytest.mark.parametrize("reason", list(FinishReason))
+def test_reason_of_outcome_inverts_outcome(reason: FinishReason) -> None:
+    """A cut-short end comes back as itself; a natural one as a natural one (STOP)."""
+    back = reason_of_outcome(outcome(reason))
+    assert outcome(back) == outcome(reason)
+    assert back == (FinishReason.STOP if reason in COMPLETED else reason)

@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.core.config import EngineConfig
 from engine.core.output_processor import OutputProcessor
-from engine.core.outputs import RequestOutput, SchedulerOutput
+from engine.core.outputs import ModelRunnerOutput, RequestOutput, SchedulerOutput
 from engine.core.request import Request, RequestStatus
 from engine.core.request_checks import invalid_prompt_reason
 from engine.core.sampling_params import SamplingParams
@@ -97,6 +97,17 @@ class LLMEngine:
     def abort(self, request_id: str) -> None:
         self.scheduler.abort_request(request_id)
         self._stats = self.scheduler.stats
+
+    def abort_all(self) -> list[RequestOutput]:
+        """Abort every unfinished request and return, now and without a step, the final output
+        of each request that finished since the last step: afterwards the engine holds no
+        request and no KV block, and no later step reports one of them."""
+        for rid in self.outputs.request_ids():
+            self.scheduler.abort_request(rid)
+        # An empty step's update hands back what finished between steps: these aborts.
+        changed = self.scheduler.update_from_output(SchedulerOutput(), ModelRunnerOutput())
+        self._stats = self.scheduler.stats
+        return [self._emit(r) for r in changed]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

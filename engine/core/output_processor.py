@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.finish import FinishReason
 from engine.core.outputs import RequestOutput
 from engine.core.request import Request
 
@@ -34,6 +35,10 @@ class OutputProcessor:
     def discard(self, request_id: str) -> None:
         self._states.pop(request_id, None)
 
+    def request_ids(self) -> list[str]:
+        """Every request added whose finished output was not produced yet."""
+        return list(self._states)
+
     def process(self, request: Request) -> tuple[RequestOutput, bool]:
         """Returns the request's delta and whether a stop string just matched (the caller
         then finishes the request in the scheduler and marks the output finished)."""
@@ -53,7 +58,7 @@ class OutputProcessor:
             new_token_ids=list(new_tokens),
             text_delta=delta,
             finished=finished,
-            finish_reason="stop" if stop_hit else request.status.finish_reason,
+            finish_reason=FinishReason.STOP if stop_hit else request.status.finish_reason,
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,
             error=request.error,

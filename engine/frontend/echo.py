@@ -115,6 +115,13 @@ class FakeEchoEngine(ThreadedEngine):
         if request_id in self._active:
             self._active[request_id].aborted = True
 
+    def _abort_all(self) -> list[RequestOutput]:
+        for req in self._active.values():
+            req.aborted = True
+        outputs = [self._advance(r) for r in self._active.values()]
+        self._active.clear()
+        return outputs
+
     def _steps(self) -> None:
         active = self._active = {}  # a restart starts empty
         next_at, began = time.monotonic(), None

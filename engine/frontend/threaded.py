@@ -11,9 +11,15 @@ observers (``add_step_observer``) run on the step thread with the step's ``Sched
 Failure never hangs a caller: if the step thread dies, every live request ends with an
 "error" output and later adds fail at once; ``shutdown`` ends every open stream with "abort".
 
+Lifecycle: a request added before the first ``start`` waits in the inbox and runs once
+started; one added after ``shutdown`` (until the next ``start``) fails at once. When the step
+loop stops, the step thread drops what the inbox still holds and aborts every request the
+engine still holds (``_abort_all``), so their KV blocks are free and a later ``start`` runs
+only requests added after it.
+
 A subclass implements ``_steps`` (the step loop, until ``_stop`` is set), ``_add`` and
-``_abort`` (apply an inbox message, on the step thread), ``load`` and ``stats``; it may
-check prompts in the caller (``_check_prompt``).
+``_abort`` (apply an inbox message, on the step thread), ``_abort_all``, ``load`` and
+``stats``; it may check prompts in the caller (``_check_prompt``).
 """
 
 from __future__ import annotations
@@ -73,8 +79,9 @@ class ThreadedEngine:
             await asyncio.to_thread(self._thread.join, _JOIN_TIMEOUT_S)
             if not self._thread.is_alive():  # else a restart would run a second one
                 self._thread = None
-        for _ in self._inbox.drain():  # ended below: a restart must not run them
-            pass
+        if self._thread is None:  # no step thread to take them: ended below, never run
+            for _ in self._inbox.drain():
+                pass
         left = [RequestOutput(rid, [], "", True, FinishReason.ABORT) for rid in self._live]
         if left:  # the thread may stop before it reports those aborts
             self._dispatch(left)
@@ -143,12 +150,28 @@ class ThreadedEngine:
     def _run(self) -> None:
         try:
             self._steps()
+            self._end_stopped()
         except Exception as exc:  # surface to callers instead of hanging them
             logger.exception("%s step thread died; failing every request", self.thread_name)
             self.step_error = exc
             self._call_on_loop(self._fail_live, exc)
 
     def _steps(self) -> None:
+        raise NotImplementedError
+
+    def _end_stopped(self) -> None:
+        """Once the step loop stopped: ``shutdown`` reports every live request aborted, so
+        the engine must not keep one (a restart would run it again, its blocks stay held).
+        The inbox's adds and aborts are moot: everything the engine holds is aborted."""
+        for _ in self._inbox.drain():
+            pass
+        outputs = self._abort_all()
+        if outputs:  # the engine's own final outputs, ahead of shutdown's fallback
+            self._publish(outputs)
+
+    def _abort_all(self) -> list[RequestOutput]:
+        """On the step thread: abort every request the engine holds; return their final
+        outputs."""
         raise NotImplementedError
 
     def _drain_inbox(self) -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.core.finish import FinishReason
+from engine.core.outputs import RequestOutput
 from engine.core.sampling_params import SamplingParams
 from engine.frontend.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
@@ -129,6 +131,48 @@ async def test_shutdown_ends_open_streams(tiny_model_dir: Path) -> None:
     await engine.shutdown()
     rest = await asyncio.wait_for(_collect(gen), timeout=5)
     assert rest and rest[-1].finished and rest[-1].finish_reason == "abort"
+
+
+async def test_a_restart_runs_only_requests_added_after_it(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    seen: list[RequestOutput] = []
+    engine.add_step_callback(seen.extend)
+    await engine.start()
+    gen = engine.generate("old", [3, 3, 3], SamplingParams(max_tokens=100_000, ignore_eos=True))
+    await gen.__anext__()
+    await engine.shutdown()
+    old = await asyncio.wait_for(_collect(gen), timeout=5)
+    # Reported by the engine itself (it counted the tokens), not only by shutdown's fallback.
+    assert old[-1].finish_reason == FinishReason.ABORT and old[-1].num_output_tokens >= 1
+    load = engine.load()
+    assert load.num_running == load.num_waiting == load.num_swapped == 0
+    assert load.num_free_blocks == load.num_total_blocks
+    engine.engine.scheduler.block_manager.check_integrity()
+
+    seen.clear()
+    await engine.start()
+    try:
+        params = SamplingParams(max_tokens=3, ignore_eos=True)
+        new = await asyncio.wait_for(_collect(engine.generate("new", [5, 6], params)), 10)
+    finally:
+        await engine.shutdown()
+    assert new[-1].finish_reason == FinishReason.LENGTH
+    assert {o.request_id for o in seen} == {"new"}  # nothing of "old" ran again
+
+
+async def test_a_request_added_before_start_runs_once_started(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    task = asyncio.create_task(_collect(engine.generate("early", [5, 6], params)))
+    await asyncio.sleep(0.05)  # the add is queued: no step thread yet
+    assert not task.done()
+    await engine.start()
+    try:
+        outs = await asyncio.wait_for(task, 10)
+    finally:
+        await engine.shutdown()
+    assert outs[-1].finish_reason == FinishReason.LENGTH
+    assert sum(len(o.new_token_ids) for o in outs) == 3
 
 
 BAD_PROMPTS = [[], [1, 10**9], [1, -1], ["a", "b"], [1, True], [1.0, 2.0]]

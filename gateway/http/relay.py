@@ -31,6 +31,10 @@ from gateway.tenancy.tenants import Tenant
 log = logging.getLogger("carpool.gateway")
 
 CLEANUP_TIMEOUT_S = 5.0
+# How long the shutdown's last event may take to send: the relays are ended ``END_MARGIN_S``
+# (1 s, ``cli/serve.py``) before uvicorn cancels them, and a send blocked on a client that
+# stopped reading must not still be waiting then (a traceback), nor delay the cancel after it.
+SHUTDOWN_SEND_TIMEOUT_S = 0.25
 
 
 class Stalled(Exception):
@@ -111,7 +115,8 @@ class RelayResponse:
             if me.uncancel() > 0:  # our cancel is handled; one from outside still ends us
                 raise
             if cancel_source == "shutdown":
-                await self._send_error_end(send, server_shutting_down())
+                await self._send_error_end(send, server_shutting_down(),
+                                           timeout_s=SHUTDOWN_SEND_TIMEOUT_S)
         except Exception:
             cancel_source = "error"  # nobody reads this output any more: stop generating
             raise  # the clean-up below still cancels and settles
@@ -212,16 +217,20 @@ class RelayResponse:
         state.text.append(msg.text)
         self.services.events.tokens(self.ctx.request_id, len(msg.token_ids))
 
-    async def _send(self, send: Send, message: dict[str, Any]) -> None:
+    async def _send(self, send: Send, message: dict[str, Any],
+                    timeout_s: float | None = None) -> None:
+        """Send, or raise ``Stalled`` after ``timeout_s`` (default: the stall timeout)."""
         try:
-            async with asyncio.timeout(self.services.config.stall_timeout_s):
+            async with asyncio.timeout(timeout_s or self.services.config.stall_timeout_s):
                 await send(message)
         except TimeoutError as exc:
             raise Stalled() from exc
 
-    async def _body(self, send: Send, data: bytes, more: bool = True) -> None:
+    async def _body(self, send: Send, data: bytes, more: bool = True,
+                    timeout_s: float | None = None) -> None:
         if data or not more:
-            await self._send(send, {"type": "http.response.body", "body": data, "more_body": more})
+            await self._send(send, {"type": "http.response.body", "body": data,
+                                    "more_body": more}, timeout_s)
 
     async def _send_full(self, send: Send) -> None:
         finish, ctx = self.state.finish, self.ctx
@@ -239,20 +248,23 @@ class RelayResponse:
             (b"x-request-id", ctx.request_id.encode())]})
         await self._send(send, {"type": "http.response.body", "body": body})
 
-    async def _send_error_end(self, send: Send, err: APIError) -> None:
+    async def _send_error_end(self, send: Send, err: APIError,
+                              timeout_s: float | None = None) -> None:
         """End the response with ``err``: a started stream gets it as its last event, then
-        ``[DONE]``; otherwise it is the response (with Retry-After when it says one)."""
+        ``[DONE]``; otherwise it is the response (with Retry-After when it says one). Each
+        send waits up to ``timeout_s`` (default: the stall timeout)."""
         with contextlib.suppress(Exception):  # Stalled too: the client is not reading
             if self.state.headers_sent:
-                await self._body(send, sse(err.body()))
-                await self._body(send, SSE_DONE, more=False)
+                await self._body(send, sse(err.body()), timeout_s=timeout_s)
+                await self._body(send, SSE_DONE, more=False, timeout_s=timeout_s)
             else:
                 headers = [(b"content-type", b"application/json")]
                 if err.retry_after is not None:
                     headers.append((b"retry-after", b"%d" % err.retry_after))
                 await self._send(send, {"type": "http.response.start", "status": err.status,
-                                        "headers": headers})
-                await self._send(send, {"type": "http.response.body", "body": error_bytes(err)})
+                                        "headers": headers}, timeout_s)
+                await self._send(send, {"type": "http.response.body", "body": error_bytes(err)},
+                                 timeout_s)
 
     async def _cancel(self, source: str) -> str:
         svc = self.services

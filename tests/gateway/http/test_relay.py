@@ -1,7 +1,8 @@
 """The relay against stub services: the disconnect watcher cancels it only while it relays,
 a cancel from outside in the same turn as a disconnect still ends it, and output that queued
 up while it was busy goes out as one SSE event, and a relay that starts once the open ones
-were ended for a shutdown ends at once."""
+were ended for a shutdown ends at once; the shutdown's last event to a client that stopped
+reading gives up well within the shutdown margin."""
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.bus.messages import FinishMsg, TokenMsg
+from gateway.cli.serve import END_MARGIN_S
 from gateway.http.errors import SHUTDOWN_RETRY_AFTER_S
 from gateway.http.openai.format import Formatter
 from gateway.http.relay import RelayContext, RelayResponse
@@ -177,3 +179,31 @@ async def test_a_relay_that_starts_after_end_inflight_ends_at_once() -> None:
     assert json.loads(sent[1]["body"])["error"]["code"] == "server_shutdown"
     assert calls == ["cancel:shutdown", "settle:settled:aborted"]
     assert services.shutdown.end_inflight() == 0  # none left open
+
+
+async def test_a_shutdown_end_to_a_client_that_stopped_reading_ends_within_the_margin() -> None:
+    """The shutdown's error event cannot be sent (the client's socket buffer is full): the
+    relay still cancels, settles and returns well within ``END_MARGIN_S``, before uvicorn's
+    own cancel would land in the send (a traceback), not after the 30 s stall timeout."""
+    calls: list[str] = []
+    services = make_services(calls)
+    services.config.stall_timeout_s = 30.0
+    relay = RelayResponse(services, make_ctx(30.0, stream=True))
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body":
+            await asyncio.Event().wait()  # never drains
+
+    _, receive = client_that_leaves()
+    task = asyncio.create_task(relay({"type": "http"}, receive, send))
+    while not sent:  # the headers went out: it relays
+        await asyncio.sleep(0.001)
+    loop = asyncio.get_running_loop()
+    ended_at = loop.time()
+    assert services.shutdown.end_inflight() == 1
+    await asyncio.wait({task}, timeout=5)
+    assert task.done() and not task.cancelled()
+    assert loop.time() - ended_at < END_MARGIN_S
+    assert calls == ["cancel:shutdown", "settle:settled:aborted"]

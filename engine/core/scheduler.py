@@ -19,6 +19,9 @@ then ``update_from_output(out, result)``. Progress is one counter per request:
    stops phase 2 and lets only strictly more urgent waiting requests start in phase 3; a
    blocked waiting request stops phase 3 (FCFS within a priority).
 Phases 2-3 are skipped in a step where phase 1 had to preempt (memory is short).
+With an urgent row cap set (``set_urgent_row_cap``, see ``engine.core.row_cap``) and urgent
+work present, phase 1 skips the running rows held back this step and phases 2-3 start no
+lower-priority request past the cap.
 Failures never hang: a prompt that can never fit finishes in ``add_request``, and a request
 whose prompt + output outgrows the whole cache finishes, both with FINISHED_ERROR.
 
@@ -40,6 +43,7 @@ from engine.core.preemption import PreemptionMixin
 from engine.core.request import Request, RequestStatus
 from engine.core.request_checks import never_fits_reason, outgrown_reason, stop_status
 from engine.core.request_queue import RequestQueue
+from engine.core.row_cap import RowCap, StepRowCap, plan_step
 from engine.core.stats import SchedulerCounters, SchedulerStats
 from engine.core.step_plan import StepPlan
 from policies.admission import by_priority
@@ -77,6 +81,8 @@ class Scheduler(PreemptionMixin):
         self._batch_seats = 0  # members the current batch started with (fixed-shape modes)
         self._between_steps = StepPlan(budget=0)  # preemptions made outside schedule()
         self._counts = SchedulerCounters()
+        self._row_cap: RowCap | None = None  # runtime knob: set_urgent_row_cap
+        self._step_cap: StepRowCap | None = None  # how it applies to the step being built
 
     # ---- public API -------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -121,6 +127,15 @@ class Scheduler(PreemptionMixin):
         self._finish(req, status, returned=False)
         self._requests.pop(request_id, None)
 
+    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0) -> None:
+        """While a request of priority <= ``urgent_priority`` is present, schedule at most
+        ``cap`` rows a step (urgent ones first); None lifts the cap. See ``engine.core.row_cap``."""
+        self._row_cap = None if cap is None else RowCap(cap, urgent_priority)
+
+    @property
+    def urgent_row_cap(self) -> RowCap | None:
+        return self._row_cap
+
     def get_request(self, request_id: str) -> Request | None:
         return self._requests.get(request_id)
 
@@ -157,6 +172,10 @@ class Scheduler(PreemptionMixin):
         plan.swapped_out.update(carried.swapped_out)
         if not self.running:
             self._batch_seats = 0  # the last batch is over
+        self._step_cap = None
+        if self._row_cap is not None:
+            self._step_cap = plan_step(self._row_cap, self.running.values(), self.waiting,
+                                       self.swapped)
         self._schedule_running(plan)
         if not plan.memory_preempted:
             self._schedule_swapped(plan)
@@ -173,7 +192,12 @@ class Scheduler(PreemptionMixin):
 
     def _schedule_running(self, plan: StepPlan) -> None:
         running = RequestStatus.RUNNING
-        for req in list(self.running.values()):
+        reqs = list(self.running.values())
+        if self._step_cap is not None and self._step_cap.held:
+            held = self._step_cap.held
+            reqs = [r for r in reqs if r.request_id not in held]
+            self._counts.rows_held_back += len(held)
+        for req in reqs:
             budget = plan.budget
             if budget <= 0:
                 break
@@ -204,6 +228,9 @@ class Scheduler(PreemptionMixin):
     def _schedule_swapped(self, plan: StepPlan) -> None:
         bm = self.block_manager
         for req in self.swapped:
+            if self._step_cap is not None and not self._step_cap.admits(req.priority, len(plan.scheduled)):
+                plan.blocked_priority = req.priority  # over the cap: it and all behind it wait
+                return
             if self._fail_if_outgrown(req, req.num_tokens):
                 continue
             num_new = self._chunk(req, req.num_computed_tokens, plan.budget)
@@ -234,7 +261,9 @@ class Scheduler(PreemptionMixin):
             if plan.blocked_priority is not None and req.priority >= plan.blocked_priority:
                 reason = "swapped"
                 break  # a blocked swapped request goes first unless this one is more urgent
-            if req.request_id in plan.preempted or admitted >= limit:
+            if req.request_id in plan.preempted or admitted >= limit or (
+                self._step_cap is not None and not self._step_cap.admits(req.priority, len(plan.scheduled))
+            ):
                 reason = "limit"
                 break
             if self._fail_if_outgrown(req, req.num_tokens):

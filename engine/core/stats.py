@@ -33,6 +33,7 @@ class SchedulerStats:
     aborts: int = 0
     errors: int = 0
     finished: int = 0  # every finish, aborts and errors included
+    rows_held_back: int = 0  # running rows skipped by the urgent row cap, summed over steps
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of which served from cached blocks
 
@@ -78,3 +79,4 @@ class SchedulerCounters:
     aborts: int = 0
     errors: int = 0
     finished: int = 0
+    rows_held_back: int = 0

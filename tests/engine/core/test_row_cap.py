@@ -1,0 +1,134 @@
+"""The urgent row cap (``Scheduler.set_urgent_row_cap``) with the fake runner: lower-tier rows
+leave an over-budget batch while urgent work is present, keep their KV blocks, and come back
+when it is gone; every request's tokens stay what they would be alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler
+from tests.engine.fakes import (
+    FakeRunner,
+    make_requests,
+    make_scheduler,
+    reference_tokens,
+    run_to_completion,
+    step,
+)
+
+
+def decoding(sched: Scheduler, runner: FakeRunner, reqs: list[Request], steps: int = 2) -> None:
+    for r in reqs:
+        sched.add_request(r)
+    for _ in range(steps):
+        step(sched, runner)
+    assert all(r.num_output_tokens == steps for r in reqs)  # prefilled, now decoding
+
+
+def progress(reqs: list[Request]) -> dict[str, tuple[int, int]]:
+    return {r.request_id: (r.num_computed_tokens, r.num_output_tokens) for r in reqs}
+
+
+def test_interactive_arrival_makes_batch_rows_leave_the_batch() -> None:
+    sched = make_scheduler(num_blocks=128, max_num_seqs=16)
+    runner = FakeRunner(sched)
+    batch = make_requests(8, prompt_len=6, max_tokens=30, priority=1)
+    decoding(sched, runner, batch)
+    sched.set_urgent_row_cap(4, urgent_priority=0)
+    out, _ = step(sched, runner)
+    assert len(out.scheduled) == 8  # no urgent work: no cap, the batch runs at full size
+
+    (inter,) = make_requests(1, prompt_len=5, max_tokens=4, priority=0, start_time=10.0)
+    sched.add_request(inter)
+    first3, rest = batch[:3], batch[3:]
+    blocks = {r.request_id: sched.block_manager.get_block_ids(r.request_id) for r in rest}
+    paused = progress(rest)
+    held_before = sched.stats.rows_held_back
+    steps = 0
+    while not inter.is_finished:
+        out, _ = step(sched, runner)
+        steps += 1
+        # the interactive request and the three earliest batch rows, nothing else
+        assert {s.request_id for s in out.scheduled} == {inter.request_id} | {
+            r.request_id for r in first3}
+        assert progress(rest) == paused  # the others do not advance ...
+        for r in rest:  # ... and keep their KV (paused, not preempted)
+            assert sched.block_manager.get_block_ids(r.request_id) == blocks[r.request_id]
+            assert r.request_id in sched.running
+    assert steps == 4 and sched.stats.rows_held_back - held_before == 5 * steps
+    assert sched.stats.preemptions == 0
+
+    out, _ = step(sched, runner)
+    assert {s.request_id for s in out.scheduled} == {r.request_id for r in batch}
+    run_to_completion(sched, runner)
+    for r in batch + [inter]:
+        assert r.output_token_ids == reference_tokens(r)
+
+
+def test_lower_rows_run_in_priority_then_arrival_order() -> None:
+    sched = make_scheduler(num_blocks=128, max_num_seqs=16)
+    runner = FakeRunner(sched)
+    # arrival order: best-effort first, then batch; the batch rows still go first
+    best_effort = make_requests(3, max_tokens=20, priority=2, start_time=0.0)
+    batch = make_requests(3, max_tokens=20, priority=1, start_time=1.0)
+    decoding(sched, runner, best_effort + batch)
+    inter = make_requests(2, max_tokens=3, priority=0, start_time=5.0)
+    for r in inter:
+        sched.add_request(r)
+    sched.set_urgent_row_cap(6)
+    out, _ = step(sched, runner)
+    expected = inter + batch + best_effort[:1]
+    assert {s.request_id for s in out.scheduled} == {r.request_id for r in expected}
+    run_to_completion(sched, runner)
+    for r in best_effort + batch + inter:
+        assert r.output_token_ids == reference_tokens(r)
+
+
+def test_urgent_rows_all_run_even_past_the_cap() -> None:
+    sched = make_scheduler(num_blocks=128, max_num_seqs=16)
+    runner = FakeRunner(sched)
+    batch = make_requests(3, max_tokens=20, priority=1)
+    decoding(sched, runner, batch)
+    inter = make_requests(3, max_tokens=5, priority=0, start_time=5.0)
+    for r in inter:
+        sched.add_request(r)
+    sched.set_urgent_row_cap(2)
+    out, _ = step(sched, runner)
+    assert {s.request_id for s in out.scheduled} == {r.request_id for r in inter}
+
+
+def test_no_new_lower_request_is_admitted_past_the_cap() -> None:
+    sched = make_scheduler(num_blocks=128, max_num_seqs=16)
+    runner = FakeRunner(sched)
+    (inter,) = make_requests(1, max_tokens=6, priority=0)
+    batch = make_requests(2, max_tokens=20, priority=1, start_time=1.0)
+    decoding(sched, runner, [inter] + batch)
+    sched.set_urgent_row_cap(4)
+    late = make_requests(3, max_tokens=20, priority=[1, 2, 1], start_time=9.0)
+    for r in late:
+        sched.add_request(r)
+    out, _ = step(sched, runner)
+    # one seat under the cap: the most urgent, earliest newcomer takes it
+    assert {s.request_id for s in out.scheduled} == {inter.request_id, late[0].request_id} | {
+        r.request_id for r in batch}
+    assert [r.request_id for r in sched.waiting] == [late[2].request_id, late[1].request_id]
+    while not inter.is_finished:
+        out, _ = step(sched, runner)
+        assert len(out.scheduled) <= 4
+    out, _ = step(sched, runner)  # the urgent request is gone: everyone runs
+    assert {s.request_id for s in out.scheduled} == {r.request_id for r in batch + late}
+    sched.set_urgent_row_cap(None)
+    run_to_completion(sched, runner)
+    for r in [inter] + batch + late:
+        assert r.output_token_ids == reference_tokens(r)
+
+
+def test_cap_must_not_be_negative() -> None:
+    sched = make_scheduler()
+    with pytest.raises(ValueError):
+        sched.set_urgent_row_cap(-1)
+    sched.set_urgent_row_cap(3, urgent_priority=1)
+    assert sched.urgent_row_cap is not None and sched.urgent_row_cap.cap == 3
+    sched.set_urgent_row_cap(None)
+    assert sched.urgent_row_cap is None

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.http.errors import APIError, error_response
 from gateway.tenancy.keys import key_digest, looks_like_key
 from gateway.tenancy.tenants import Tenant, TenantStore
+
+if TYPE_CHECKING:  # services.py imports this module: for types only
+    from gateway.http.services import Services
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})  # metrics: for the scraper
 
@@ -71,7 +74,7 @@ class AuthMiddleware:
         if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
-        services: Any = scope["app"].state.services
+        services: Services = scope["app"].state.services
         key = bearer_key(scope)
         err: APIError | None = None
         if key is None:

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.types import Receive, Scope, Send
@@ -27,6 +27,9 @@ from gateway.http.cancel import wait_for_disconnect
 from gateway.http.errors import APIError, error_bytes, server_shutting_down
 from gateway.http.openai.format import SSE_DONE, Formatter, sse
 from gateway.tenancy.tenants import Tenant
+
+if TYPE_CHECKING:  # services.py builds what the relay uses: imported for types only
+    from gateway.http.services import Services
 
 log = logging.getLogger("carpool.gateway")
 
@@ -65,7 +68,7 @@ class RelayContext:
 
 
 class RelayResponse:
-    def __init__(self, services: Any, ctx: RelayContext) -> None:
+    def __init__(self, services: Services, ctx: RelayContext) -> None:
         self.services = services
         self.ctx = ctx
         self.state = RelayState()

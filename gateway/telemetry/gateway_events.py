@@ -16,9 +16,10 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from engine.core.finish import FinishReason
 from engine.core.outputs import RequestOutput
 from engine.protocol import EngineClient
-from gateway.telemetry import names
+from gateway.bus.messages import reason_of_outcome
 from gateway.telemetry.config import TelemetryConfig
 from gateway.telemetry.events import GatewayEvents
 from gateway.telemetry.request_span import RequestInfo, RequestRecorder
@@ -62,11 +63,9 @@ def events_for(role: str, *, trace_console: bool = False) -> TelemetryEvents:
 
 
 class TelemetryEvents(GatewayEvents):
-    def __init__(self, telemetry: Telemetry, *, preemption_mode: str = "recompute",
-                 owns_telemetry: bool = False) -> None:
+    def __init__(self, telemetry: Telemetry, *, owns_telemetry: bool = False) -> None:
         self.telemetry = telemetry
         self._owns_telemetry = owns_telemetry  # then stop() flushes and shuts it down
-        self.preemption_mode = preemption_mode
         self._recorders: dict[str, RequestRecorder] = {}
         self._causes: dict[str, str] = {}
         self._traces: dict[str, WorkerRequestTrace] = {}
@@ -107,7 +106,7 @@ class TelemetryEvents(GatewayEvents):
                 await self._sampler
             self._sampler = None
         for rid in list(self._recorders):
-            self._recorders.pop(rid).finish(names.ABORT_REASON, abort_cause="shutdown")
+            self._recorders.pop(rid).finish(FinishReason.ABORT, abort_cause="shutdown")
         self._traces.clear()
         if self._owns_telemetry:
             self.telemetry.shutdown()
@@ -143,7 +142,7 @@ class TelemetryEvents(GatewayEvents):
         self._recorders[request_id] = rec
         if len(self._recorders) > MAX_OPEN:  # a path that never finished its request: end it
             oldest = next(iter(self._recorders))
-            self._recorders.pop(oldest).finish("error", error="telemetry lost track")
+            self._recorders.pop(oldest).finish(FinishReason.ERROR, error="telemetry lost track")
         # not tracing here (no exporter): the client's own trace context goes on to the worker
         return rec.traceparent or incoming_traceparent
 
@@ -184,12 +183,11 @@ class TelemetryEvents(GatewayEvents):
         if rec is None:
             return
         rec.set_engine_info(queue_wait_s=queue_wait_s, num_preemptions=num_preemptions)
-        reason = engine_finish_reason or {"aborted": "abort", "errored": "error"}.get(
-            finish_reason, "stop")
-        if cause is not None and reason != "error":
-            reason = names.ABORT_REASON
+        reason = engine_finish_reason or reason_of_outcome(finish_reason)
+        if cause is not None and reason != FinishReason.ERROR:
+            reason = FinishReason.ABORT
         rec.finish(reason, completion_tokens=completion_tokens, prompt_tokens=prompt_tokens,
-                   abort_cause=(cause or "cancel") if reason == names.ABORT_REASON else None)
+                   abort_cause=(cause or "cancel") if reason == FinishReason.ABORT else None)
 
     # -- worker side ------------------------------------------------------------------------
 
@@ -198,7 +196,7 @@ class TelemetryEvents(GatewayEvents):
                    traceparent: str | None = None) -> None:
         self._traces[request_id] = self.telemetry.worker_trace(
             request_id=request_id, tier=tier, traceparent=traceparent,
-            queue_wait_s=queue_wait_s, preemption_mode=self.preemption_mode,
+            queue_wait_s=queue_wait_s,
         )
         if len(self._traces) > MAX_OPEN:
             self._traces.pop(next(iter(self._traces))).abort("lost")
@@ -224,7 +222,7 @@ class TelemetryEvents(GatewayEvents):
             trace = self._traces.get(out.request_id)
             if trace is None:
                 continue
-            if out.finished and out.finish_reason == names.ABORT_REASON:
+            if out.finished and out.finish_reason == FinishReason.ABORT:
                 trace.note_abort("cancelled")  # the engine aborts only on a cancel
             trace.on_output(out)
             if out.finished:

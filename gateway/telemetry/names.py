@@ -52,6 +52,3 @@ EVENT_SWAP_OUT = "carpool.swap.out"
 EVENT_SWAP_IN = "carpool.swap.in"
 EVENT_ABORT = "carpool.abort"
 EVENT_FIRST_TOKEN = "gen_ai.first_token"
-
-# The OpenAI finish reason for every way a request can be cut short.
-ABORT_REASON = "abort"

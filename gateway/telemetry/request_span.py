@@ -14,13 +14,10 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from engine.core.finish import COMPLETED, FinishReason
 from gateway.telemetry import names
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import inject_traceparent, monotonic_to_epoch_ns
-
-# Finish reasons whose latencies describe service quality; aborted/failed requests would
-# skew TPOT and end-to-end time (they are counted in carpool_requests / carpool_aborts).
-_COMPLETED = ("stop", "length")
 
 
 @dataclass(frozen=True)
@@ -153,9 +150,11 @@ class RequestRecorder:
         m.requests.labels(tier, self._tenant_label, s.finish_reason).inc()
         m.tokens.labels(tier, "prompt").inc(s.prompt_tokens)
         m.tokens.labels(tier, "completion").inc(s.completion_tokens)
-        if s.finish_reason == names.ABORT_REASON:
+        if s.finish_reason == FinishReason.ABORT:
             m.aborts.labels(tier, abort_cause or "unknown").inc()
-        if s.finish_reason in _COMPLETED:
+        # Only natural ends describe service quality: aborted/failed requests would skew TPOT
+        # and end-to-end time (they are counted in carpool_requests / carpool_aborts).
+        if s.finish_reason in COMPLETED:
             m.e2e.labels(tier).observe(s.e2e_ms / 1000)
             if s.tpot_ms is not None:
                 m.tpot.labels(tier).observe(s.tpot_ms / 1000)
@@ -175,10 +174,10 @@ class RequestRecorder:
         ):
             if value is not None:
                 span.set_attribute(key, value)
-        if s.finish_reason == names.ABORT_REASON:
+        if s.finish_reason == FinishReason.ABORT:
             span.add_event(names.EVENT_ABORT, {names.ABORT_CAUSE: abort_cause or "unknown"})
             span.set_attribute(names.ABORT_CAUSE, abort_cause or "unknown")
-        if s.finish_reason == "error" or error:
+        if s.finish_reason == FinishReason.ERROR or error:
             span.set_status(Status(StatusCode.ERROR, error or "engine error"))
         span.end(end_time=end_ns)
 

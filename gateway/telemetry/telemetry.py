@@ -66,7 +66,6 @@ class Telemetry:
     def worker_trace(
         self, *, request_id: str, tier: str, traceparent: str | None,
         queue_wait_s: float | None = None, arrival_unix: float | None = None,
-        preemption_mode: str = "recompute",
     ) -> WorkerRequestTrace:
         """Child spans for a request a worker has just taken from its queue. The queue span
         starts ``queue_wait_s`` ago, or at ``arrival_unix`` (the envelope's enqueue time,
@@ -79,7 +78,7 @@ class Telemetry:
             enqueued = int(arrival_unix * 1e9)
         return WorkerRequestTrace(
             self.tracer, self.metrics, request_id=request_id, tier=tier,
-            traceparent=traceparent, enqueued_ns=enqueued, preemption_mode=preemption_mode,
+            traceparent=traceparent, enqueued_ns=enqueued,
             taken_ns=taken,
         )
 

@@ -23,6 +23,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
+from engine.core.finish import FinishReason
 from engine.core.outputs import RequestOutput
 from gateway.telemetry import names
 from gateway.telemetry.metrics import Metrics
@@ -44,14 +45,12 @@ class WorkerRequestTrace:
 
     def __init__(
         self, tracer: trace.Tracer, metrics: Metrics, *, request_id: str, tier: str,
-        traceparent: str | None, enqueued_ns: int | None, preemption_mode: str = "recompute",
-        taken_ns: int | None = None,
+        traceparent: str | None, enqueued_ns: int | None, taken_ns: int | None = None,
     ) -> None:
         self._tracer = tracer
         self._metrics = metrics
         self.request_id = request_id
         self.tier = tier
-        self._mode = preemption_mode
         self._parent = extract_context(traceparent)
         self.taken_ns = now_ns() if taken_ns is None else taken_ns
         start = self.taken_ns if enqueued_ns is None else min(enqueued_ns, self.taken_ns)
@@ -77,13 +76,14 @@ class WorkerRequestTrace:
         if self._first_token_ns is None and out.first_token_time is not None:
             self._first_token_ns = monotonic_to_epoch_ns(out.first_token_time)
         if out.num_preemptions > self._preemptions:
-            # Seen when the request next produces output, so stamped then (the engine's
-            # outputs carry the count, not the moment).
+            # Preemptions no step fact told of: the output carries their count, neither the
+            # moment (stamped now) nor the mode (left off rather than guessed).
             for _ in range(out.num_preemptions - self._preemptions):
-                self.on_preempted(self._mode)
+                self._note_preemption({})
         if out.finished:
             end = monotonic_to_epoch_ns(out.finish_time) if out.finish_time else now_ns()
-            self._finish(out.finish_reason or "stop", end, out.num_output_tokens, out.error)
+            reason = out.finish_reason or FinishReason.STOP
+            self._finish(reason, end, out.num_output_tokens, out.error)
 
     # on_prefill_chunk / on_preempted / on_swap take per-step facts, which the StepObserver
     # hands over (drained on the event loop) (every EngineClient offers step observers).
@@ -96,8 +96,12 @@ class WorkerRequestTrace:
                   {names.CHUNK_START: start_pos, names.CHUNK_TOKENS: num_tokens}, initial)
 
     def on_preempted(self, mode: str, at_ns: int | None = None) -> None:
+        """A preemption the step observer saw, with its mode ("recompute" | "swap")."""
+        self._note_preemption({names.PREEMPTION_MODE: mode}, at_ns)
+
+    def _note_preemption(self, attrs: dict[str, Any], at_ns: int | None = None) -> None:
         self._preemptions += 1
-        self._add(names.EVENT_PREEMPTION, at_ns, {names.PREEMPTION_MODE: mode})
+        self._add(names.EVENT_PREEMPTION, at_ns, attrs)
 
     def on_swap(self, direction: str, num_blocks: int, at_ns: int | None = None) -> None:
         name = names.EVENT_SWAP_OUT if direction == "out" else names.EVENT_SWAP_IN
@@ -108,7 +112,7 @@ class WorkerRequestTrace:
         the queue), this also ends the trace; otherwise the engine's final output does."""
         self.note_abort(cause, at_ns)
         if self._first_scheduled_ns is None and not self.done:
-            self._finish(names.ABORT_REASON, at_ns or now_ns(), 0, None)
+            self._finish(FinishReason.ABORT, at_ns or now_ns(), 0, None)
 
     def note_abort(self, cause: str, at_ns: int | None = None) -> None:
         """An abort event only; the final output that follows ends the spans."""
@@ -153,7 +157,7 @@ class WorkerRequestTrace:
                 attrs = {**attrs, names.FINISH_REASON: reason,
                          names.NUM_PREEMPTIONS: self._preemptions}
             span = self._span(name, start, attrs, mine)
-            if last and reason == "error":
+            if last and reason == FinishReason.ERROR:
                 span.set_status(Status(StatusCode.ERROR, error or "engine error"))
             span.end(end_time=end)
 

@@ -109,6 +109,12 @@ class LLMEngine:
         self._stats = self.scheduler.stats
         return [self._emit(r) for r in changed]
 
+    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0) -> None:
+        """While urgent work (priority <= ``urgent_priority``) is present, at most ``cap`` rows
+        a step; None lifts it (``Scheduler.set_urgent_row_cap``). On the stepping thread."""
+        self.scheduler.set_urgent_row_cap(cap, urgent_priority)
+        self._stats = self.scheduler.stats
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 

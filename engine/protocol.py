@@ -64,6 +64,11 @@ class EngineClient(Protocol):
         ``SchedulerOutput`` (preemptions, swaps, chunks) and its wall seconds: keep it to a
         few appends. Returns a function that removes the observer again."""
 
+    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0) -> None:
+        """While a request of priority <= ``urgent_priority`` is present, run at most ``cap``
+        rows a step, urgent ones first; the other rows pause, keeping their KV (None: no cap).
+        Thread-safe; takes effect at the next step boundary."""
+
     def load(self) -> EngineLoad:
         """Current load snapshot."""
 

@@ -151,6 +151,7 @@ class Scheduler(PreemptionMixin):
             num_swapped=len(self.swapped),
             lowest_running_priority=max((r.priority for r in self.running.values()), default=None),
             waiting_by_priority=by_priority(r.priority for r in self.waiting) if self.waiting else (),
+            urgent_row_cap=None if self._row_cap is None else self._row_cap.cap,
             swapped_by_priority=by_priority(r.priority for r in self.swapped) if self.swapped else (),
             device_blocks_total=bm.num_blocks,
             device_blocks_used=bm.num_used_blocks,

@@ -62,6 +62,12 @@ class AsyncEngine(ThreadedEngine):
             swapped_by_priority=s.swapped_by_priority,
         )
 
+    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0) -> None:
+        """Applied on the step thread at the next step boundary (through the inbox)."""
+        if cap is not None and cap < 0:
+            raise ValueError(f"row cap must be >= 0, got {cap}")
+        self._inbox.post("call", lambda: self.engine.set_urgent_row_cap(cap, urgent_priority))
+
     def stats(self) -> EngineStats:
         seconds = self.engine.last_step_seconds if self.engine.step_count else None
         return EngineStats(self.engine.stats, seconds)

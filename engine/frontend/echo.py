@@ -79,6 +79,7 @@ class FakeEchoEngine(ThreadedEngine):
         # (steps so far, last batch size, last step seconds): one tuple, replaced whole by
         # the step thread, so a reader on another thread sees a consistent triple.
         self._last_step: tuple[int, int, float | None] = (0, 0, None)
+        self.urgent_row_cap: tuple[int | None, int] = (None, 0)  # (cap, urgent priority)
 
     async def start(self) -> None:
         if self._thread is None:
@@ -94,12 +95,18 @@ class FakeEchoEngine(ThreadedEngine):
         # room at any priority.
         return EngineLoad(len(self._live), 0, 0, _BLOCKS, _BLOCKS, self.max_num_seqs, None)
 
+    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0) -> None:
+        """Recorded and reported in ``stats``, never applied: a fake step has no cost to cap."""
+        if cap is not None and cap < 0:
+            raise ValueError(f"row cap must be >= 0, got {cap}")
+        self.urgent_row_cap = (cap, urgent_priority)
+
     def stats(self) -> EngineStats:
         steps, batch, seconds = self._last_step
         return EngineStats(SchedulerStats(
             num_running=len(self._live), num_scheduled_requests=batch,
             num_scheduled_tokens=batch, device_blocks_total=_BLOCKS, device_blocks_free=_BLOCKS,
-            num_steps=steps), seconds)
+            num_steps=steps, urgent_row_cap=self.urgent_row_cap[0]), seconds)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         self._ahead.release()

@@ -178,6 +178,8 @@ class ThreadedEngine:
         for kind, payload in self._inbox.drain():
             if kind == "add":
                 self._add(*payload)
+            elif kind == "call":  # a runtime setting applied between steps (set_urgent_row_cap)
+                payload()
             else:
                 self._abort(payload)
 

@@ -32,6 +32,7 @@ from gateway.telemetry.gateway_events import events_for
 from gateway.telemetry.telemetry import metrics_endpoint
 from gateway.tenancy.tenants import TenantStore, load_tenants_file
 from gateway.worker.engine_factory import build_engine
+from gateway.worker.worker import Worker
 
 ROUTES = [  # matched in order: the completions, on every request's path, first
     Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -69,9 +70,11 @@ async def load_tenants(store: TenantStore, path: str) -> int:
 
 def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
                engine: EngineClient | None = None, model: ModelInfo | None = None,
-               events: GatewayEvents | None = None, freeze_gc: bool = False) -> Starlette:
+               events: GatewayEvents | None = None, freeze_gc: bool = False,
+               worker_type: type[Worker] = Worker) -> Starlette:
     """The gateway app. With ``config.role == "all"`` it also runs a worker driving ``engine``
     (built from the config when not given); with ``"gateway"`` it only serves HTTP.
+    ``worker_type``: the worker's class (tests run a subclass that can hold its drainer).
     ``freeze_gc``: ``startup_objects_frozen()`` once started (``carpool serve``; tests that
     start many apps in one process leave it off)."""
 
@@ -90,7 +93,7 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
             info = await asyncio.to_thread(load_model_info, config)
         svc = Services.create(config, redis, secret, info, events or events_for(
             config.role, trace_console=config.trace_console),
-            engine=eng if config.role == "all" else None)
+            engine=eng if config.role == "all" else None, worker_type=worker_type)
         if config.tenants_file:
             await load_tenants(svc.store, config.tenants_file)
         if config.admin_key:

@@ -43,8 +43,9 @@ class Services:
 
     @classmethod
     def create(cls, config: GatewayConfig, redis: Redis, secret: bytes, model: ModelInfo,
-               events: GatewayEvents, engine: EngineClient | None = None) -> Services:
-        """Everything, built here once; a worker too when ``engine`` is given."""
+               events: GatewayEvents, engine: EngineClient | None = None,
+               worker_type: type[Worker] = Worker) -> Services:
+        """Everything, built here once; a ``worker_type`` too when ``engine`` is given."""
         keys = RedisKeys(config.namespace)
         store = TenantStore(redis, keys, secret)
         lease_ms = int((config.request_timeout_s + 60) * 1000)
@@ -55,7 +56,7 @@ class Services:
             quota=QuotaEnforcer(redis, keys, config.queue_max_len, lease_ms, req_ttl),
             canceller=Canceller(redis, keys, config.stream_ttl_s),
             model=model, events=events, mux=OutputMux(redis), engine=engine,
-            worker=Worker(redis, engine, config, events) if engine is not None else None,
+            worker=worker_type(redis, engine, config, events) if engine is not None else None,
         )
 
     async def start(self) -> None:

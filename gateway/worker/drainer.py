@@ -45,21 +45,6 @@ class Drainer:
         # empty again, so the next pull waits on them directly, without counting backlogs
         # first (one round trip per request saved at low load).
         self.quiet = False
-        self._go = asyncio.Event()  # cleared while paused (``pause``)
-        self._go.set()
-        self._parked = asyncio.Event()  # set while a paused loop waits for ``resume``
-
-    def pause(self) -> None:
-        """Read nothing more from the queues after the step in flight, until ``resume``."""
-        self._go.clear()
-
-    async def parked(self) -> None:
-        """Return once a paused loop has finished its step in flight (a blocking read and
-        the start of what it brought) and waits: nothing it read is left unstarted."""
-        await self._parked.wait()
-
-    def resume(self) -> None:
-        self._go.set()
 
     async def run(self) -> None:
         # Entries read before a failure stay pending for us; the worker's maintenance
@@ -68,9 +53,8 @@ class Drainer:
         await run_forever(self._step, "drainer", log)
 
     async def _step(self) -> None:
-        if not self._go.is_set():
-            await self._wait_paused()
-            return
+        """One round: wait for room, or pull and start what the queues hold. Nothing read is
+        left unstarted when it returns (a subclass may hold the loop between rounds)."""
         open_tiers = [t for t in self.weights if self.engine.has_capacity(tier_priority(t))]
         if not open_tiers:
             self.quiet = False  # a backlog may build meanwhile: plan it by weight
@@ -79,14 +63,6 @@ class Drainer:
         envs = await self._pull(open_tiers)
         if envs:
             await self.start(envs)
-
-    async def _wait_paused(self) -> None:
-        self._parked.set()
-        try:
-            await self._go.wait()
-        finally:
-            self._parked.clear()
-        self.quiet = False  # plan the backlog built meanwhile by weight
 
     def _batch_size(self) -> int:
         return pull_count(self.engine.load())

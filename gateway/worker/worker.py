@@ -6,7 +6,6 @@ One worker per engine (per GPU). Tasks on the event loop:
   cancels      CancelMsg from any gateway -> ``engine.abort(id)`` (KV freed at the next step)
   maintenance  heartbeat our pending entries; XAUTOCLAIM entries of dead workers
 ``stop`` (SIGTERM, the app's shutdown) ends what the worker runs, see ``_end_inflight``.
-``pause_draining``/``resume_draining`` stop and restart the drainer alone (drain a worker).
 """
 
 from __future__ import annotations
@@ -74,22 +73,6 @@ class Worker:
             task = asyncio.create_task(coro, name=f"worker-{name}")
             task.add_done_callback(_report_crash)
             self._tasks.append(task)
-
-    async def pause_draining(self) -> None:
-        """Stop taking work from the tier queues, e.g. to drain this worker before
-        maintenance: what it runs goes on to its finish, and the queued entries stay for the
-        other workers. Returns once a read in flight has been handled (what it brought is
-        started), so nothing is taken after it returns; ``resume_draining`` undoes it."""
-        self.drainer.pause()
-        if self._running("drainer"):
-            await self.drainer.parked()
-
-    def resume_draining(self) -> None:
-        """Take work from the tier queues again (no-op unless paused)."""
-        self.drainer.resume()
-
-    def _running(self, name: str) -> bool:
-        return any(t.get_name() == f"worker-{name}" and not t.done() for t in self._tasks)
 
     async def stop(self) -> None:
         writer = [t for t in self._tasks if t.get_name() == "worker-writer"]

@@ -24,11 +24,13 @@ def redis_url() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def tiny_gateway(redis_url: str, tiny_model_dir: Path) -> Iterator[Any]:
     """The whole stack in one process: uvicorn + gateway + worker + the real AsyncEngine on
-    the tiny random Llama (64 KV blocks of 16 tokens, so leaks show up)."""
+    the tiny random Llama (64 KV blocks of 16 tokens, so leaks show up). Its worker's drainer
+    can be held (``tests/gateway/worker/drainer_hold.py``)."""
     from tests.gateway.harness import make_config, run_gateway
+    from tests.gateway.worker.drainer_hold import HeldWorker
 
     config = make_config(engine="real", model=str(tiny_model_dir), engine_options=TINY_ENGINE)
-    with run_gateway(config, redis_url) as gw:
+    with run_gateway(config, redis_url, worker_type=HeldWorker) as gw:
         yield gw
 
 
@@ -38,9 +40,10 @@ TINY_ENGINE = {"num_blocks": 64, "block_size": 16, "max_num_seqs": 16, "max_mode
 @pytest.fixture(scope="module")
 def echo_gateway(redis_url: str, tiny_model_dir: Path) -> Iterator[Any]:
     """The stack with the FAKE echo engine (2 ms per step): for gateway-only mechanics
-    (quotas, queues, WRR) where a model would only add time."""
+    (quotas, queues, WRR) where a model would only add time. Its drainer can be held."""
     from tests.gateway.harness import make_config, run_gateway
+    from tests.gateway.worker.drainer_hold import HeldWorker
 
     config = make_config(engine="echo", model=str(tiny_model_dir), echo_step_ms=2.0)
-    with run_gateway(config, redis_url) as gw:
+    with run_gateway(config, redis_url, worker_type=HeldWorker) as gw:
         yield gw

@@ -1,6 +1,7 @@
-"""``Worker.pause_draining`` against real Redis and the echo engine: once it returns the worker
-takes nothing from the queues (a blocking read in flight when it was called has been handled,
-so an entry queued right after stays queued and unread); ``resume_draining`` runs it."""
+"""The test-side drainer hold (``drainer_hold.HeldWorker``) against real Redis and the echo
+engine, as the tests that rely on it need it: once ``hold`` returns the drainer takes nothing
+from the queues (a blocking read in flight when it was called has been handled, so an entry
+queued right after stays queued and unread); ``release`` runs it."""
 
 from __future__ import annotations
 
@@ -17,19 +18,19 @@ from engine.runner.loader import load_tokenizer
 from gateway.bus.keys import GROUP
 from gateway.bus.messages import FinishMsg, SubmitMsg, decode
 from gateway.bus.queues import QueueEntries
-from gateway.worker.worker import Worker
 from policies.tiers import TIERS
 from tests.gateway.harness import make_config
+from tests.gateway.worker.drainer_hold import HeldWorker
 
 pytestmark = pytest.mark.timeout(30)
 
 
-async def test_a_paused_worker_takes_nothing_until_resumed(
+async def test_a_held_drainer_takes_nothing_until_released(
     redis_url: str, tiny_model_dir: Path
 ) -> None:
     client: Any = aioredis.Redis.from_url(redis_url)
     engine = FakeEchoEngine(load_tokenizer(tiny_model_dir), step_ms=0.0)
-    worker = Worker(client, engine, make_config())
+    worker = HeldWorker(client, engine, make_config())
     keys, tier = worker.keys, TIERS[0]
     queue = keys.queue(tier)
     entries = QueueEntries(client, keys, None)
@@ -44,7 +45,7 @@ async def test_a_paused_worker_takes_nothing_until_resumed(
     await worker.start()
     try:
         await asyncio.sleep(0.05)  # the idle drainer now waits in a blocking read
-        await worker.pause_draining()
+        await worker.drainer.hold()
         msg = SubmitMsg("p1", "t", tier, 0, [1, 2], 3)
         status, _ = await entries.admit(msg, "t", rpm=0, tpm=0, max_concurrency=0,
                                         queue_max_len=10, cost=5, lease_ms=60_000, req_ttl_s=60)
@@ -54,10 +55,10 @@ async def test_a_paused_worker_takes_nothing_until_resumed(
         assert (await client.xpending(queue, GROUP))["pending"] == 0  # delivered to nobody
         assert started == []
 
-        worker.resume_draining()
+        worker.drainer.release()
         deadline = time.monotonic() + 10
         while await client.xlen(queue):  # acked and deleted once finished
-            assert time.monotonic() < deadline, "the resumed worker never finished p1"
+            assert time.monotonic() < deadline, "the released drainer never started p1"
             await asyncio.sleep(0.02)
         assert started == ["p1"]
         out = [decode(f) for _, f in await client.xrange(keys.out("p1"))]
@@ -70,15 +71,15 @@ async def test_a_paused_worker_takes_nothing_until_resumed(
         await client.aclose()
 
 
-async def test_pausing_a_worker_that_is_not_started_returns_at_once(redis_url: str,
+async def test_holding_the_drainer_of_a_worker_not_started_returns_at_once(redis_url: str,
                                                                    tiny_model_dir: Path) -> None:
     client: Any = aioredis.Redis.from_url(redis_url)
     engine = FakeEchoEngine(load_tokenizer(tiny_model_dir), step_ms=0.0)
-    worker = Worker(client, engine, make_config())
+    worker = HeldWorker(client, engine, make_config())
     try:
         async with asyncio.timeout(1):
-            await worker.pause_draining()
-        worker.resume_draining()
+            await worker.drainer.hold()
+        worker.drainer.release()
     finally:
         await worker.stop()
         await client.aclose()

@@ -1,7 +1,10 @@
 """Gateway configuration: one frozen dataclass, validated once.
 
-Environment variables are read here and nowhere else: ``CARPOOL_*`` plus ``REDIS_URL``.
-CLI flags and tests pass explicit values, which win over the environment.
+Environment variables are read here and nowhere else: ``CARPOOL_*``, ``REDIS_URL`` and the
+OpenTelemetry endpoint variables (whether spans are exported, and where). CLI flags and tests
+pass explicit values, which win over the environment. (The OTel SDK's exporter still reads its
+own standard ``OTEL_EXPORTER_OTLP_*`` variables for headers and timeouts: the library's
+documented interface.)
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 from policies.tiers import DEFAULT_TIER_WEIGHTS, TIERS
 
 ROLES = ("all", "gateway", "worker")
+OTLP_TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"  # the traces URL, as is
+OTLP_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"  # a base URL for every signal
 ENGINES = ("real", "echo")
 
 
@@ -44,7 +49,9 @@ class GatewayConfig:
     auth_cache_s: float = 0.5  # key->tenant cache; revocation is visible within this
     worker_id: str | None = None  # consumer name; None = host-pid-random
     echo_step_ms: float = 0.0  # fake engine: delay per step
-    trace_console: bool = False  # print finished spans to stdout (OTLP export: OTEL_* env vars)
+    trace_console: bool = False  # print finished spans to stdout
+    # OTLP/HTTP traces URL; None = export nothing. From the OTel endpoint variables, not CARPOOL_*.
+    otlp_endpoint: str | None = None
     # uvicorn's line per request; off by default: spans and metrics carry the same facts and
     # the log line costs ~40 us of CPU on every response
     access_log: bool = False
@@ -73,18 +80,35 @@ class GatewayConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> GatewayConfig:
-        """Defaults, then ``CARPOOL_*``/``REDIS_URL`` from ``env``, then non-None overrides."""
+        """Defaults, then ``CARPOOL_*``/``REDIS_URL``/OTel endpoints from ``env``, then
+        non-None overrides."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
+            if f.name == "otlp_endpoint":
+                continue
             raw = env.get("REDIS_URL" if f.name == "redis_url" else f"CARPOOL_{f.name.upper()}")
             if raw is not None and raw != "":
                 values[f.name] = _parse(f.name, raw, f.type)
+        endpoint = otlp_traces_endpoint(env)
+        if endpoint is not None:
+            values["otlp_endpoint"] = endpoint
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
     def replace(self, **changes: Any) -> GatewayConfig:
         return dataclasses.replace(self, **changes)
+
+
+def otlp_traces_endpoint(env: Mapping[str, str]) -> str | None:
+    """The traces URL the standard OTel variables name, resolved as the OTel spec (and the
+    SDK's exporter) does: the traces variable as is, else the base URL + ``/v1/traces``;
+    None when neither is set (then nothing is exported and no exporter thread runs)."""
+    if traces := env.get(OTLP_TRACES_ENDPOINT_ENV):
+        return traces
+    if base := env.get(OTLP_ENDPOINT_ENV):
+        return f"{base.removesuffix('/')}/v1/traces"
+    return None
 
 
 def _parse(name: str, raw: str, type_name: Any) -> Any:

@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _export_state() -> str:
     """What the serving processes inherit: spans are built only when something exports them."""
-    from gateway.telemetry.config import TelemetryConfig
+    from gateway.config import GatewayConfig
 
-    return "ON (an OTLP endpoint is set)" if TelemetryConfig.from_env().otlp else \
+    return "ON (an OTLP endpoint is set)" if GatewayConfig.from_env().otlp_endpoint else \
         "off (no OTLP endpoint set)"
 
 

@@ -6,9 +6,10 @@ A normal stop (Ctrl-C, SIGTERM) exits 0 with no traceback and ends every request
               new ones a 503 (``http/shutdown.py``); ``END_MARGIN_S`` before uvicorn would
               cancel them, the relays still open cancel their requests end to end and tell
               their clients the server is shutting down (an error event and ``[DONE]``).
-  worker      ``Worker.stop`` ends what it runs (see there: a request that streamed output is
-              finished with a worker-lost error, one that did not is left for another worker
-              to reclaim and run), then the engine shuts down.
+  worker      ``Worker.stop`` ends what it runs (see there: a cancelled request is finished
+              as an abort, one that streamed output with a worker-lost error, one that did
+              neither is left for another worker to reclaim and run), then the engine shuts
+              down.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ async def run_worker(config: GatewayConfig, redis_url: str, secret: bytes) -> No
     stop = stop_event()
     redis = redis_client(redis_url)
     engine = await asyncio.to_thread(build_engine, config)
-    events = events_for("worker", trace_console=config.trace_console)
+    events = events_for("worker", config)
     worker = Worker(redis, engine, config, events)
     await worker.start()
     await events.start(worker)

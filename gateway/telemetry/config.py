@@ -1,32 +1,27 @@
-"""Telemetry configuration: one frozen dataclass, the only place telemetry looks at the
-environment.
-
-Exporting follows the standard OpenTelemetry variables, which the SDK's exporter reads itself
-(endpoint, headers, timeouts): Carpool only checks whether an OTLP endpoint is set at all, so
-that nothing is exported, and no exporter thread runs, unless someone asked for it.
+"""Telemetry configuration: one frozen dataclass. Telemetry reads no environment: the OTLP
+endpoint comes from ``gateway.config.GatewayConfig`` (which resolves the standard OTel
+endpoint variables), so nothing is exported, and no exporter thread runs, unless someone
+asked for it. The SDK's exporter still reads its own ``OTEL_EXPORTER_OTLP_*`` headers and
+timeouts.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
-
-OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
 
 @dataclass(frozen=True)
 class TelemetryConfig:
     """How one process (gateway, worker or both) reports.
 
-    ``otlp``: export spans over OTLP/HTTP (endpoint and headers from the OTel env vars).
+    ``otlp_endpoint``: export spans over OTLP/HTTP to this traces URL (None: no export).
     ``console``: print finished spans to stdout (``--trace-console``).
     ``tenant_labels``: label per-request counters with the tenant id; tenants come from
     config, so cardinality is bounded there; turn off for very many tenants.
     """
 
     service_name: str = "carpool"
-    otlp: bool = False
+    otlp_endpoint: str | None = None
     console: bool = False
     tenant_labels: bool = True
 
@@ -34,17 +29,6 @@ class TelemetryConfig:
         if not self.service_name:
             raise ValueError("service_name must not be empty")
 
-    @classmethod
-    def from_env(
-        cls,
-        environ: Mapping[str, str] | None = None,
-        *,
-        service_name: str = "carpool",
-        console: bool = False,
-        tenant_labels: bool = True,
-    ) -> TelemetryConfig:
-        env = os.environ if environ is None else environ
-        otlp = any(env.get(name) for name in OTLP_ENDPOINT_VARS)
-        return cls(
-            service_name=service_name, otlp=otlp, console=console, tenant_labels=tenant_labels
-        )
+    @property
+    def otlp(self) -> bool:
+        return self.otlp_endpoint is not None

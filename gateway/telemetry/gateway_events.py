@@ -20,6 +20,7 @@ from engine.core.finish import FinishReason
 from engine.core.outputs import RequestOutput
 from engine.protocol import EngineClient
 from gateway.bus.messages import reason_of_outcome
+from gateway.config import GatewayConfig
 from gateway.telemetry.config import TelemetryConfig
 from gateway.telemetry.events import GatewayEvents
 from gateway.telemetry.request_span import RequestInfo, RequestRecorder
@@ -55,11 +56,12 @@ def _safe(hook: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def events_for(role: str, *, trace_console: bool = False) -> TelemetryEvents:
+def events_for(role: str, config: GatewayConfig) -> TelemetryEvents:
     """The events a serving process uses by default: its own Telemetry (OTLP export only when
-    the standard OTEL_EXPORTER_OTLP_* variables say so), shut down with the process."""
-    config = TelemetryConfig.from_env(service_name=f"carpool-{role}", console=trace_console)
-    return TelemetryEvents(Telemetry(config), owns_telemetry=True)
+    ``config`` names an endpoint), shut down with the process."""
+    telemetry = TelemetryConfig(service_name=f"carpool-{role}", console=config.trace_console,
+                                otlp_endpoint=config.otlp_endpoint)
+    return TelemetryEvents(Telemetry(telemetry), owns_telemetry=True)
 
 
 class TelemetryEvents(GatewayEvents):

@@ -39,11 +39,12 @@ def build_tracer_provider(
     """A provider with the exporters ``config`` asks for (OTLP/HTTP, console) plus
     ``extra_processors`` (tests pass an in-memory exporter's processor)."""
     provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}))
-    if config.otlp:
-        # Imported only when used: the exporter reads OTEL_EXPORTER_OTLP_* itself.
+    if config.otlp_endpoint is not None:
+        # Imported only when used; headers and timeouts: the exporter's own OTEL_* variables.
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        exporter = OTLPSpanExporter(endpoint=config.otlp_endpoint)
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     if config.console:
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stdout)))
     for processor in extra_processors:

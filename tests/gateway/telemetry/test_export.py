@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import pytest
 
+from gateway.config import GatewayConfig
 from gateway.telemetry import Telemetry, TelemetryConfig
 from tests.gateway.telemetry.factories import make_info
 
@@ -45,7 +46,8 @@ def test_otlp_http_export_when_endpoint_is_set(
     collector: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector)
-    telemetry = Telemetry(TelemetryConfig.from_env(service_name="carpool-test"))
+    endpoint = GatewayConfig.from_env().otlp_endpoint  # the one place the environment is read
+    telemetry = Telemetry(TelemetryConfig(service_name="carpool-test", otlp_endpoint=endpoint))
     telemetry.start_request(make_info()).finish("stop", completion_tokens=1)
     telemetry.shutdown()  # flushes the batch processor
     assert [(p, t) for p, t, _ in _Collector.posts] == [("/v1/traces", "application/x-protobuf")]
@@ -53,7 +55,7 @@ def test_otlp_http_export_when_endpoint_is_set(
 
 
 def test_nothing_is_exported_without_the_env(collector: str) -> None:
-    telemetry = Telemetry(TelemetryConfig.from_env({}))
+    telemetry = Telemetry(TelemetryConfig(otlp_endpoint=GatewayConfig.from_env({}).otlp_endpoint))
     telemetry.start_request(make_info()).finish("stop")
     telemetry.shutdown()
     assert _Collector.posts == []

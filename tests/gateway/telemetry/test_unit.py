@@ -197,9 +197,9 @@ def test_two_telemetries_in_one_process_do_not_share_metrics() -> None:
     assert sample_value(b, "carpool_quota_rejections_total", limit="tpm") == 0
 
 
-def test_config_reads_only_whether_otlp_is_set() -> None:
-    assert not TelemetryConfig.from_env({}).otlp
-    cfg = TelemetryConfig.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"})
+def test_an_otlp_endpoint_adds_the_exporter() -> None:
+    assert not TelemetryConfig().otlp
+    cfg = TelemetryConfig(otlp_endpoint="http://127.0.0.1:1/v1/traces")
     assert cfg.otlp
     provider = build_tracer_provider(cfg)
     processors = provider._active_span_processor._span_processors

@@ -92,7 +92,7 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
         else:
             info = await asyncio.to_thread(load_model_info, config)
         svc = Services.create(config, redis, secret, info, events or events_for(
-            config.role, trace_console=config.trace_console),
+            config.role, config),
             engine=eng if config.role == "all" else None, worker_type=worker_type)
         if config.tenants_file:
             await load_tenants(svc.store, config.tenants_file)

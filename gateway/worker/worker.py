@@ -87,13 +87,18 @@ class Worker:
                 await self._pubsub.aclose()
 
     async def _end_inflight(self) -> None:
-        """Abort every request this worker runs. One that streamed output (the 'sent' mark
-        the claim script reads) cannot run again: it is finished now with a worker-lost
-        error, as a worker reclaiming it would after the visibility timeout, so its relay
-        ends at once. One that did not is left pending in its queue, as a dead worker's: the
-        next worker to reclaim it runs it from the start, its client sees only the delay."""
+        """Abort every request this worker runs; the engine's abort outputs are not waited
+        for (``inflight`` is cleared, ``_on_step`` drops them), so each is ended here by
+        what Redis says of it, read in one round trip once what was produced is written:
+          cancelled  (a cancel mark, or a cancel seen here) finished as an abort, as the
+                     engine's abort output would have been: counted aborted, acked
+          sent       (its reader has output) cannot run again: finished with a worker-lost
+                     error now, as a worker reclaiming it would after the visibility
+                     timeout, so its relay ends at once
+          neither    left pending in its queue, as a dead worker's: the next worker to
+                     reclaim it runs it from the start, its client sees only the delay."""
         recs = [rec for rec in self.inflight.values() if rec.owned]
-        self.inflight.clear()  # the engine's abort outputs are not written (``_on_step``)
+        self.inflight.clear()
         for rec in recs:
             self.engine.abort(rec.request_id)
         if not recs or not self._tasks:
@@ -101,11 +106,10 @@ class Worker:
         try:
             async with asyncio.timeout(STOP_TIMEOUT_S):
                 await self._writer_idle()  # outputs already produced are in: 'sent' is exact
-                sent = await self.queues.execute(
-                    [("HGET", self.keys.req(rec.request_id), "sent") for rec in recs])
-                self.writer.submit([(rec, RequestOutput(
-                    rec.request_id, [], "", True, FinishReason.ERROR, 0, 0, error=STOPPED_ERROR))
-                    for rec, mark in zip(recs, sent, strict=True) if mark is not None])
+                marks = await self.queues.execute(
+                    [("HMGET", self.keys.req(rec.request_id), "sent", "cancel") for rec in recs])
+                self.writer.submit([end for rec, (sent, cancel) in zip(recs, marks, strict=True)
+                                    if (end := _stop_end(rec, sent, cancel)) is not None])
                 await self._writer_idle()
         except (RedisError, OSError, TimeoutError) as exc:  # the entries stay pending,
             # reclaimed as a dead worker's; one line, not a traceback, on a stop
@@ -278,6 +282,19 @@ class Worker:
             reclaimed = await self.queues.autoclaim(tier, self.consumer, min_idle_ms)
             if reclaimed:
                 await self._start(reclaimed, reclaim=True)
+
+
+def _stop_end(rec: Inflight, sent: Any, cancel: Any
+              ) -> tuple[Inflight, RequestOutput] | None:
+    """The end ``_end_inflight`` writes for ``rec`` (None: leave it pending), given its
+    'sent' and 'cancel' marks."""
+    if cancel is not None or rec.reader_gone:
+        rec.reader_gone = rec.reader_gone or cancel in (b"gone", "gone")
+        return rec, RequestOutput(rec.request_id, [], "", True, FinishReason.ABORT, 0, 0)
+    if sent is not None:
+        return rec, RequestOutput(rec.request_id, [], "", True, FinishReason.ERROR, 0, 0,
+                                  error=STOPPED_ERROR)
+    return None
 
 
 async def _stop_tasks(tasks: list[asyncio.Task[None]]) -> None:

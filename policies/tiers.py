@@ -6,6 +6,9 @@ best-effort work before batch before interactive.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 INTERACTIVE = "interactive"
 BATCH = "batch"
 BEST_EFFORT = "best-effort"
@@ -17,6 +20,39 @@ TIER_PRIORITY: dict[str, int] = {INTERACTIVE: 0, BATCH: 1, BEST_EFFORT: 2}
 # Default drain weights for smooth WRR: with every tier backlogged, 6 of 10 pulls are
 # interactive, 3 batch, 1 best-effort; an empty tier's share goes to the others in proportion.
 DEFAULT_TIER_WEIGHTS: dict[str, int] = {INTERACTIVE: 6, BATCH: 3, BEST_EFFORT: 1}
+
+
+
+@dataclass(frozen=True)
+class TierSLO:
+    """A tier's service objective, in seconds: p99 time to first token and p99 time per
+    output token. None: no explicit target (interactive's TPOT target is then derived from
+    the measured step cost, ``derived_tpot_target``; the other tiers have none)."""
+
+    ttft_p99_s: float | None = None
+    tpot_p99_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_p99_s", "tpot_p99_s"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+DEFAULT_TIER_SLOS: dict[str, TierSLO] = {INTERACTIVE: TierSLO(), BATCH: TierSLO(),
+                                         BEST_EFFORT: TierSLO()}
+
+# With no explicit TPOT target, interactive's is this multiple of the predicted decode step of
+# a small batch: interactive work alone runs in small batches, and the headroom is what it
+# may lose to the lower tiers' rows sharing its steps (issue 11: TPOT p50 <= 1.3x unloaded).
+SMALL_BATCH_ROWS = 4
+DERIVED_TPOT_HEADROOM = 1.3
+
+
+def derived_tpot_target(small_batch_step_s: float) -> float:
+    """Interactive's default TPOT target from the predicted step of SMALL_BATCH_ROWS rows."""
+    return DERIVED_TPOT_HEADROOM * small_batch_step_s
+
 
 _ALIASES = {"default": INTERACTIVE, "auto": INTERACTIVE, "flex": BATCH, "best_effort": BEST_EFFORT}
 

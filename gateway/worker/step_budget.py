@@ -1,0 +1,112 @@
+"""The step budget: keeps interactive decode steps within their TPOT target by capping how many
+rows a step may run while interactive work is present (``EngineClient.set_urgent_row_cap``).
+
+It watches every engine step (``add_step_observer``: on the step thread it only appends the
+step's ``SchedulerOutput`` and seconds to a bounded deque), and now and then, on the event loop,
+feeds them to an online step-cost model (``policies.step_cost``), refits it and sets the cap
+to the largest row count whose predicted decode step stays within the target. The target is
+the tier's ``TierSLO.tpot_p99_s`` or, when unset, ``policies.tiers.derived_tpot_target`` of the
+predicted small-batch step. Until the model has ``min_samples`` steps no cap is set, and a cap
+that would allow every seat is lifted (None): with no interactive work present the engine
+applies no cap anyway, so lower tiers keep the whole batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from engine.core.outputs import SchedulerOutput
+from engine.protocol import EngineClient
+from policies.step_cost import StepCostModel
+from policies.tiers import (
+    DEFAULT_TIER_SLOS,
+    INTERACTIVE,
+    SMALL_BATCH_ROWS,
+    TierSLO,
+    derived_tpot_target,
+    tier_priority,
+)
+
+log = logging.getLogger("carpool.worker")
+
+REFIT_INTERVAL_S = 1.0
+
+
+class StepBudget:
+    def __init__(self, engine: EngineClient, slo: TierSLO = DEFAULT_TIER_SLOS[INTERACTIVE],
+                 urgent_priority: int = tier_priority(INTERACTIVE),
+                 model: StepCostModel | None = None,
+                 refit_interval_s: float = REFIT_INTERVAL_S) -> None:
+        self.engine = engine
+        self.slo = slo
+        self.urgent_priority = urgent_priority
+        self.model = model or StepCostModel()
+        self.refit_interval_s = refit_interval_s
+        # Steps seen on the step thread, not yet fed to the model (deque: thread-safe ends).
+        self._pending: deque[tuple[SchedulerOutput, float]] = deque(maxlen=4096)
+        self._remove: Callable[[], None] | None = None
+        self.target_s: float | None = None  # the TPOT target in force (None: no data yet)
+        self.cap: int | None = None  # the row cap last set on the engine
+
+    def attach(self) -> None:
+        """Start watching the engine's steps (idempotent)."""
+        if self._remove is None:
+            self._remove = self.engine.add_step_observer(self.observe)
+
+    def detach(self) -> None:
+        if self._remove is not None:
+            self._remove()
+            self._remove = None
+
+    def observe(self, out: SchedulerOutput, seconds: float) -> None:
+        """On the engine's step thread: one append, the work is done in ``update``."""
+        self._pending.append((out, seconds))
+
+    async def run(self) -> None:
+        """Refit and set the cap every ``refit_interval_s`` (a worker task)."""
+        while True:
+            await asyncio.sleep(self.refit_interval_s)
+            try:
+                self.update()
+            except Exception:  # a bad fit must not end the loop; the last cap stays
+                log.exception("step budget update failed")
+
+    def update(self) -> int | None:
+        """Feed the steps seen since the last call to the model, refit, set the cap; returns
+        the cap in force."""
+        pending = self._pending
+        while pending:
+            out, seconds = pending.popleft()
+            rows = len(out.scheduled)
+            tokens = sum(len(s.token_ids) for s in out.scheduled)
+            kv_tokens = sum(s.start_pos + len(s.token_ids) for s in out.scheduled)
+            self.model.observe(rows, tokens, kv_tokens, seconds)
+        if self.model.num_samples < self.model.min_samples:
+            return self._set(None)  # until the model has data, no cap
+        self.model.fit()
+        target = self._target()
+        max_rows = self.engine.load().max_num_seqs
+        cap: int | None = self.model.max_rows_within(target, limit=max_rows)
+        return self._set(None if cap is not None and cap >= max_rows else cap)
+
+    def _target(self) -> float:
+        if self.slo.tpot_p99_s is not None:
+            target, how = self.slo.tpot_p99_s, "configured"
+        else:
+            small = self.model.predict_decode(SMALL_BATCH_ROWS, self.model.mean_kv_per_row())
+            target = derived_tpot_target(small)
+            how = f"derived from the predicted {SMALL_BATCH_ROWS}-row step, {small * 1000:.0f} ms"
+        if self.target_s is None:  # say once what was chosen
+            log.info("interactive TPOT target %.0f ms (%s)", target * 1000, how)
+        self.target_s = target
+        return target
+
+    def _set(self, cap: int | None) -> int | None:
+        if cap != self.cap:
+            self.engine.set_urgent_row_cap(cap, self.urgent_priority)
+            log.debug("urgent row cap %s (target %s s)", cap, self.target_s)
+            self.cap = cap
+        return cap

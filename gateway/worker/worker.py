@@ -5,6 +5,7 @@ One worker per engine (per GPU). Tasks on the event loop:
   writer       one pipelined write per engine step (``writer.py``)
   cancels      CancelMsg from any gateway -> ``engine.abort(id)`` (KV freed at the next step)
   maintenance  heartbeat our pending entries; XAUTOCLAIM entries of dead workers
+  step budget  caps the rows of a step while interactive work runs (``step_budget.py``)
 ``stop`` (SIGTERM, the app's shutdown) ends what the worker runs, see ``_end_inflight``.
 """
 
@@ -31,6 +32,7 @@ from gateway.bus.queues import Envelope, TierQueues
 from gateway.config import GatewayConfig
 from gateway.telemetry.events import GatewayEvents
 from gateway.worker.drainer import Drainer
+from gateway.worker.step_budget import StepBudget
 from gateway.worker.writer import Inflight, OutputWriter
 from policies.tiers import TIERS
 
@@ -58,6 +60,7 @@ class Worker:
         self.writer = OutputWriter(redis, self.keys, self.queues, config.stream_ttl_s)
         self.drainer = Drainer(self.queues, engine, self.consumer, config.tier_weights, self._start)
         self.inflight: dict[str, Inflight] = {}
+        self.step_budget = StepBudget(engine)
         self._tasks: list[asyncio.Task[None]] = []
         self._pubsub: Any = None
 
@@ -65,11 +68,13 @@ class Worker:
         await self.queues.ensure_groups()
         await self.engine.start()
         self.engine.add_step_callback(self._on_step)
+        self.step_budget.attach()
         self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         await self._pubsub.subscribe(self.keys.cancel_channel)
         for coro, name in ((self.writer.run(), "writer"), (self.drainer.run(), "drainer"),
                            (run_forever(self._cancel_step, "cancel listener", log), "cancels"),
-                           (run_forever(self._maintain, "maintenance", log), "maintenance")):
+                           (run_forever(self._maintain, "maintenance", log), "maintenance"),
+                           (self.step_budget.run(), "step-budget")):
             task = asyncio.create_task(coro, name=f"worker-{name}")
             task.add_done_callback(_report_crash)
             self._tasks.append(task)
@@ -80,6 +85,7 @@ class Worker:
         await self._end_inflight()  # the writer still runs: it writes their ends
         await _stop_tasks(writer)
         self._tasks.clear()
+        self.step_budget.detach()
         await self.writer.close()
         await self.queues.close()
         if self._pubsub is not None:

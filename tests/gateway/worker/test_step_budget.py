@@ -1,0 +1,141 @@
+"""The step budget: synthetic steps from a known cost law give the cap that law implies; with
+the real tiny-model engine inside a worker the cap reaches the engine's scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from engine.core.outputs import ScheduledRequest, SchedulerOutput
+from engine.core.sampling_params import SamplingParams
+from engine.frontend.async_engine import AsyncEngine
+from gateway.worker.step_budget import StepBudget
+from gateway.worker.worker import Worker
+from policies.admission import EngineLoad
+from policies.step_cost import StepCostModel
+from policies.tiers import DERIVED_TPOT_HEADROOM, SMALL_BATCH_ROWS, TierSLO
+from tests.gateway.harness import make_config
+
+# the synthetic engine's true cost law: seconds = A + B*rows + C*tokens + D*kv_tokens
+A, B, C, D = 0.03, 0.004, 0.001, 2e-5
+MAX_SEQS = 256
+
+
+def true_cost(rows: int, tokens: int, kv: int) -> float:
+    return A + B * rows + C * tokens + D * kv
+
+
+class RecordingEngine:
+    """Just what StepBudget uses of an EngineClient."""
+
+    def __init__(self) -> None:
+        self.caps: list[tuple[int | None, int]] = []
+        self.observers: list[Any] = []
+
+    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0) -> None:
+        self.caps.append((cap, urgent_priority))
+
+    def add_step_observer(self, observer: Any) -> Any:
+        self.observers.append(observer)
+        return lambda: self.observers.remove(observer)
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(0, 0, 0, 100, 100, MAX_SEQS, None)
+
+
+def synthetic_step(rows: int, context: int, prefill: int = 0) -> tuple[SchedulerOutput, float]:
+    """``rows`` decode rows at ``context`` tokens each, plus an optional prefill row."""
+    params = SamplingParams()
+    sched = [ScheduledRequest(f"d{i}", [1], context - 1, [], True, params, 1) for i in range(rows)]
+    if prefill:
+        sched.append(ScheduledRequest("p", [1] * prefill, 0, [], True, params, 0))
+    n = len(sched)
+    tokens = rows + prefill
+    kv = rows * context + prefill
+    return SchedulerOutput(scheduled=sched), true_cost(n, tokens, kv)
+
+
+def feed(budget: StepBudget, engine: RecordingEngine, steps: int, context: int = 200) -> None:
+    (observe,) = engine.observers
+    for i in range(steps):
+        out, seconds = synthetic_step(1 + (i * 7) % 40, context, prefill=(i % 3) * 50)
+        observe(out, seconds)
+
+
+def test_no_cap_until_the_model_has_data() -> None:
+    engine = RecordingEngine()
+    budget = StepBudget(engine, model=StepCostModel(min_samples=16))  # type: ignore[arg-type]
+    budget.attach()
+    feed(budget, engine, 10)
+    assert budget.update() is None and engine.caps == [] and budget.target_s is None
+
+
+def test_derived_target_gives_the_cap_the_cost_law_implies() -> None:
+    engine = RecordingEngine()
+    budget = StepBudget(engine)  # type: ignore[arg-type]
+    budget.attach()
+    feed(budget, engine, 200)
+    cap = budget.update()
+    kv = budget.model.mean_kv_per_row()  # the decode context the model plans with
+    small = A + (B + C + D * kv) * SMALL_BATCH_ROWS
+    assert budget.target_s == pytest.approx(DERIVED_TPOT_HEADROOM * small, rel=1e-6)
+    expected = max(r for r in range(MAX_SEQS + 1) if true_cost(r, r, 0) + D * r * kv
+                   <= budget.target_s * (1 + 1e-9))
+    assert cap == expected and engine.caps == [(cap, 0)]
+    assert SMALL_BATCH_ROWS <= cap < MAX_SEQS
+    assert budget.update() == cap and len(engine.caps) == 1  # set again only when it changes
+
+
+def test_explicit_target_and_no_cap_when_it_allows_every_seat() -> None:
+    engine = RecordingEngine()
+    budget = StepBudget(engine, slo=TierSLO(tpot_p99_s=0.2))  # type: ignore[arg-type]
+    budget.attach()
+    feed(budget, engine, 100, context=100)
+    cap = budget.update()
+    kv = budget.model.mean_kv_per_row()
+    assert cap == max(
+        r for r in range(MAX_SEQS + 1) if true_cost(r, r, 0) + D * r * kv <= 0.2 + 1e-12)
+    budget.slo = TierSLO(tpot_p99_s=100.0)  # every seat fits: the cap is lifted
+    assert budget.update() is None and engine.caps[-1] == (None, 0)
+    budget.detach()
+    assert engine.observers == []
+
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_a_worker_sets_the_cap_on_the_real_engine(redis_url: str,
+                                                        tiny_model_dir: Path) -> None:
+    engine = AsyncEngine.from_kwargs(model=str(tiny_model_dir), dtype="float32", num_blocks=128,
+                                     max_num_seqs=16)
+    client = aioredis.Redis.from_url(redis_url)
+    worker = Worker(client, engine, make_config())
+    budget = worker.step_budget
+    budget.refit_interval_s = 0.05
+    budget.slo = TierSLO(tpot_p99_s=1e-6)  # unreachable: only the urgent rows may run
+    await worker.start()
+    try:
+        params = SamplingParams(max_tokens=200, ignore_eos=True)
+        for i in range(4):
+            engine.add_request(f"bulk{i}", [3 + i, 4, 5], params, priority=1)
+        for _ in range(400):
+            if engine.stats().scheduler.urgent_row_cap is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert budget.model.num_samples >= budget.model.min_samples
+        assert budget.cap == 0 and engine.stats().scheduler.urgent_row_cap == 0
+        # an interactive arrival now runs alone: the bulk rows are held back
+        outs = [o async for o in engine.generate(
+            "inter", [7, 8], SamplingParams(max_tokens=3, ignore_eos=True), priority=0)]
+        assert outs[-1].finished
+        assert engine.stats().scheduler.rows_held_back >= 4 * 3
+    finally:
+        for i in range(4):
+            engine.abort(f"bulk{i}")
+        await worker.stop()
+        await engine.shutdown()
+        await client.aclose()

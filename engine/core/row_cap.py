@@ -47,6 +47,9 @@ class StepRowCap:
 
 
 def _queued_urgent(queue: RequestQueue, urgent_priority: int) -> int:
+    head = queue.peek()
+    if head is None or head.priority > urgent_priority:
+        return 0  # the common case, without copying the queue
     n = 0
     for req in queue:  # (priority, arrival) order: the urgent ones come first
         if req.priority > urgent_priority:

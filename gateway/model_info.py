@@ -1,7 +1,8 @@
 """What the gateway needs to know about the served model: name, context length, tokenizer.
 
 In one process (``--role all``) it comes from the engine; a gateway-only process loads just
-the tokenizer and config from the same model folder (no weights).
+the tokenizer and config from the same model folder (no weights), through the torch-free
+``engine.model_files``: importing this module, or ``load_model_info``, never loads torch.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.model_files import load_tokenizer, model_name, resolve_model_dir
 from gateway.config import GatewayConfig
 
 if TYPE_CHECKING:
@@ -32,8 +34,6 @@ class ModelInfo:
 
 def load_model_info(config: GatewayConfig) -> ModelInfo:
     """Tokenizer and limits from the model folder (the bundled SmolLM2 when ``model`` is None)."""
-    from engine.runner.loader import load_tokenizer, model_name, resolve_model_dir
-
     model_dir = resolve_model_dir(config.model)
     tokenizer = load_tokenizer(model_dir)
     hf = json.loads((model_dir / "config.json").read_text())

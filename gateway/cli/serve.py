@@ -93,7 +93,7 @@ def served_model_name(config: GatewayConfig) -> str:
         from gateway.model_info import ECHO_MODEL_NAME
 
         return ECHO_MODEL_NAME
-    from engine.runner.loader import model_name, resolve_model_dir
+    from engine.model_files import model_name, resolve_model_dir
 
     return model_name(resolve_model_dir(config.model))
 

@@ -80,8 +80,7 @@ class ThreadedEngine:
             if not self._thread.is_alive():  # else a restart would run a second one
                 self._thread = None
         if self._thread is None:  # no step thread to take them: ended below, never run
-            for _ in self._inbox.drain():
-                pass
+            self._drop_requests()
         left = [RequestOutput(rid, [], "", True, FinishReason.ABORT) for rid in self._live]
         if left:  # the thread may stop before it reports those aborts
             self._dispatch(left)
@@ -163,11 +162,17 @@ class ThreadedEngine:
         """Once the step loop stopped: ``shutdown`` reports every live request aborted, so
         the engine must not keep one (a restart would run it again, its blocks stay held).
         The inbox's adds and aborts are moot: everything the engine holds is aborted."""
-        for _ in self._inbox.drain():
-            pass
+        self._drop_requests()
         outputs = self._abort_all()
         if outputs:  # the engine's own final outputs, ahead of shutdown's fallback
             self._publish(outputs)
+
+    def _drop_requests(self) -> None:
+        """Empty the inbox with no step thread running: requests and aborts are dropped (their
+        callers get shutdown's abort), settings ("call") are applied, so a restart keeps them."""
+        for kind, payload in self._inbox.drain():
+            if kind == "call":
+                payload()
 
     def _abort_all(self) -> list[RequestOutput]:
         """On the step thread: abort every request the engine holds; return their final

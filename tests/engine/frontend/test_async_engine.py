@@ -160,6 +160,19 @@ async def test_a_restart_runs_only_requests_added_after_it(tiny_model_dir: Path)
     assert {o.request_id for o in seen} == {"new"}  # nothing of "old" ran again
 
 
+async def test_a_setting_posted_as_the_engine_stops_is_kept(tiny_model_dir: Path) -> None:
+    engine = make_engine(tiny_model_dir)
+    for cap in (2, 3):
+        await engine.start()
+        engine.set_urgent_row_cap(cap)  # still in the inbox when the stop flag is seen
+        await engine.shutdown()
+        assert engine.stats().scheduler.urgent_row_cap == cap
+    engine.set_urgent_row_cap(4)  # while stopped: applied by the next start
+    await engine.start()
+    await engine.shutdown()
+    assert engine.stats().scheduler.urgent_row_cap == 4
+
+
 async def test_a_request_added_before_start_runs_once_started(tiny_model_dir: Path) -> None:
     engine = make_engine(tiny_model_dir)
     params = SamplingParams(max_tokens=3, ignore_eos=True)

@@ -75,6 +75,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_preemptions = 0
+        self.last_scheduled_step = -1  # the scheduler's step count when it last ran
         self.error: str | None = None
         self.times = RequestTimes(arrival=time.monotonic() if arrival_time is None else arrival_time)
 

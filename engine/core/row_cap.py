@@ -4,7 +4,8 @@ Torch-free.
 A runtime knob (``Scheduler.set_urgent_row_cap``; it changes while the engine runs, so it is
 not in ``SchedulerConfig``). While a request of priority <= ``urgent_priority`` is running,
 waiting or swapped, a step schedules at most ``cap`` rows in total: every urgent row first,
-then lower-priority rows in (priority, arrival) order up to the cap. The running rows left
+then lower-priority rows up to the cap, in priority order and, within a priority, the rows
+that ran least recently first (so they take turns), then by arrival. The running rows left
 over are *held back*: skipped for this step, keeping their KV blocks (paused, no recompute
 cost; only the usual memory rules preempt them), and no lower-priority request is swapped in
 or admitted past the cap. With no urgent request present no cap applies.
@@ -74,6 +75,8 @@ def plan_step(cap: RowCap, running: Iterable[Request], waiting: RequestQueue,
     if not urgent:
         return None
     keep = max(0, cap.cap - urgent)
-    lower.sort(key=lambda r: (r.priority, r.arrival_time))
+    # Within a priority the rows that ran least recently go first, so the rows held back
+    # rotate: while urgent work stays present, no lower row is held back for ever.
+    lower.sort(key=lambda r: (r.priority, r.last_scheduled_step, r.arrival_time))
     held = frozenset(r.request_id for r in lower[keep:])
     return StepRowCap(cap.cap, up, held)

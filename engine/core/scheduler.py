@@ -327,6 +327,7 @@ class Scheduler(PreemptionMixin):
 
     def _add_scheduled(self, req: Request, num_new: int, plan: StepPlan) -> None:
         plan.add(req, num_new, self.block_manager.get_block_ids(req.request_id))
+        req.last_scheduled_step = self._counts.num_steps
         if req.times.first_scheduled is None:
             req.times.first_scheduled = self.clock()
 

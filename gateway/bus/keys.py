@@ -12,6 +12,7 @@
     {ns}:rl:{id}:{kind}      hash    token bucket {level, ts} for rpm / tpm
     {ns}:conc:{id}           zset    in-flight request ids scored by lease expiry (ms)
     {ns}:stats               hash    counters (admitted, rejected:*, completed, aborted...)
+    {ns}:tier_status         hash    worker id -> its tier status JSON (worker/tier_status.py)
 """
 
 from __future__ import annotations
@@ -64,3 +65,7 @@ class RedisKeys:
     @property
     def stats(self) -> str:
         return f"{self.ns}:stats"
+
+    @property
+    def tier_status(self) -> str:
+        return f"{self.ns}:tier_status"

@@ -21,22 +21,37 @@ TIER_PRIORITY: dict[str, int] = {INTERACTIVE: 0, BATCH: 1, BEST_EFFORT: 2}
 # interactive, 3 batch, 1 best-effort; an empty tier's share goes to the others in proportion.
 DEFAULT_TIER_WEIGHTS: dict[str, int] = {INTERACTIVE: 6, BATCH: 3, BEST_EFFORT: 1}
 
+# What a tier does with a new request when its predicted wait already exceeds its TTFT target:
+# answer at once (429/503, ``policies.shedding``) or queue it anyway.
+SHED = "shed"
+QUEUE = "queue"
+OVERLOAD_ACTIONS = (SHED, QUEUE)
 
 
 @dataclass(frozen=True)
 class TierSLO:
     """A tier's service objective, in seconds: p99 time to first token and p99 time per
-    output token. None: no explicit target (interactive's TPOT target is then derived from
-    the measured step cost, ``derived_tpot_target``; the other tiers have none)."""
+    output token, and its overload action (``SHED`` or ``QUEUE``). None: no explicit target
+    (interactive's TPOT target is then derived from the measured step cost,
+    ``derived_tpot_target``; the other tiers have none). A tier without a TTFT target never
+    sheds early, whatever its action (only a request that would outwait its deadline is)."""
 
     ttft_p99_s: float | None = None
     tpot_p99_s: float | None = None
+    action: str = QUEUE
 
     def __post_init__(self) -> None:
         for name in ("ttft_p99_s", "tpot_p99_s"):
             value = getattr(self, name)
-            if value is not None and not (value > 0 and math.isfinite(value)):
+            if value is not None and not _positive_seconds(value):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.action not in OVERLOAD_ACTIONS:
+            raise ValueError(f"action must be one of {OVERLOAD_ACTIONS}, got {self.action!r}")
+
+
+def _positive_seconds(value: object) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and value > 0 and math.isfinite(value)  # type: ignore[operator,arg-type]
 
 
 DEFAULT_TIER_SLOS: dict[str, TierSLO] = {INTERACTIVE: TierSLO(), BATCH: TierSLO(),

@@ -2,7 +2,9 @@
 
 Environment variables are read here and nowhere else: ``CARPOOL_*``, ``REDIS_URL`` and the
 OpenTelemetry endpoint variables (whether spans are exported, and where). CLI flags and tests
-pass explicit values, which win over the environment. (The OTel SDK's exporter still reads its
+pass explicit values, which win over the environment. The per-tier service objectives
+(``tier_slos``) also come from the tenants file's ``[tiers.<name>]`` tables, which the
+environment's ``CARPOOL_TIER_SLOS`` overrides field by field. (The OTel SDK's exporter still reads its
 own standard ``OTEL_EXPORTER_OTLP_*`` variables for headers and timeouts: the library's
 documented interface.)
 """
@@ -11,12 +13,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from policies.tiers import DEFAULT_TIER_WEIGHTS, TIERS
+from policies.tiers import (
+    DEFAULT_TIER_SLOS,
+    DEFAULT_TIER_WEIGHTS,
+    OVERLOAD_ACTIONS,
+    TIERS,
+    TierSLO,
+    normalize_tier,
+)
 
 ROLES = ("all", "gateway", "worker")
 OTLP_TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"  # the traces URL, as is
@@ -40,6 +50,9 @@ class GatewayConfig:
     create_demo_tenant: bool = True
     max_body_bytes: int = 1 << 20
     tier_weights: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
+    # per tier: TTFT/TPOT p99 targets and the overload action (shed | queue); every tier has
+    # one (missing ones get policies.tiers.DEFAULT_TIER_SLOS)
+    tier_slos: Mapping[str, TierSLO] = field(default_factory=lambda: dict(DEFAULT_TIER_SLOS))
     queue_max_len: int = 1000  # per tier: queued + running entries before 429
     default_max_tokens: int = 256
     request_timeout_s: float = 600.0  # total server-side deadline per request
@@ -70,6 +83,11 @@ class GatewayConfig:
             raise ValueError(f"tier weights must be >= 0 for tiers {TIERS}: {self.tier_weights}")
         if sum(self.tier_weights.values()) <= 0:
             raise ValueError("at least one tier weight must be positive")
+        if set(self.tier_slos) - set(TIERS) or not all(
+                isinstance(v, TierSLO) for v in self.tier_slos.values()):
+            raise ValueError(f"tier_slos must map tiers {TIERS} to TierSLO: {self.tier_slos}")
+        object.__setattr__(self, "tier_slos",
+                           {t: self.tier_slos.get(t, DEFAULT_TIER_SLOS[t]) for t in TIERS})
         for name in ("request_timeout_s", "stall_timeout_s", "visibility_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
@@ -85,7 +103,7 @@ class GatewayConfig:
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
-            if f.name == "otlp_endpoint":
+            if f.name in ("otlp_endpoint", "tier_slos"):
                 continue
             raw = env.get("REDIS_URL" if f.name == "redis_url" else f"CARPOOL_{f.name.upper()}")
             if raw is not None and raw != "":
@@ -93,7 +111,17 @@ class GatewayConfig:
         endpoint = otlp_traces_endpoint(env)
         if endpoint is not None:
             values["otlp_endpoint"] = endpoint
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        tenants_file = given.get("tenants_file", values.get("tenants_file"))
+        specs, file_weights = tiers_from_file(tenants_file) if tenants_file else ({}, {})
+        if file_weights and "tier_weights" not in values:  # CARPOOL_TIER_WEIGHTS wins
+            values["tier_weights"] = {**DEFAULT_TIER_WEIGHTS, **file_weights}
+        for tier, spec in parse_tier_slos(env.get("CARPOOL_TIER_SLOS", "")).items():
+            specs[tier] = {**specs.get(tier, {}), **spec}  # env over file, field by field
+        values["tier_slos"] = {
+            t: dataclasses.replace(DEFAULT_TIER_SLOS[t], **specs.get(t, {})) for t in TIERS}
+        values["tier_slos"].update(given.pop("tier_slos", {}))  # explicit SLOs: whole tiers
+        values.update(given)
         return cls(**values)
 
     def replace(self, **changes: Any) -> GatewayConfig:
@@ -124,6 +152,68 @@ def _parse(name: str, raw: str, type_name: Any) -> Any:
     if text.startswith("float"):
         return float(raw)
     return raw
+
+
+# Field names a tier's objective may be given by (file tables and CARPOOL_TIER_SLOS).
+_SLO_FIELDS = {"ttft": "ttft_p99_s", "ttft_p99_s": "ttft_p99_s",
+               "tpot": "tpot_p99_s", "tpot_p99_s": "tpot_p99_s", "action": "action"}
+
+
+def _tier_name(name: str) -> str:
+    tier = normalize_tier(name)
+    if tier is None:
+        raise ValueError(f"unknown tier {name!r} (tiers: {', '.join(TIERS)})")
+    return tier
+
+
+def parse_tier_slos(raw: str) -> dict[str, dict[str, Any]]:
+    """``"interactive=ttft:2,tpot:0.5,shed;batch=ttft:120,queue"`` -> per tier, the fields
+    given (``ttft_p99_s``, ``tpot_p99_s``, ``action``); a tier or field left out keeps its
+    value from elsewhere."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in raw.split(";"):
+        if not item.strip():
+            continue
+        tier, sep, body = item.partition("=")
+        if not sep:
+            raise ValueError(f"tier objective {item!r}: expected <tier>=ttft:S,tpot:S,shed|queue")
+        spec = out.setdefault(_tier_name(tier), {})
+        for part in (p.strip() for p in body.split(",")):
+            key, sep, value = part.partition(":")
+            if part in OVERLOAD_ACTIONS:
+                spec["action"] = part
+            elif sep and _SLO_FIELDS.get(key.strip()) in ("ttft_p99_s", "tpot_p99_s"):
+                spec[_SLO_FIELDS[key.strip()]] = float(value)
+            elif part:
+                raise ValueError(f"tier objective {item!r}: unknown part {part!r}")
+    return out
+
+
+def tiers_from_file(path: str | Path) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+    """The ``[tiers.<name>]`` tables of a tenants file (TOML, or YAML of the same shape):
+    per tier the objective's fields (``ttft_p99_s``, ``tpot_p99_s``, ``action``) and the
+    tiers' drain weights (``weight``)."""
+    path = Path(path)
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        doc = yaml.safe_load(path.read_text()) or {}
+    else:
+        doc = tomllib.loads(path.read_text())
+    tables = doc.get("tiers", {})
+    if not isinstance(tables, dict):
+        raise ValueError(f"{path}: 'tiers' must be a table of tier names")  # noqa: TRY004
+    specs: dict[str, dict[str, Any]] = {}
+    weights: dict[str, int] = {}
+    for name, table in tables.items():
+        tier = _tier_name(str(name))
+        unknown = set(table) - set(_SLO_FIELDS) - {"weight"}
+        if unknown:
+            raise ValueError(f"{path}: tier {tier}: unknown fields {sorted(unknown)}")
+        specs[tier] = {_SLO_FIELDS[k]: v for k, v in table.items() if k != "weight"}
+        if "weight" in table:
+            weights[tier] = int(table["weight"])
+    return specs, weights
 
 
 def parse_weights(raw: str) -> dict[str, int]:

@@ -1,6 +1,10 @@
 """Every Redis key name Carpool uses, in one place, under a namespace prefix.
 
-    {ns}:q:{tier}            stream  queued/running SubmitMsg envelopes (group "workers")
+    {ns}:q:{tier}:{tenant}   stream  queued/running SubmitMsg envelopes (group "workers")
+    {ns}:qt:{tier}           set     tenants that have a stream in the tier (reclaim, depth)
+    {ns}:qa:{tier}           hash    tenant -> entries not yet picked (the backlogged tenants)
+    {ns}:vtc:{tier}          hash    tenant -> virtual token counter; ":last" -> last picked
+    {ns}:wake:{tier}         list    a token per admission, for an idle drainer's BLPOP
     {ns}:out:{request}       stream  TokenMsg... FinishMsg; expires; deleted by its reader
     {ns}:req:{request}       hash    owner tenant, tier, state, queue entry id (BOLA checks)
     {ns}:cancel              channel CancelMsg to every worker
@@ -26,8 +30,24 @@ GROUP = "workers"
 class RedisKeys:
     ns: str = "carpool"
 
-    def queue(self, tier: str) -> str:
-        return f"{self.ns}:q:{tier}"
+    def queue(self, tier: str, tenant: str) -> str:
+        return f"{self.queue_prefix(tier)}{tenant}"
+
+    def queue_prefix(self, tier: str) -> str:
+        """A tier's tenant streams are this prefix + the tenant id (Lua builds them)."""
+        return f"{self.ns}:q:{tier}:"
+
+    def queue_tenants(self, tier: str) -> str:
+        return f"{self.ns}:qt:{tier}"
+
+    def backlogged(self, tier: str) -> str:
+        return f"{self.ns}:qa:{tier}"
+
+    def vtc(self, tier: str) -> str:
+        return f"{self.ns}:vtc:{tier}"
+
+    def wake(self, tier: str) -> str:
+        return f"{self.ns}:wake:{tier}"
 
     def out(self, request_id: str) -> str:
         return f"{self.ns}:out:{request_id}"

@@ -1,17 +1,26 @@
-"""Tier queues: one Redis Stream per tier, consumed by the worker group ``workers``. This
-module is the only code that adds, acknowledges or deletes queue entries.
+"""Tier queues: one Redis Stream per (tier, tenant), consumed by the worker group ``workers``,
+with fair queuing between a tier's tenants (``policies.fair_queue``). This module is the only
+code that adds, delivers, acknowledges or deletes queue entries.
 
-Life of an entry: a gateway XADDs it (``QueueEntries.admit``, in the admission script); a
-worker XREADGROUPs it (``TierQueues.read``), which makes it *pending* for that worker; the
-worker ``claim``s the request (state queued -> running) and runs it; when the request has
-finished the entry is XACKed and XDELed (``QueueEntries`` step writes, or
-``TierQueues.done_commands`` for one dropped unrun), so ``XLEN`` is always queued + running. A
-cancel while queued XDELs it (``QueueEntries.cancel``). A worker keeps its pending entries
-fresh with an idle-resetting XCLAIM heartbeat; entries of a worker that went silent for the
-visibility timeout are taken over by another worker with XAUTOCLAIM.
+Life of an entry: a gateway XADDs it to its tenant's stream (``QueueEntries.admit``, in the
+admission script, which also counts it in the tier's *backlogged* index and lifts a newly
+backlogged tenant's counter); a worker's fair pick (``TierQueues.pick``, ``PICK_LUA``) takes
+the backlogged tenant with the least virtual token counter and XREADGROUPs its next entry,
+which makes it *pending* for that worker, and charges its prompt tokens; the worker
+``claim``s the request (state queued -> running) and runs it; output tokens are charged as
+they are written and, when the request has finished, the entry is XACKed and XDELed
+(``QueueEntries`` step writes, or ``TierQueues.done_commands`` for one dropped unrun), so a
+tier's summed ``XLEN`` is always queued + running. A cancel while queued XDELs it
+(``QueueEntries.cancel``). A worker keeps its pending entries fresh with an idle-resetting
+XCLAIM heartbeat; entries of a worker that went silent for the visibility timeout are taken
+over by another worker with XAUTOCLAIM, over every tenant stream of the tier.
 
-Adding, cancelling and finishing each happen in one Lua script (``scripts.py``) together with
-the request's state change; ``QueueEntries`` builds their keys and arguments and runs them.
+Each admission also pushes a token on the tier's wake list: an idle drainer BLPOPs the
+lists of its tiers (``wait``) instead of blocking on streams it cannot know in advance.
+
+Adding, picking, cancelling and finishing each happen in one Lua script (``scripts.py``)
+together with the request's state change and the counters; ``QueueEntries`` builds their
+keys and arguments and runs them.
 """
 
 from __future__ import annotations
@@ -35,7 +44,14 @@ from gateway.bus.messages import (
     outcome,
 )
 from gateway.bus.resp import LuaScript, RespConnection
-from gateway.bus.scripts import ADMIT_LUA, BACKLOG_LUA, CANCEL_LUA, CLAIM_LUA, STEP_LUA
+from gateway.bus.scripts import (
+    ADMIT_LUA,
+    BACKLOG_LUA,
+    CANCEL_LUA,
+    CLAIM_LUA,
+    PICK_LUA,
+    STEP_LUA,
+)
 
 TOKEN_TYPE = encode(TokenMsg([], ""))["t"]
 FINISH_TYPE = encode(FinishMsg(FinishReason.STOP, 0, 0))["t"]
@@ -46,6 +62,8 @@ class Envelope:
     tier: str
     entry_id: str
     msg: SubmitMsg | None  # None: the entry was deleted (cancelled) or unreadable
+    tenant: str = ""  # whose stream it is in
+    weight: float = 1.0  # the tenant's fair-queue weight at admission (its output's charge)
 
 
 class TierQueues:
@@ -54,61 +72,51 @@ class TierQueues:
         self.keys = keys
         self.tiers = tuple(tiers)
         # Lean connections (``resp.py``) for the drainer's calls, on every request's path:
-        # one that blocks (XREADGROUP BLOCK would hold up whatever is pipelined behind it)
-        # and one for the rest.
+        # one that blocks (BLPOP would hold up whatever is pipelined behind it) and one for
+        # the rest.
         self._block_conn = RespConnection.for_client(redis)
         self._conn = RespConnection.for_client(redis)
         self._claim = LuaScript(redis, self._conn, CLAIM_LUA)
         self._backlogs = LuaScript(redis, self._conn, BACKLOG_LUA)
+        self._pick = LuaScript(redis, self._conn, PICK_LUA)
 
     async def close(self) -> None:
         for conn in (self._block_conn, self._conn):
             if conn is not None:
                 await conn.close()
 
-    async def ensure_groups(self) -> None:
-        for tier in self.tiers:
-            try:
-                await self.redis.xgroup_create(self.keys.queue(tier), GROUP, id="0", mkstream=True)
-            except Exception as exc:  # BUSYGROUP: another process made it first
-                if "BUSYGROUP" not in str(exc):
-                    raise
-
     async def backlogs(self) -> dict[str, int]:
-        """Entries not yet delivered to any worker, per tier (XLEN minus pending)."""
-        res = await self._backlogs(keys=[self.keys.queue(t) for t in self.tiers], args=[GROUP])
+        """Entries not yet delivered to any worker, per tier."""
+        res = await self._backlogs(keys=[self.keys.backlogged(t) for t in self.tiers], args=[])
         return {tier: int(n) for tier, n in zip(self.tiers, res)}
 
-    async def read(self, tiers: Iterable[str], consumer: str, block_ms: int | None,
-                   count: int = 1) -> list[Envelope]:
-        """Up to ``count`` new entries from each of ``tiers`` (blocking up to ``block_ms``)."""
-        streams = {self.keys.queue(t): ">" for t in tiers}
-        if not streams:
-            return []
-        conn = self._block_conn if block_ms is not None else self._conn
-        if conn is not None:
-            block = ("BLOCK", block_ms) if block_ms is not None else ()
-            res = await conn.call("XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count, *block,
-                                  "STREAMS", *streams, *streams.values())
-        else:
-            res = await self.redis.xreadgroup(GROUP, consumer, streams, count=count,
-                                              block=block_ms)
-        return [self._envelope(key, eid, fields) for key, entries in res or [] for eid, fields in entries]
+    async def pick(self, tier: str, consumer: str, count: int = 1) -> list[Envelope]:
+        """Up to ``count`` entries of ``tier`` by the fair pick (non-blocking)."""
+        k = self.keys
+        res = await self._pick(keys=[k.backlogged(tier), k.vtc(tier)],
+                               args=[k.queue_prefix(tier), GROUP, consumer, count])
+        return [self._envelope(key, eid, fields) for key, eid, fields in res or []]
 
     async def read_counts(self, counts: dict[str, int], consumer: str) -> dict[str, list[Envelope]]:
-        """``counts[tier]`` new entries per tier, in one pipelined round trip (non-blocking)."""
-        if self._conn is not None:  # concurrent calls on one connection are pipelined
-            got = await asyncio.gather(*(self.read([t], consumer, None, n)
-                                         for t, n in counts.items()))
-            return dict(zip(counts, got))
-        pipe = self.redis.pipeline(transaction=False)
-        for tier, n in counts.items():
-            pipe.xreadgroup(GROUP, consumer, {self.keys.queue(tier): ">"}, count=n)
-        out: dict[str, list[Envelope]] = {}
-        for tier, res in zip(counts, await pipe.execute()):
-            out[tier] = [self._envelope(key, eid, fields)
-                         for key, entries in res or [] for eid, fields in entries]
-        return out
+        """``counts[tier]`` entries per tier by the fair pick, pipelined (non-blocking)."""
+        got = await asyncio.gather(*(self.pick(t, consumer, n) for t, n in counts.items()))
+        return dict(zip(counts, got))
+
+    async def wait(self, tiers: Iterable[str], timeout_s: float) -> str | None:
+        """Block until an admission to one of ``tiers`` (its wake token), up to
+        ``timeout_s``; the tier woken for, or None. A token may be stale (another worker
+        took the entry): the pick that follows then finds nothing."""
+        keys = [self.keys.wake(t) for t in tiers]
+        if not keys:
+            return None
+        if self._block_conn is not None:
+            res = await self._block_conn.call("BLPOP", *keys, timeout_s)
+        else:
+            res = await self.redis.blpop(keys, timeout=timeout_s)
+        if not res:
+            return None
+        key = res[0].decode() if isinstance(res[0], bytes) else str(res[0])
+        return key.rsplit(":", 1)[1]
 
     async def claim_many(self, request_ids: list[str], consumer: str, reclaim: bool) -> list[str]:
         """Claim each request (queued -> running) in one script call."""
@@ -118,23 +126,26 @@ class TierQueues:
         res = await self._claim(keys=keys, args=[consumer, 1 if reclaim else 0])
         return [r.decode() if isinstance(r, bytes) else str(r) for r in res]
 
-    async def heartbeat(self, tier: str, consumer: str, entry_ids: list[str]) -> None:
+    async def heartbeat(self, tier: str, tenant: str, consumer: str, entry_ids: list[str]) -> None:
         """Reset the idle time of our pending entries so nobody reclaims live work."""
         if entry_ids:
-            await self.redis.xclaim(self.keys.queue(tier), GROUP, consumer, 0, entry_ids,
+            await self.redis.xclaim(self.keys.queue(tier, tenant), GROUP, consumer, 0, entry_ids,
                                     justid=True)
 
     async def autoclaim(self, tier: str, consumer: str, min_idle_ms: int, count: int = 16) -> list[Envelope]:
-        """Take over entries idle for ``min_idle_ms`` (their worker died)."""
-        key = self.keys.queue(tier)
-        res = await self.redis.xautoclaim(key, GROUP, consumer, min_idle_ms, "0-0", count=count)
-        entries = res[1] if res else []
-        return [self._envelope(key, eid, fields) for eid, fields in entries]
+        """Take over entries idle for ``min_idle_ms`` (their worker died), from every tenant
+        stream of ``tier``."""
+        out: list[Envelope] = []
+        for raw in await self.redis.smembers(self.keys.queue_tenants(tier)):
+            key = self.keys.queue(tier, raw.decode() if isinstance(raw, bytes) else str(raw))
+            res = await self.redis.xautoclaim(key, GROUP, consumer, min_idle_ms, "0-0", count=count)
+            out += [self._envelope(key, eid, fields) for eid, fields in (res[1] if res else [])]
+        return out
 
-    def done_commands(self, tier: str, entry_id: str) -> list[tuple[Any, ...]]:
+    def done_commands(self, env: Envelope) -> list[tuple[Any, ...]]:
         """The commands that acknowledge and delete a finished entry, for ``execute``."""
-        return [("XACK", self.keys.queue(tier), GROUP, entry_id),
-                ("XDEL", self.keys.queue(tier), entry_id)]
+        key = self.keys.queue(env.tier, env.tenant)
+        return [("XACK", key, GROUP, env.entry_id), ("XDEL", key, env.entry_id)]
 
     async def execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Run ``commands`` in one round trip; raw replies in order (the first error raises
@@ -156,17 +167,18 @@ class TierQueues:
     def _envelope(self, key: Any, entry_id: Any, fields: Any) -> Envelope:
         if isinstance(fields, list):  # a raw reply: [field, value, field, value, ...]
             fields = dict(zip(fields[::2], fields[1::2]))
-        key_s = key.decode() if isinstance(key, bytes) else str(key)
-        tier = key_s.rsplit(":", 1)[1]
-        eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        key_s = _text(key)
+        tier, tenant = key_s.rsplit(":", 2)[1:]
         msg: SubmitMsg | None = None
+        weight = 1.0
         if fields:
             try:
                 decoded = decode(fields)
                 msg = decoded if isinstance(decoded, SubmitMsg) else None
-            except MessageError:
+                weight = float(fields.get(b"w", fields.get("w", 1)))
+            except (MessageError, ValueError):
                 msg = None
-        return Envelope(tier, eid, msg)
+        return Envelope(tier, _text(entry_id), msg, tenant, weight)
 
 
 class QueueEntries:
@@ -184,16 +196,19 @@ class QueueEntries:
         self._step = LuaScript(redis, conn, STEP_LUA)
 
     async def admit(self, msg: SubmitMsg, tenant_id: str, *, rpm: int, tpm: int, max_concurrency: int,
-                    queue_max_len: int, cost: int, lease_ms: int, req_ttl_s: int
-                    ) -> tuple[str, str]:
+                    queue_max_len: int, cost: int, lease_ms: int, req_ttl_s: int,
+                    weight: float = 1.0) -> tuple[str, str]:
         """Check the tenant's limits and enqueue ``msg`` in one step: ``("ok", entry id)``,
-        or ``(the limit that refused it, retry-after seconds)``."""
-        k, fields = self.keys, encode(msg)
+        or ``(the limit that refused it, retry-after seconds)``. ``weight``: the tenant's
+        fair-queue weight (its service is counted in tokens / weight)."""
+        k, fields, tier = self.keys, encode(msg), msg.tier
         res = await self._admit(
             keys=[k.bucket(tenant_id, "rpm"), k.bucket(tenant_id, "tpm"),
-                  k.concurrency(tenant_id), k.queue(msg.tier), k.req(msg.request_id), k.stats],
+                  k.concurrency(tenant_id), k.queue(tier, tenant_id), k.req(msg.request_id),
+                  k.stats, k.queue_tenants(tier), k.backlogged(tier), k.vtc(tier), k.wake(tier)],
             args=[rpm, tpm, max_concurrency, queue_max_len, cost, msg.request_id, lease_ms,
-                  fields["t"], fields["d"], tenant_id, msg.tier, req_ttl_s],
+                  fields["t"], fields["d"], tenant_id, tier, req_ttl_s, GROUP,
+                  len(msg.prompt_token_ids), repr(float(weight)), k.queue_prefix(tier)],
         )
         return _text(res[0]), _text(res[1])
 
@@ -207,7 +222,7 @@ class QueueEntries:
             keys=[k.req(request_id), k.out(request_id), k.stats],
             args=[1 if reader_gone else 0,
                   encode_payload(CancelMsg(request_id, reader_gone, reason)),
-                  k.cancel_channel, finish["t"], finish["d"], stream_ttl_s],
+                  k.cancel_channel, finish["t"], finish["d"], stream_ttl_s, GROUP],
         )
         return _text(res)
 
@@ -241,16 +256,19 @@ class StepWrite:
                                 FINISH_TYPE]
 
     def add(self, request_id: str, tier: str, entry_id: str, reader_gone: bool,
-            tokens: TokenMsg | None, finish: FinishMsg | None) -> None:
+            tokens: TokenMsg | None, finish: FinishMsg | None, *, tenant: str = "",
+            charge: float = 0.0) -> None:
         """Write ``tokens`` (None: none) to the request's stream; with ``finish`` the
         request ends: the finish is written (or the stream deleted if ``reader_gone``), its
-        outcome counted, and its queue entry acknowledged and deleted."""
+        outcome counted, and its queue entry (in ``tenant``'s stream) acknowledged and
+        deleted. ``charge`` (output tokens / weight) is added to the tenant's counter."""
         k = self._k
-        self.keys += [k.req(request_id), k.out(request_id), k.queue(tier)]
+        self.keys += [k.req(request_id), k.out(request_id), k.queue(tier, tenant), k.vtc(tier)]
         self.args += [1 if finish is not None else 0, 1 if reader_gone else 0,
                       encode(tokens)["d"] if tokens is not None else "",
                       encode(finish)["d"] if finish is not None else "",
-                      entry_id, outcome(finish.finish_reason) if finish is not None else ""]
+                      entry_id, outcome(finish.finish_reason) if finish is not None else "",
+                      tenant, repr(charge) if charge > 0 else ""]
 
     def __bool__(self) -> bool:
         return len(self.keys) > 1

@@ -4,10 +4,10 @@ are documented above each script; key names come from ``keys.py``.
 
 Scripts that touch a tier queue's entries are run only by ``queues.py`` (``QueueEntries``,
 the owner of the queue-entry protocol), on behalf of the module named in their section:
-``ADMIT_LUA`` enqueues (XADD), ``CANCEL_LUA`` deletes a queued entry (XDEL), ``STEP_LUA`` acks
-and deletes a finished one (XACK + XDEL); each does it in the same atomic step as the
-request's state change, which is why the commands live in the scripts and not in
-``queues.py``'s own calls.
+``ADMIT_LUA`` enqueues (XADD), ``PICK_LUA`` delivers one (XREADGROUP), ``CANCEL_LUA`` deletes
+a queued entry (XDEL), ``STEP_LUA`` acks and deletes a finished one (XACK + XDEL); each does
+it in the same atomic step as the request's state change and the fair queue's counters,
+which is why the commands live in the scripts and not in ``queues.py``'s own calls.
 """
 
 from __future__ import annotations
@@ -32,16 +32,25 @@ end
 """
 
 ADMIT_LUA = _BUCKET_LUA + """
--- KEYS: rpm, tpm, conc, queue, req, stats
--- ARGV: rpm, tpm, max_conc, queue_max, cost, request_id, lease_ms, type, data, tenant, tier, req_ttl_s
+-- KEYS: rpm, tpm, conc, queue (the tier's stream of this tenant), req, stats,
+--       tier tenants (set), backlogged (hash), vtc (hash), wake (list)
+-- ARGV: rpm, tpm, max_conc, queue_max, cost, request_id, lease_ms, type, data, tenant, tier,
+--       req_ttl_s, group, prompt tokens, weight, stream prefix
 local now = now_ms()
 local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local maxc, qmax, cost = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local tenant = ARGV[10]
 local function reject(reason, retry)
   redis.call('HINCRBY', KEYS[6], 'rejected:' .. reason, 1)
   return {reason, retry}
 end
-if redis.call('XLEN', KEYS[4]) >= qmax then return reject('queue_full', 1) end
+-- queue_max_len is per tier (queued + running): the sum over the tier's tenant streams,
+-- O(tenants of the tier)
+local depth = 0
+for _, t in ipairs(redis.call('SMEMBERS', KEYS[7])) do
+  depth = depth + redis.call('XLEN', ARGV[16] .. t)
+end
+if depth >= qmax then return reject('queue_full', 1) end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 if maxc > 0 and redis.call('ZCARD', KEYS[3]) >= maxc then return reject('concurrency', 1) end
 local function retry_s(level, c, limit)
@@ -60,11 +69,38 @@ if rpm > 0 then store(KEYS[1], lr - 1, now) end
 if tpm > 0 then store(KEYS[2], lt - cost, now) end
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[7]), ARGV[6])
 redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
-local id = redis.call('XADD', KEYS[4], '*', 't', ARGV[8], 'd', ARGV[9])
-redis.call('HSET', KEYS[5], 'tenant', ARGV[10], 'tier', ARGV[11], 'state', 'queued',
-  'queue', KEYS[4], 'entry', id, 'reserved', ARGV[5])
+-- A tenant that becomes backlogged gets no banked credit (``policies.fair_queue.lift``):
+-- its counter is lifted to the least backlogged counter, or with nobody backlogged to the
+-- last picked tenant's. The value is copied as Redis stored it, so it stays exact.
+if not redis.call('HGET', KEYS[8], tenant) then
+  local own = redis.call('HGET', KEYS[9], tenant)
+  local floor
+  for _, t in ipairs(redis.call('HKEYS', KEYS[8])) do
+    local c = redis.call('HGET', KEYS[9], t) or '0'
+    if not floor or tonumber(c) < tonumber(floor) then floor = c end
+  end
+  if not floor then
+    local last = redis.call('HGET', KEYS[9], ':last')
+    floor = last and redis.call('HGET', KEYS[9], last)
+  end
+  if floor and tonumber(floor) > tonumber(own or '0') then
+    redis.call('HSET', KEYS[9], tenant, floor)
+  end
+end
+if redis.call('EXISTS', KEYS[4]) == 0 then
+  redis.call('XGROUP', 'CREATE', KEYS[4], ARGV[13], '0', 'MKSTREAM')
+end
+local id = redis.call('XADD', KEYS[4], '*', 't', ARGV[8], 'd', ARGV[9], 'n', ARGV[14],
+  'w', ARGV[15])
+redis.call('SADD', KEYS[7], tenant)
+redis.call('HINCRBY', KEYS[8], tenant, 1)
+redis.call('HSET', KEYS[5], 'tenant', tenant, 'tier', ARGV[11], 'state', 'queued',
+  'queue', KEYS[4], 'entry', id, 'reserved', ARGV[5], 'backlog', KEYS[8])
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[12]))
 redis.call('HINCRBY', KEYS[6], 'admitted', 1)
+-- wake an idle drainer; the list is bounded (a stale token costs one empty pick)
+redis.call('RPUSH', KEYS[10], '1')
+redis.call('LTRIM', KEYS[10], -64, -1)
 return {'ok', id}
 """
 
@@ -84,7 +120,7 @@ return 1
 """
 
 
-# -- the worker's claim and the drainer's backlog count (``bus/queues.py``) -----------------
+# -- the worker's claim, the drainer's backlog count and fair pick (``bus/queues.py``) -------
 
 # KEYS: per request: req;  ARGV: consumer, reclaim (0/1)
 # Returns one status per request: run | lost (reclaimed with output already sent: its 'sent'
@@ -115,16 +151,52 @@ end
 return out
 """
 
-# KEYS: the tier streams;  ARGV: group.  Entries not yet delivered to any worker, per stream
-# (XLEN minus pending), in one call instead of two commands per tier.
+# KEYS: the tiers' backlogged hashes.  Entries not yet picked, per tier.
 BACKLOG_LUA = """
 local out = {}
 for i = 1, #KEYS do
-  local pending = 0
-  if redis.call('EXISTS', KEYS[i]) == 1 then
-    pending = redis.call('XPENDING', KEYS[i], ARGV[1])[1]
+  local n = 0
+  for _, v in ipairs(redis.call('HVALS', KEYS[i])) do n = n + tonumber(v) end
+  out[i] = n
+end
+return out
+"""
+
+# KEYS: backlogged (hash), vtc (hash) of one tier
+# ARGV: stream prefix, group, consumer, count
+# The fair pick (``policies.fair_queue``): up to ``count`` times, the backlogged tenant with
+# the least counter (ties: the smaller id) gives its next entry (XREADGROUP, which makes it
+# pending for ``consumer``), and is charged its prompt tokens / weight (the entry's 'n' and
+# 'w'). Returns {stream key, entry id, fields} per entry. A tenant whose stream had nothing
+# left to deliver (the index outlived its entries) leaves the index.
+PICK_LUA = """
+local prefix, group, consumer = ARGV[1], ARGV[2], ARGV[3]
+local out = {}
+while #out < tonumber(ARGV[4]) do
+  local best, best_c
+  for _, t in ipairs(redis.call('HKEYS', KEYS[1])) do
+    local c = tonumber(redis.call('HGET', KEYS[2], t) or '0')
+    if not best or c < best_c or (c == best_c and t < best) then best, best_c = t, c end
   end
-  out[i] = math.max(0, redis.call('XLEN', KEYS[i]) - pending)
+  if not best then break end
+  local key = prefix .. best
+  local got = false
+  if redis.call('EXISTS', key) == 1 then
+    got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', key, '>')
+  end
+  if not got or #got == 0 then
+    redis.call('HDEL', KEYS[1], best)
+  else
+    if redis.call('HINCRBY', KEYS[1], best, -1) <= 0 then redis.call('HDEL', KEYS[1], best) end
+    local entry = got[1][2][1]
+    local f, n, w = entry[2], 0, 1
+    for j = 1, #f, 2 do
+      if f[j] == 'n' then n = tonumber(f[j + 1]) elseif f[j] == 'w' then w = tonumber(f[j + 1]) end
+    end
+    redis.call('HINCRBYFLOAT', KEYS[2], best, string.format('%.17g', n / w))
+    redis.call('HSET', KEYS[2], ':last', best)
+    out[#out + 1] = {key, entry[1], f}
+  end
 end
 return out
 """
@@ -133,14 +205,25 @@ return out
 # -- cancellation (``http/cancel.py``, through ``queues.py``) ---------------------------------
 
 # KEYS: req, out, stats;  ARGV: reader_gone (0/1), cancel payload, channel, finish type,
-# finish data, ttl.  Returns the state found: queued | running | finished | cancelled | unknown
+# finish data, ttl, group.  Returns the state found: queued | running | finished | cancelled |
+# unknown. An entry deleted before any worker picked it leaves its tenant's backlog count.
 CANCEL_LUA = """
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'unknown' end
 if st == 'queued' then
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'cancel', ARGV[1] == '1' and 'gone' or 'live')
   local q, e = redis.call('HGET', KEYS[1], 'queue'), redis.call('HGET', KEYS[1], 'entry')
-  if q and e then redis.call('XDEL', q, e) end
+  if q and e then
+    local b = redis.call('HGET', KEYS[1], 'backlog')
+    local t = redis.call('HGET', KEYS[1], 'tenant')
+    if b and t and redis.call('EXISTS', q) == 1
+        and #redis.call('XPENDING', q, ARGV[7], e, e, 1) == 0
+        and redis.call('XDEL', q, e) == 1 then
+      if redis.call('HINCRBY', b, t, -1) <= 0 then redis.call('HDEL', b, t) end
+    else
+      redis.call('XDEL', q, e)
+    end
+  end
   if ARGV[1] == '1' then
     redis.call('DEL', KEYS[2])
   else
@@ -163,9 +246,10 @@ return st
 
 # -- one engine step's outputs (``worker/writer.py``, through ``queues.py``) -----------------
 
-# KEYS: stats, then per request: req, out, queue
+# KEYS: stats, then per request: req, out, queue, vtc (its tier's counters)
 # ARGV: ttl, refresh-below, group, token type, finish type, then per request:
-#       finished (0/1), reader gone (0/1), token data ('' = none), finish data, entry id, outcome
+#       finished (0/1), reader gone (0/1), token data ('' = none), finish data, entry id, outcome,
+#       tenant, charge (output tokens / weight for the fair queue; '' = none)
 # A request's final write and its state change are one step against the cancel script
 # (``cancel.py``): a reader that left before the finish was written (its cancel mark is
 # 'gone') gets its stream deleted, not recreated until the TTL. A stream's TTL is set at its
@@ -173,13 +257,15 @@ return st
 # afresh with the finish; a stream recreated after a reader's DEL gets one at its next write.
 # The first write also marks the request 'sent' (the claim script's 'lost': its reader has
 # output, even once a held-back stream has expired). A finish is written once: a retried write
-# whose first try was applied finds the request finished and only acks again.
+# whose first try was applied finds the request finished and only acks again. The output
+# tokens written are charged to the tenant's counter (``policies.fair_queue``) as they go.
 STEP_LUA = """
 local ttl, low, group = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-for i = 0, (#KEYS - 1) / 3 - 1 do
-  local req, out, queue = KEYS[2 + 3 * i], KEYS[3 + 3 * i], KEYS[4 + 3 * i]
-  local a = 6 + 6 * i
+for i = 0, (#KEYS - 1) / 4 - 1 do
+  local req, out, queue = KEYS[2 + 4 * i], KEYS[3 + 4 * i], KEYS[4 + 4 * i]
+  local a = 6 + 8 * i
   local gone, tok = ARGV[a + 1] == '1', ARGV[a + 2]
+  local fresh = true
   if ARGV[a] == '1' then
     -- finished already: a write whose reply was lost, written again (only ack again)
     if redis.call('HGET', req, 'state') ~= 'finished' then
@@ -192,6 +278,8 @@ for i = 0, (#KEYS - 1) / 3 - 1 do
       end
       redis.call('HSET', req, 'state', 'finished')
       redis.call('HINCRBY', KEYS[1], ARGV[a + 5], 1)
+    else
+      fresh = false
     end
     redis.call('XACK', queue, group, ARGV[a + 4])
     redis.call('XDEL', queue, ARGV[a + 4])
@@ -201,6 +289,9 @@ for i = 0, (#KEYS - 1) / 3 - 1 do
       redis.call('EXPIRE', out, ttl)
       redis.call('HSET', req, 'sent', '1')  -- the reader has output: a reclaim must not rerun it
     end
+  end
+  if fresh and ARGV[a + 7] ~= '' then
+    redis.call('HINCRBYFLOAT', KEYS[5 + 4 * i], ARGV[a + 6], ARGV[a + 7])
   end
 end
 """

@@ -2,8 +2,8 @@
 
 ``admit`` is one Lua script, one round trip: queue length, concurrency, requests/minute and
 tokens/minute are checked together against the server clock (``TIME``) and, only if all pass,
-the buckets are charged, a concurrency lease is taken, the envelope is appended to the tier's
-stream and the request's ownership record is written (``QueueEntries.admit`` in
+the buckets are charged, a concurrency lease is taken, the envelope is appended to the
+tenant's stream in its tier (with the tenant's fair-queue weight) and the request's ownership record is written (``QueueEntries.admit`` in
 ``bus/queues.py``, the owner of queue entries). ``settle`` returns the unused token reservation
 and the lease; it is idempotent (the ZREM of the lease decides), so the gateway
 may call it from every exit path. The bucket math mirrors ``policies/rate_limit.py``.
@@ -61,7 +61,7 @@ class QuotaEnforcer:
         status, detail = await self._entries.admit(
             msg, tenant.id, rpm=q.rpm, tpm=q.tpm, max_concurrency=q.max_concurrency,
             queue_max_len=self.queue_max_len, cost=cost, lease_ms=self.lease_ms,
-            req_ttl_s=self.req_ttl_s)
+            req_ttl_s=self.req_ttl_s, weight=tenant.weight)
         if status == "ok":
             return Admission(True, entry_id=detail)
         text = LIMIT_MESSAGES[status].format(

@@ -1,6 +1,10 @@
 """Tenants and their quotas: the data model, the tenants file, and the Redis store.
 
-A limit of 0 means unlimited. The store is the single source of truth at run time: the file
+A limit of 0 means unlimited. ``weight`` (default 1, any number > 0) is the tenant's share
+against the other tenants of a tier when both have requests queued (fair queuing,
+``policies.fair_queue``): weight 2 gets twice the tokens of weight 1.
+
+The store is the single source of truth at run time: the file
 is loaded into it at start; admin endpoints and ``carpool tenants`` change it afterwards, and
 every gateway sees the change on its next lookup (tenant records are cached < 1 s).
 """
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import math
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -54,10 +59,15 @@ class Tenant:
     id: str
     name: str = ""
     quota: TenantQuota = field(default_factory=TenantQuota)
+    weight: float = 1.0  # fair-queue share inside a tier
 
     def __post_init__(self) -> None:
         if not self.id or not all(c.isalnum() or c in "-_." for c in self.id):
             raise ValueError(f"tenant id must be non-empty [A-Za-z0-9._-], got {self.id!r}")
+        w = self.weight
+        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w <= 0:
+            raise ValueError(f"weight must be a finite number > 0, got {w!r}")
+        object.__setattr__(self, "weight", float(w))
 
 
 def _tier(name: str) -> str:
@@ -68,14 +78,15 @@ def _tier(name: str) -> str:
 
 
 def tenant_from_dict(tenant_id: str, data: dict[str, Any]) -> Tenant:
-    known = set(QUOTA_FIELDS) | {"allowed_tiers", "default_tier", "name"}
+    known = set(QUOTA_FIELDS) | {"allowed_tiers", "default_tier", "name", "weight"}
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"tenant {tenant_id}: unknown fields {sorted(unknown)}")
-    quota = {k: v for k, v in data.items() if k != "name"}
+    quota = {k: v for k, v in data.items() if k not in ("name", "weight")}
     if "allowed_tiers" in quota:
         quota["allowed_tiers"] = tuple(quota["allowed_tiers"])
-    return Tenant(tenant_id, str(data.get("name", tenant_id)), TenantQuota(**quota))
+    return Tenant(tenant_id, str(data.get("name", tenant_id)), TenantQuota(**quota),
+                  data.get("weight", 1.0))
 
 
 def load_tenants_file(path: str | Path) -> list[Tenant]:
@@ -96,7 +107,8 @@ def load_tenants_file(path: str | Path) -> list[Tenant]:
 def _to_hash(t: Tenant) -> dict[str, str]:
     q = t.quota
     out = {name: str(getattr(q, name)) for name in QUOTA_FIELDS}
-    out.update(name=t.name, allowed_tiers=",".join(q.allowed_tiers), default_tier=q.default_tier)
+    out.update(name=t.name, allowed_tiers=",".join(q.allowed_tiers), default_tier=q.default_tier,
+               weight=repr(t.weight))
     return out
 
 
@@ -107,7 +119,7 @@ def _from_hash(tenant_id: str, h: dict[bytes, bytes]) -> Tenant:
         allowed_tiers=tuple(t for t in d.get("allowed_tiers", "").split(",") if t) or TIERS,
         default_tier=d.get("default_tier", INTERACTIVE),
     )
-    return Tenant(tenant_id, d.get("name", tenant_id), quota)
+    return Tenant(tenant_id, d.get("name", tenant_id), quota, float(d.get("weight", "1")))
 
 
 class TenantStore:
@@ -138,7 +150,8 @@ class TenantStore:
         tenant = await self.get(tenant_id)
         if tenant is None:
             raise KeyError(tenant_id)
-        updated = Tenant(tenant.id, tenant.name, tenant.quota.with_changes(**changes))
+        weight = changes.pop("weight", tenant.weight)
+        updated = Tenant(tenant.id, tenant.name, tenant.quota.with_changes(**changes), weight)
         await self.put(updated)
         return updated
 

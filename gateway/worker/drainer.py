@@ -1,12 +1,15 @@
-"""The drainer: moves envelopes from the tier streams into the engine, one at a time.
+"""The drainer: moves envelopes from the tier queues into the engine, one at a time.
 
 It pulls only when the engine can take work at a tier's priority (``has_capacity``: a free
 seat and blocks, or lower-priority running work it may preempt), and at most as many entries
 as ``policies.admission.pull_count`` allows (the engine's free seats). Among the tiers that have a
-backlog and room, smooth weighted round-robin (``policies.wrr``) picks which one; when every
-tier is empty it blocks on all of them at once, so an idle worker reacts within a round trip.
-After such a wait brought one entry, the next pull blocks again straight away (``quiet``):
-at low load the backlog count would find the tiers empty nearly every time.
+backlog and room, smooth weighted round-robin (``policies.wrr``) picks which one; inside the
+tier, the fair pick (``TierQueues.pick``: the backlogged tenant with the least virtual token
+counter, ``policies.fair_queue``) picks whose entry. When every tier is empty it blocks on
+all their wake lists at once (``TierQueues.wait``), so an idle worker reacts within a round
+trip or two (the wake, then the pick). After such a wait brought one entry, the next pull
+waits again straight away (``quiet``): at low load the backlog count would find the tiers
+empty nearly every time.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from policies.admission import pull_count
 from policies.tiers import tier_priority
 from policies.wrr import smooth_wrr_pick
 
-IDLE_BLOCK_MS = 200
+IDLE_BLOCK_S = 0.2
 NO_ROOM_WAIT_S = 0.05
 QUIET_COUNT = 2  # per tier, when waiting without a backlog count: two tell a burst from a lone entry
 
@@ -69,7 +72,7 @@ class Drainer:
 
     async def _pull(self, open_tiers: list[str]) -> list[Envelope]:
         """The next entries in WRR order: the picks for up to ``_batch_size()`` seats are
-        planned with the backlogs known, then read with one pipelined XREADGROUP per tier."""
+        planned with the backlogs known, then read with one pipelined fair pick per tier."""
         if self.quiet:
             return await self._wait_for_work(open_tiers, min(QUIET_COUNT, self._batch_size()))
         backlog = await self.queues.backlogs()
@@ -89,10 +92,16 @@ class Drainer:
         return [got[t].pop(0) for t in plan if got.get(t)]
 
     async def _wait_for_work(self, tiers: list[str], count: int) -> list[Envelope]:
-        """Block on every tier at once for up to ``count`` entries each. One entry in all
-        keeps the drainer quiet; more (a burst, or several tiers) and the next pull counts
-        the backlogs to batch them and keep the tiers' weights."""
-        envs = await self.queues.read(tiers, self.consumer, block_ms=IDLE_BLOCK_MS, count=count)
+        """Wait for an admission to any of ``tiers``, then pick up to ``count`` entries of
+        each. One entry in all keeps the drainer quiet; more (a burst, or several tiers) and
+        the next pull counts the backlogs to batch them and keep the tiers' weights. A wait
+        that timed out counts the backlogs next too (a wake token may have been trimmed or
+        taken by another worker while an entry remains)."""
+        if await self.queues.wait(tiers, IDLE_BLOCK_S) is None:
+            self.quiet = False
+            return []
+        got = await self.queues.read_counts({t: count for t in tiers}, self.consumer)
+        envs = [e for t in tiers for e in got.get(t, [])]
         self.quiet = len(envs) <= 1
         return envs
 

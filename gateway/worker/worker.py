@@ -1,7 +1,8 @@
 """The worker: drains tier queues into an engine and streams its outputs back through Redis.
 
 One worker per engine (per GPU). Tasks on the event loop:
-  drainer      tier choice by WRR, pull when the engine has room (``drainer.py``)
+  drainer      tier choice by WRR, tenant by fair queuing, pull when the engine has room
+               (``drainer.py``)
   writer       one pipelined write per engine step (``writer.py``)
   cancels      CancelMsg from any gateway -> ``engine.abort(id)`` (KV freed at the next step)
   maintenance  heartbeat our pending entries; XAUTOCLAIM entries of dead workers
@@ -65,7 +66,6 @@ class Worker:
         self._pubsub: Any = None
 
     async def start(self) -> None:
-        await self.queues.ensure_groups()
         await self.engine.start()
         self.engine.add_step_callback(self._on_step)
         self.step_budget.attach()
@@ -148,11 +148,11 @@ class Worker:
         cmds: list[tuple[Any, ...]] = []
         for env in envs:
             if env.msg is None:  # deleted by a cancel before we read it
-                cmds += self.queues.done_commands(env.tier, env.entry_id)
+                cmds += self.queues.done_commands(env)
             elif env.msg.request_id in self.inflight:
                 continue  # ours already (a reclaim of what we run): its finish acks it
             elif env.msg.request_id in taken:
-                cmds += self.queues.done_commands(env.tier, env.entry_id)  # a second entry
+                cmds += self.queues.done_commands(env)  # a second entry
             else:
                 todo.append(env)
                 taken.add(env.msg.request_id)
@@ -175,7 +175,8 @@ class Worker:
                 # In ``inflight`` since before the claim: a cancel that comes after the claim
                 # finds it through its publish, so no mark lookup is needed for it.
                 continue
-            rec = Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream)
+            rec = Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream,
+                           tenant=env.tenant, weight=env.weight)
             if status == "run" and time.time() > msg.deadline_unix > 0:
                 self._finish_now(rec, msg, FinishReason.ERROR,
                                  "deadline exceeded before the request started")
@@ -189,7 +190,7 @@ class Worker:
             elif status == "abort":
                 self._finish_now(rec, msg, FinishReason.ABORT, "cancelled")
             else:  # cancelled / finished / gone: whoever cancelled it told the reader
-                cmds += self.queues.done_commands(env.tier, env.entry_id)
+                cmds += self.queues.done_commands(env)
                 self.events.dropped(msg.request_id, status)
         results = await self.queues.execute(cmds)
         for rid, at in started:
@@ -211,7 +212,7 @@ class Worker:
             if time.time() > msg.deadline_unix > 0:
                 continue
             rec = Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream,
-                           claim=loop.create_future())
+                           claim=loop.create_future(), tenant=env.tenant, weight=env.weight)
             if self._run(rec, msg) is None:
                 early[i] = rec
 
@@ -279,11 +280,11 @@ class Worker:
         """One maintenance round, a third of the visibility timeout after the last."""
         await asyncio.sleep(self.config.visibility_timeout_s / 3)
         min_idle_ms = int(self.config.visibility_timeout_s * 1000)
-        by_tier: dict[str, list[str]] = {}
+        by_stream: dict[tuple[str, str], list[str]] = {}
         for rec in list(self.inflight.values()):
-            by_tier.setdefault(rec.tier, []).append(rec.entry_id)
-        for tier, ids in by_tier.items():
-            await self.queues.heartbeat(tier, self.consumer, ids)
+            by_stream.setdefault((rec.tier, rec.tenant), []).append(rec.entry_id)
+        for (tier, tenant), ids in by_stream.items():
+            await self.queues.heartbeat(tier, tenant, self.consumer, ids)
         for tier in self.queues.tiers:
             reclaimed = await self.queues.autoclaim(tier, self.consumer, min_idle_ms)
             if reclaimed:

@@ -7,7 +7,8 @@ when no write is in flight, else coalescing the steps that queued up meanwhile i
 write. A finished request's queue entry is acknowledged in the same call — entries are acked
 only once finished.
 When the reader is gone (client disconnected, deadline), its stream is deleted instead of
-written. One call rather than a pipeline of XADD/EXPIRE per request: the Python client's cost
+written. The output tokens written are charged to the tenant's fair-queue counter in the same
+call (a non-streaming request's held-back tokens when they are written, with its finish). One call rather than a pipeline of XADD/EXPIRE per request: the Python client's cost
 per command dominated the step (measured with ``carpool bench gateway``), and a script makes
 each step's writes atomic, so a blocked reader wakes once with the whole step (the last
 tokens and the finish together).
@@ -49,6 +50,8 @@ class Inflight:
     # Started before its claim answered (``Worker._start_early``): the claim's status. Its
     # outputs are written only once that is "run"; None = claimed before it started.
     claim: asyncio.Future[str] | None = None
+    tenant: str = ""  # whose queue stream holds its entry (``bus/queues.py``)
+    weight: float = 1.0  # the tenant's fair-queue weight: output tokens are charged / weight
 
     @property
     def owned(self) -> bool:
@@ -191,7 +194,8 @@ class OutputWriter:
                 continue
             step.add(rec.request_id, rec.tier, rec.entry_id, rec.reader_gone,
                      TokenMsg(ids, text) if has_tokens else None,
-                     _finish(rec, last) if last.finished else None)
+                     _finish(rec, last) if last.finished else None,
+                     tenant=rec.tenant, charge=len(ids) / rec.weight)
         return step
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gateway.bus.keys import GROUP, RedisKeys
+from gateway.bus.keys import RedisKeys
 from policies.tiers import TIERS
 from tests.gateway.harness import redis_sync
+from tests.gateway.queue_helpers import pending, queued
 
 
 def wait_engine_idle(gw: Any, timeout: float = 20.0) -> Any:
@@ -30,9 +31,8 @@ def leftovers(redis_url: str, namespace: str) -> dict[str, Any]:
     try:
         out = {
             "out_streams": sorted(k.decode() for k in r.scan_iter(f"{namespace}:out:*")),
-            "queued": {t: r.xlen(keys.queue(t)) for t in TIERS if r.exists(keys.queue(t))},
-            "pending": {t: r.xpending(keys.queue(t), GROUP)["pending"] for t in TIERS
-                        if r.exists(keys.queue(t))},
+            "queued": {t: queued(r, keys, t) for t in TIERS},
+            "pending": {t: pending(r, keys, t) for t in TIERS},
             "leases": {k.decode(): r.zcard(k) for k in r.scan_iter(f"{namespace}:conc:*")},
         }
     finally:

@@ -15,10 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.bus.keys import GROUP, RedisKeys
+from gateway.bus.keys import RedisKeys
 from policies.tiers import TIERS
 from tests.gateway.harness import make_tenant, redis_sync
 from tests.gateway.procs import spawn
+from tests.gateway.queue_helpers import pending
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -112,7 +113,7 @@ def test_worker_killed_mid_run(redis_url: str, tiny_model_dir: Path, tmp_path: P
     try:
         keys = RedisKeys(ns)
         deadline = time.monotonic() + 10
-        while any(r.xpending(keys.queue(t), GROUP)["pending"] for t in TIERS):
+        while any(pending(r, keys, t) for t in TIERS):
             assert time.monotonic() < deadline, "pending entries left behind"
             time.sleep(0.1)
     finally:

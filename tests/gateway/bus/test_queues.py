@@ -24,9 +24,10 @@ pytestmark = pytest.mark.timeout(30)
 
 GATEWAY = Path(__file__).resolve().parents[3] / "gateway"
 OWNERS = {GATEWAY / "bus" / "queues.py", GATEWAY / "bus" / "scripts.py"}
-# The scripts by name, a redis-py stream call (``.xadd(``) and a raw command (``"XACK"``).
-ENTRY_OPS = re.compile(r"\b(?:ADMIT|CANCEL|STEP)_LUA\b|\.x(?:add|ack|del)\(|[\"']x(?:add|ack|del)[\"']",
-                       re.IGNORECASE)
+# The scripts by name, a redis-py stream call (``.xadd(``) and a raw command (``"XACK"``);
+# delivering (XREADGROUP) is the fair pick's, so it is the owner's too.
+ENTRY_OPS = re.compile(r"\b(?:ADMIT|CANCEL|STEP|PICK)_LUA\b|\.x(?:add|ack|del|readgroup)\("
+                       r"|[\"']x(?:add|ack|del|readgroup)[\"']", re.IGNORECASE)
 
 
 def test_only_queues_module_adds_acks_or_deletes_entries() -> None:
@@ -41,7 +42,8 @@ def test_the_scan_sees_what_it_looks_for() -> None:
     for path in OWNERS:
         assert ENTRY_OPS.search(path.read_text()), path
     for line in ('await redis.xadd(key, fields)', 'conn.call("XDEL", key, eid)',
-                 "pipe.execute_command('xack', key, GROUP, eid)", "LuaScript(r, c, STEP_LUA)"):
+                 "pipe.execute_command('xack', key, GROUP, eid)", "LuaScript(r, c, STEP_LUA)",
+                 'conn.call("XREADGROUP", "GROUP", g)', "LuaScript(r, c, PICK_LUA)"):
         assert ENTRY_OPS.search(line), line
     assert not ENTRY_OPS.search('"""Stream fields (``XADD key * t <type> d <json>``)."""')
 
@@ -60,25 +62,27 @@ async def test_an_entry_admitted_read_and_finished_is_acked_and_deleted(redis_ur
     client: Any = aioredis.Redis.from_url(redis_url)
     keys = RedisKeys(f"qe{uuid.uuid4().hex[:8]}")
     queues, entries = TierQueues(client, keys, TIERS), QueueEntries(client, keys, None)
-    queue = keys.queue(TIERS[0])
+    queue = keys.queue(TIERS[0], "t")
     try:
-        await queues.ensure_groups()
         status, entry_id = await entries.admit(submit("a"), "t", **admit_args())
         assert status == "ok"
         assert [e[0].decode() for e in await client.xrange(queue)] == [entry_id]
         assert await client.hget(keys.req("a"), "entry") == entry_id.encode()
-        [env] = await queues.read([TIERS[0]], "w1", block_ms=None)
-        assert (env.entry_id, env.msg) == (entry_id, submit("a"))
+        assert await queues.backlogs() == {t: int(t == TIERS[0]) for t in TIERS}
+        [env] = await queues.pick(TIERS[0], "w1")
+        assert (env.entry_id, env.msg, env.tenant) == (entry_id, submit("a"), "t")
+        assert await queues.backlogs() == {t: 0 for t in TIERS}
+        assert (await client.xpending(queue, GROUP))["pending"] == 1
         assert await queues.claim_many(["a"], "w1", reclaim=False) == ["run"]
 
         step = entries.step(600)
-        step.add("a", TIERS[0], entry_id, False, TokenMsg([5], "x"), None)
+        step.add("a", TIERS[0], entry_id, False, TokenMsg([5], "x"), None, tenant="t")
         await entries.write_step(step)
         assert (await client.xpending(queue, GROUP))["pending"] == 1  # not finished: kept
 
         finish = FinishMsg(FinishReason.LENGTH, 3, 2)
         step = entries.step(600)
-        step.add("a", TIERS[0], entry_id, False, TokenMsg([6], "y"), finish)
+        step.add("a", TIERS[0], entry_id, False, TokenMsg([6], "y"), finish, tenant="t")
         await entries.write_step(step)
         assert await client.xlen(queue) == 0
         assert (await client.xpending(queue, GROUP))["pending"] == 0
@@ -88,7 +92,7 @@ async def test_an_entry_admitted_read_and_finished_is_acked_and_deleted(redis_ur
     finally:
         await queues.close()
         await client.delete(queue, keys.req("a"), keys.out("a"), keys.stats,
-                            keys.concurrency("t"))
+                            keys.concurrency("t"), *tier_keys(keys))
         await client.aclose()
 
 
@@ -97,12 +101,15 @@ async def test_a_cancelled_queued_entry_is_deleted_and_refusals_enqueue_nothing(
     client: Any = aioredis.Redis.from_url(redis_url)
     keys = RedisKeys(f"qe{uuid.uuid4().hex[:8]}")
     entries = QueueEntries(client, keys, None)
-    queue = keys.queue(TIERS[0])
+    queues = TierQueues(client, keys, TIERS)
+    queue = keys.queue(TIERS[0], "t")
     try:
         status, _ = await entries.admit(submit("c"), "t", **admit_args())
         assert status == "ok" and await client.xlen(queue) == 1
+        assert (await queues.backlogs())[TIERS[0]] == 1
         assert await entries.cancel("c", False, "test", 600) == "queued"
         assert await client.xlen(queue) == 0
+        assert (await queues.backlogs())[TIERS[0]] == 0  # undelivered: left the backlog
         assert await client.hget(keys.req("c"), "state") == b"cancelled"
         [(_, fields)] = await client.xrange(keys.out("c"))
         assert decode(fields) == FinishMsg(FinishReason.ABORT, 0, 0, "cancelled: test")
@@ -111,8 +118,17 @@ async def test_a_cancelled_queued_entry_is_deleted_and_refusals_enqueue_nothing(
         full = dict(admit_args(), queue_max_len=1)
         await entries.admit(submit("d"), "t", **full)
         assert await entries.admit(submit("e"), "t", **full) == ("queue_full", "1")
+        # the limit is per tier: another tenant's stream in it counts too
+        other = SubmitMsg("f", "u", TIERS[0], 0, [1], 1)
+        assert await entries.admit(other, "u", **full) == ("queue_full", "1")
         assert await client.xlen(queue) == 1
     finally:
+        await queues.close()
         await client.delete(queue, keys.req("c"), keys.req("d"), keys.out("c"), keys.stats,
-                            keys.concurrency("t"))
+                            keys.concurrency("t"), *tier_keys(keys))
         await client.aclose()
+
+
+def tier_keys(keys: RedisKeys) -> list[str]:
+    return [k for t in TIERS for k in (keys.queue_tenants(t), keys.backlogged(t), keys.vtc(t),
+                                       keys.wake(t))]

@@ -15,6 +15,7 @@ from gateway.bus.queues import TierQueues
 from gateway.http.cancel import Canceller
 from gateway.worker.writer import Inflight, OutputWriter
 from policies.tiers import TIERS
+from tests.gateway.queue_helpers import queue_keys
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -45,5 +46,5 @@ async def test_final_write_after_cancel(redis_url: str, reader_gone: bool) -> No
             assert 0 < await client.ttl(keys.out(rid)) <= 600
     finally:
         await client.delete(keys.req(rid), keys.out(rid), keys.stats,
-                            *(keys.queue(t) for t in TIERS))
+                            *queue_keys(keys))
         await client.aclose()

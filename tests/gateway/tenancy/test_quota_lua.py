@@ -48,7 +48,7 @@ async def _scenario(redis_url: str) -> None:
         assert float((await client.hgetall(level_key))[b"level"]) == pytest.approx(
             expected, abs=0.01)
         assert await client.zcard(keys.concurrency("t")) == len(admitted) - 1
-        assert await client.xlen(keys.queue("interactive")) == len(admitted)
+        assert await client.xlen(keys.queue("interactive", "t")) == len(admitted)
         owner = await client.hgetall(keys.req(admitted[1].request_id))
         assert owner[b"tenant"] == b"t" and owner[b"state"] == b"queued"
         assert int(await client.hget(keys.stats, "rejected:tpm")) == 12 - len(admitted)

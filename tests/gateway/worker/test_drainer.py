@@ -1,5 +1,6 @@
 """The drainer's pulls against a recording stand-in for the tier queues: when it counts
-backlogs (to batch and weigh tiers) and when it waits on the tiers straight away."""
+backlogs (to batch and weigh tiers) and when it waits on the tiers' wake lists straight
+away (then picks from every tier it waited on)."""
 
 from __future__ import annotations
 
@@ -15,25 +16,35 @@ from policies.tiers import DEFAULT_TIER_WEIGHTS, TIERS
 
 
 class RecordingQueues:
-    """Answers each blocking read with the next scripted batch; records every call."""
+    """Answers each wait and the pick after it with the next scripted batch (an empty batch:
+    the wait timed out); records every call."""
 
     tiers = TIERS
 
     def __init__(self, reads: list[list[str]]) -> None:
-        self.reads = list(reads)  # per blocking read: the tiers of the entries it returns
+        self.reads = list(reads)  # per wait: the tiers of the entries the pick then returns
         self.calls: list[str] = []
 
     async def backlogs(self) -> dict[str, int]:
         self.calls.append("backlogs")
         return {t: 0 for t in TIERS}
 
-    async def read(self, tiers: Any, consumer: str, block_ms: int | None,
-                   count: int = 1) -> list[Envelope]:
-        self.calls.append(f"read count={count}")
-        await asyncio.sleep(0)  # a real read yields to the loop
+    async def wait(self, tiers: Any, timeout_s: float) -> str | None:
+        self.calls.append("wait")
+        await asyncio.sleep(0)  # a real wait yields to the loop
+        if self.reads and not self.reads[0]:
+            self.reads.pop(0)
+        return self.reads[0][0] if self.reads else None
+
+    async def read_counts(self, counts: dict[str, int], consumer: str
+                          ) -> dict[str, list[Envelope]]:
+        assert len(set(counts.values())) == 1  # the same count from every tier waited on
+        self.calls.append(f"read count={next(iter(counts.values()))}")
         got = self.reads.pop(0) if self.reads else []
-        return [Envelope(t, f"{i}-0", SubmitMsg(f"r{i}", "t", t, 0, [1], 1))
-                for i, t in enumerate(got)]
+        out: dict[str, list[Envelope]] = {t: [] for t in counts}
+        for i, t in enumerate(got):
+            out[t].append(Envelope(t, f"{i}-0", SubmitMsg(f"r{i}", "t", t, 0, [1], 1)))
+        return out
 
 
 class IdleEngine:
@@ -59,17 +70,20 @@ async def test_a_lone_arrival_keeps_the_drainer_waiting_without_counting_backlog
     drainer, queues, started = make_drainer([["interactive"], ["batch"], []])
     for _ in range(3):
         await drainer._step()
-    assert queues.calls == ["backlogs", "read count=1", "read count=2", "read count=2"]
+    assert queues.calls == ["backlogs", "wait", "read count=1", "wait", "read count=2", "wait"]
     assert started == [1, 1]
-    assert drainer.quiet
+    # a wait that timed out: the next pull counts the backlogs (a wake token may be lost)
+    assert not drainer.quiet
+    await drainer._step()
+    assert queues.calls[-2:] == ["backlogs", "wait"]
 
 
 async def test_a_burst_or_several_tiers_go_back_to_counting_backlogs() -> None:
     drainer, queues, started = make_drainer([["interactive"], ["batch", "batch"]])
     for _ in range(3):
         await drainer._step()
-    assert queues.calls == ["backlogs", "read count=1", "read count=2", "backlogs",
-                            "read count=1"]
+    assert queues.calls == ["backlogs", "wait", "read count=1", "wait", "read count=2",
+                            "backlogs", "wait"]
     assert started == [1, 2]
 
 
@@ -83,7 +97,7 @@ async def test_a_restarted_drainer_counts_backlogs_first() -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    assert queues.calls[:4] == ["backlogs", "read count=1", "backlogs", "read count=1"]
+    assert queues.calls[:4] == ["backlogs", "wait", "read count=1", "backlogs"]
 
 
 async def test_a_full_engine_ends_quiet_mode_like_a_hold() -> None:
@@ -95,4 +109,4 @@ async def test_a_full_engine_ends_quiet_mode_like_a_hold() -> None:
     await drainer._step()
     room["open"] = True
     await drainer._step()
-    assert queues.calls == ["backlogs", "read count=1", "backlogs", "read count=1"]
+    assert queues.calls == ["backlogs", "wait", "read count=1", "backlogs", "wait"]

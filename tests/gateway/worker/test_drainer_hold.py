@@ -32,7 +32,7 @@ async def test_a_held_drainer_takes_nothing_until_released(
     engine = FakeEchoEngine(load_tokenizer(tiny_model_dir), step_ms=0.0)
     worker = HeldWorker(client, engine, make_config())
     keys, tier = worker.keys, TIERS[0]
-    queue = keys.queue(tier)
+    queue = keys.queue(tier, "t")
     entries = QueueEntries(client, keys, None)
     started: list[str] = []
     real_add = engine.add_request

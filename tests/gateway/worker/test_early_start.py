@@ -18,6 +18,7 @@ from gateway.worker.worker import Worker
 from gateway.worker.writer import Inflight
 from policies.tiers import TIERS
 from tests.gateway.harness import make_config
+from tests.gateway.queue_helpers import queue_keys
 from tests.gateway.worker.writer_helpers import flushed
 
 pytestmark = pytest.mark.timeout(30)
@@ -78,7 +79,7 @@ async def written(client: Any, key: str) -> None:
 async def cleanup(client: Any, worker: Worker, *ids: str) -> None:
     keys = worker.keys
     await client.delete(*(keys.req(r) for r in ids), *(keys.out(r) for r in ids),
-                        keys.queue(TIER), keys.stats)
+                        *queue_keys(keys, ("t", "")), keys.stats)
 
 
 async def test_an_engine_failure_while_starting_early_leaves_no_claim_open(client: Any) -> None:

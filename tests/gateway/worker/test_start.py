@@ -20,6 +20,7 @@ from gateway.bus.queues import Envelope
 from gateway.worker.worker import Worker
 from policies.tiers import TIERS
 from tests.gateway.harness import make_config
+from tests.gateway.queue_helpers import queue_keys
 from tests.gateway.worker.writer_helpers import flushed
 
 pytestmark = pytest.mark.timeout(30)
@@ -69,7 +70,7 @@ async def test_cancel_mark_raced_with_claim_aborts(redis_url: str, decode: bool)
         assert not worker.inflight["r-live"].reader_gone
         assert not worker.inflight["r-plain"].reader_gone
     finally:
-        await client.delete(*(keys.req(rid) for rid in ids), keys.queue(tier))
+        await client.delete(*(keys.req(rid) for rid in ids), *queue_keys(keys, ("t", "")))
         await client.aclose()
 
 
@@ -94,7 +95,7 @@ async def test_a_prompt_the_engine_refuses_ends_in_error_and_the_batch_goes_on(
         assert rec.request_id == "r-bad" and out.finished and out.finish_reason == "error"
         assert "prompt token ids" in (out.error or "")
     finally:
-        await client.delete(keys.req("r-bad"), keys.req("r-ok"), keys.queue(tier))
+        await client.delete(keys.req("r-bad"), keys.req("r-ok"), *queue_keys(keys, ("t", "")))
         await client.aclose()
 
 
@@ -150,5 +151,5 @@ async def test_early_start_writes_nothing_for_a_request_its_claim_does_not_give_
         writer.cancel()
         await engine.shutdown()
         await client.delete(keys.req("r-cancelled"), keys.req("r-ok"), keys.out("r-ok"),
-                            keys.queue(tier), keys.stats)
+                            *queue_keys(keys), keys.stats)
         await client.aclose()

@@ -28,6 +28,7 @@ from gateway.http.cancel import Canceller
 from gateway.worker.worker import STOPPED_ERROR, Worker
 from policies.tiers import TIERS
 from tests.gateway.harness import make_config
+from tests.gateway.queue_helpers import queue_keys
 
 pytestmark = pytest.mark.timeout(60)
 TIER = TIERS[0]
@@ -67,7 +68,7 @@ async def env(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[dict[str, A
             await w.stop()
             await w.engine.shutdown()
         keys = RedisKeys(config.namespace)
-        await client.delete(keys.stats, keys.concurrency("t"), *(keys.queue(t) for t in TIERS))
+        await client.delete(keys.stats, keys.concurrency("t"), *queue_keys(keys))
         await client.aclose()
 
 
@@ -124,7 +125,7 @@ async def test_a_cancelled_request_whose_abort_output_has_not_come_is_finished_a
     assert isinstance(got[0], TokenMsg)
     assert isinstance(got[-1], FinishMsg) and got[-1].finish_reason == FinishReason.ABORT
     assert await stat(env, "aborted") == 1 and await stat(env, "errored") == 0
-    assert await client.xlen(keys.queue(TIER)) == 0  # acked, not left for a reclaim
+    assert await client.xlen(keys.queue(TIER, "t")) == 0  # acked, not left for a reclaim
 
 
 async def test_a_cancelled_request_that_streamed_nothing_is_finished_at_stop(
@@ -137,7 +138,7 @@ async def test_a_cancelled_request_that_streamed_nothing_is_finished_at_stop(
     await running(env, "c2")
     assert await Canceller(client, keys, 60).cancel("c2", True, "disconnect") == "running"
     await env["worker"].stop()
-    assert await client.xlen(keys.queue(TIER)) == 0
+    assert await client.xlen(keys.queue(TIER, "t")) == 0
     assert not await client.exists(keys.out("c2"))
     assert await stat(env, "aborted") == 1
 
@@ -159,7 +160,7 @@ async def test_a_request_that_streamed_output_is_finished_with_a_worker_lost_err
     assert isinstance(got[-1], FinishMsg) and got[-1].finish_reason == FinishReason.ERROR
     assert got[-1].error == STOPPED_ERROR
     assert await stat(env, "errored") == 1
-    assert await client.xlen(keys.queue(TIER)) == 0
+    assert await client.xlen(keys.queue(TIER, "t")) == 0
 
 
 async def test_a_request_that_streamed_nothing_is_left_pending_and_another_worker_runs_it(
@@ -169,7 +170,7 @@ async def test_a_request_that_streamed_nothing_is_left_pending_and_another_worke
     await submit(env, "p1", 4)
     await running(env, "p1")
     await env["worker"].stop()
-    queue = keys.queue(TIER)
+    queue = keys.queue(TIER, "t")
     assert await client.xlen(queue) == 1
     assert (await client.xpending(queue, GROUP))["pending"] == 1  # the stopped worker's
     assert not await client.exists(keys.out("p1"))

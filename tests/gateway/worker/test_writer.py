@@ -19,6 +19,7 @@ from gateway.bus.messages import FinishMsg, TokenMsg, decode
 from gateway.bus.queues import TierQueues
 from gateway.worker.writer import Inflight
 from policies.tiers import TIERS
+from tests.gateway.queue_helpers import queue_keys
 from tests.gateway.worker.writer_helpers import CountingWriter
 
 pytestmark = pytest.mark.timeout(30)
@@ -30,11 +31,10 @@ async def setup(redis_url: str) -> AsyncIterator[tuple[Any, RedisKeys, CountingW
     client = aioredis.Redis.from_url(redis_url)
     keys = RedisKeys(f"ow{uuid.uuid4().hex[:8]}")
     queues = TierQueues(client, keys, TIERS)
-    await queues.ensure_groups()
     try:
         yield client, keys, CountingWriter(client, keys, queues, stream_ttl_s=TTL)
     finally:
-        await client.delete(keys.stats, *(keys.queue(t) for t in TIERS))
+        await client.delete(keys.stats, *queue_keys(keys))
         await client.aclose()
 
 
@@ -76,11 +76,12 @@ async def test_gone_reader_gets_nothing_written(setup: Any) -> None:
 
 async def test_finish_writes_tokens_and_finish_and_acks(setup: Any) -> None:
     client, keys, writer = setup
-    queue = keys.queue(TIERS[1])
+    queue = keys.queue(TIERS[1], "t")
+    await client.xgroup_create(queue, GROUP, id="0", mkstream=True)
     entry = (await client.xadd(queue, {"t": "submit", "d": "{}"})).decode()
     await client.xreadgroup(GROUP, "w1", {queue: ">"})  # pending for this worker
     await client.hset(keys.req("f"), mapping={"state": "running"})
-    rec = Inflight("f", TIERS[1], entry, queue_wait_s=0.25)
+    rec = Inflight("f", TIERS[1], entry, queue_wait_s=0.25, tenant="t", weight=4.0)
     await writer._write([(rec, tok("f", 7, "x", 1)),
                          (rec, RequestOutput("f", [8], "y", True, "length", 3, 2))])
     assert writer.writes == 1
@@ -92,6 +93,8 @@ async def test_finish_writes_tokens_and_finish_and_acks(setup: Any) -> None:
     assert await client.xlen(queue) == 0
     assert (await client.xpending(queue, GROUP))["pending"] == 0
     assert await client.hget(keys.stats, "completed") == b"1"
+    # its 2 output tokens are charged to its tenant's fair-queue counter, / its weight
+    assert float(await client.hget(keys.vtc(TIERS[1]), "t")) == 2 / 4.0
     await client.delete(keys.out("f"), keys.req("f"))
 
 

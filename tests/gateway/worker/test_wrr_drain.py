@@ -15,6 +15,7 @@ from engine.core.outputs import RequestOutput
 from gateway.bus.keys import RedisKeys
 from policies.tiers import DEFAULT_TIER_WEIGHTS, TIERS
 from tests.gateway.harness import make_tenant, redis_sync
+from tests.gateway.queue_helpers import queued
 from tests.gateway.worker.drainer_hold import drainer_held, start_drainer
 
 pytestmark = pytest.mark.timeout(90)
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.timeout(90)
 def backlog(redis_url: str, ns: str) -> int:
     r = redis_sync(redis_url)
     try:
-        return sum(r.xlen(RedisKeys(ns).queue(t)) for t in TIERS)
+        return sum(queued(r, RedisKeys(ns), t) for t in TIERS)
     finally:
         r.close()
 

@@ -1,0 +1,52 @@
+"""Test-side views of the tier queues (``bus/queues.py``): a tier is one stream per tenant,
+listed in the tier's tenant set, so what tests used to read from one stream per tier they
+read here, summed over the tier's tenant streams."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.bus.keys import GROUP, RedisKeys
+from policies.tiers import TIERS
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def tier_streams(r: Any, keys: RedisKeys, tier: str) -> list[str]:
+    """The tenant streams of ``tier`` (a synchronous redis-py client)."""
+    return sorted(keys.queue(tier, _text(t)) for t in r.smembers(keys.queue_tenants(tier)))
+
+
+def queued(r: Any, keys: RedisKeys, tier: str) -> int:
+    """Entries of ``tier`` (queued + running): its streams' summed XLEN."""
+    return sum(r.xlen(s) for s in tier_streams(r, keys, tier))
+
+
+def pending(r: Any, keys: RedisKeys, tier: str) -> int:
+    """Entries of ``tier`` delivered to a worker and not acknowledged."""
+    return sum(r.xpending(s, GROUP)["pending"] for s in tier_streams(r, keys, tier)
+               if r.exists(s))
+
+
+async def aqueued(client: Any, keys: RedisKeys, tier: str) -> int:
+    """``queued`` with an asyncio client."""
+    members = await client.smembers(keys.queue_tenants(tier))
+    return sum([await client.xlen(keys.queue(tier, _text(t))) for t in members])
+
+
+async def apending(client: Any, keys: RedisKeys, tier: str) -> int:
+    """``pending`` with an asyncio client."""
+    total = 0
+    for t in await client.smembers(keys.queue_tenants(tier)):
+        stream = keys.queue(tier, _text(t))
+        if await client.exists(stream):
+            total += (await client.xpending(stream, GROUP))["pending"]
+    return total
+
+
+def queue_keys(keys: RedisKeys, tenants: tuple[str, ...] = ("t",)) -> list[str]:
+    """Every queue key of the namespace for ``tenants`` (to delete after a test)."""
+    return [k for t in TIERS for k in (keys.queue_tenants(t), keys.backlogged(t), keys.vtc(t),
+                                       keys.wake(t), *(keys.queue(t, n) for n in tenants))]

@@ -1,5 +1,9 @@
 """``carpool tenants ...``: manage tenants, quotas and keys directly in Redis.
 
+``carpool tenants tiers`` prints each tier's weight, objectives (TTFT/TPOT p99 targets, overload
+action) and the workers' live status (queue depth, service rate, predicted wait) as a table;
+``list`` prints the tiers' objectives after the tenants, a JSON line per tier.
+
 Finds Redis through ``--redis-url``, ``REDIS_URL``, or the URL a local ``carpool serve`` left
 in its state dir (embedded server). Keys are hashed with the same server secret as the
 gateway (``CARPOOL_SECRET`` or ``<state_dir>/secret``). Imports no torch.
@@ -21,7 +25,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--redis-url", default=None)
     p.add_argument("--namespace", default=None)
     tsub = p.add_subparsers(dest="action", required=True)
-    tsub.add_parser("list", help="list tenants and quotas (JSON lines)")
+    tsub.add_parser("list", help="list tenants and quotas, then the tiers' objectives (JSON lines)")
+    tsub.add_parser("tiers", help="tier weights, service objectives and live status (a table)")
     for name in ("create", "set-quota"):
         c = tsub.add_parser(name, help=f"{name} a tenant")
         c.add_argument("tenant_id")
@@ -77,6 +82,10 @@ async def _run(args: argparse.Namespace) -> int:
         if args.action == "list":
             for t in await store.list():
                 out.write(json.dumps(tenant_json(t)) + "\n")
+            for row in await _tier_rows(redis, config):
+                out.write(json.dumps({k: v for k, v in row.items() if k != "status"}) + "\n")
+        elif args.action == "tiers":
+            out.write(format_tiers(await _tier_rows(redis, config)))
         elif args.action == "create":
             quota = TenantQuota(**_quota_changes(args))
             await store.put(Tenant(args.tenant_id, args.name or args.tenant_id, quota))
@@ -108,6 +117,43 @@ async def _run(args: argparse.Namespace) -> int:
     finally:
         await redis.aclose()
     return 0
+
+
+async def _tier_rows(redis: Any, config: Any) -> list[dict[str, Any]]:
+    import time
+
+    from gateway.bus.keys import RedisKeys
+    from gateway.http.shedding import live_statuses, tier_table
+
+    raw = await redis.hgetall(RedisKeys(config.namespace).tier_status)
+    return tier_table(config, live_statuses(raw, time.time()))
+
+
+TIER_COLUMNS = ("tier", "weight", "ttft p99", "tpot p99", "action", "depth", "started/s",
+                "wait s", "waiting by tenant")
+
+
+def format_tiers(rows: list[dict[str, Any]]) -> str:
+    """``tier_table`` rows as an aligned text table ('-': not set, or no worker publishing)."""
+    def secs(value: Any) -> str:
+        return "-" if value is None else f"{value:g}s"
+
+    cells = []
+    for r in rows:
+        st = r["status"]
+        tpot = secs(r["tpot_p99_s"]) + (" (derived)" if r["tpot_source"] == "derived" else "")
+        live = ["-", "-", "-", "-"] if st is None else [
+            str(st["depth"]), f"{st['rate_rps']:.2f}", f"{st['predicted_wait_s']:.1f}",
+            " ".join(f"{t}={n}" for t, n in sorted(st["tenants"].items())) or "-"]
+        cells.append([r["tier"], str(r["weight"]), secs(r["ttft_p99_s"]), tpot, r["action"],
+                      *live])
+    widths = [max(len(c[i]) for c in [list(TIER_COLUMNS), *cells])
+              for i in range(len(TIER_COLUMNS))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in [list(TIER_COLUMNS), *cells]]
+    if all(r["status"] is None for r in rows):
+        lines.append("(no worker is publishing tier status)")
+    return "\n".join(lines) + "\n"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
 """Admin endpoints (admin key required, enforced by ``AuthMiddleware``): tenants, quotas,
-keys, counters. Changes are visible to every gateway within the auth cache TTL (< 1 s)."""
+keys, counters, tiers (weights, service objectives and the workers' live tier status).
+Changes are visible to every gateway within the auth cache TTL (< 1 s)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from gateway.bus.client import text
 from gateway.http.errors import APIError, bad_request
 from gateway.http.openai.routes import read_json
 from gateway.http.services import Services
+from gateway.http.shedding import tier_table
 from gateway.tenancy.tenants import Tenant, tenant_from_dict
 
 ADMIN_BODY_LIMIT = 64 * 1024
@@ -98,6 +100,13 @@ async def stats(request: Request) -> Response:
     return JSONResponse({text(k): int(v) for k, v in raw.items()})
 
 
+async def tiers(request: Request) -> Response:
+    svc = _svc(request)
+    statuses = await svc.shedder.statuses()
+    return JSONResponse({"object": "list", "data": tier_table(svc.config, statuses),
+                         "workers": [s.get("worker") for s in statuses]})
+
+
 ADMIN_ROUTES = [
     Route("/admin/tenants", list_tenants, methods=["GET"]),
     Route("/admin/tenants", create_tenant, methods=["POST"]),
@@ -106,4 +115,5 @@ ADMIN_ROUTES = [
     Route("/admin/tenants/{tenant_id}/keys", list_keys, methods=["GET"]),
     Route("/admin/tenants/{tenant_id}/keys/{key_id}", revoke_key, methods=["DELETE"]),
     Route("/admin/stats", stats, methods=["GET"]),
+    Route("/admin/tiers", tiers, methods=["GET"]),
 ]

@@ -17,6 +17,7 @@ from gateway.config import GatewayConfig
 from gateway.http.auth import AuthCache
 from gateway.http.cancel import Canceller
 from gateway.http.output_mux import OutputMux
+from gateway.http.shedding import TierShedder
 from gateway.http.shutdown import Shutdown
 from gateway.model_info import ModelInfo
 from gateway.telemetry.events import GatewayEvents
@@ -37,6 +38,7 @@ class Services:
     model: ModelInfo
     events: GatewayEvents
     mux: OutputMux  # the one reader of every in-flight output stream
+    shedder: TierShedder  # early shedding from the workers' published tier status
     engine: EngineClient | None = None  # set when this process also runs a worker
     worker: Worker | None = None
     shutdown: Shutdown = field(default_factory=Shutdown)  # mutable inside: the frozen field
@@ -56,6 +58,7 @@ class Services:
             quota=QuotaEnforcer(redis, keys, config.queue_max_len, lease_ms, req_ttl),
             canceller=Canceller(redis, keys, config.stream_ttl_s),
             model=model, events=events, mux=OutputMux(redis), engine=engine,
+            shedder=TierShedder(redis, keys, config),
             worker=worker_type(redis, engine, config, events) if engine is not None else None,
         )
 

@@ -7,6 +7,7 @@ One worker per engine (per GPU). Tasks on the event loop:
   cancels      CancelMsg from any gateway -> ``engine.abort(id)`` (KV freed at the next step)
   maintenance  heartbeat our pending entries; XAUTOCLAIM entries of dead workers
   step budget  caps the rows of a step while interactive work runs (``step_budget.py``)
+  tier status  publishes each tier's depth, service rate and targets (``tier_status.py``)
 ``stop`` (SIGTERM, the app's shutdown) ends what the worker runs, see ``_end_inflight``.
 """
 
@@ -34,8 +35,9 @@ from gateway.config import GatewayConfig
 from gateway.telemetry.events import GatewayEvents
 from gateway.worker.drainer import Drainer
 from gateway.worker.step_budget import StepBudget
+from gateway.worker.tier_status import TierStatusPublisher
 from gateway.worker.writer import Inflight, OutputWriter
-from policies.tiers import TIERS
+from policies.tiers import INTERACTIVE, TIERS
 
 log = logging.getLogger("carpool.worker")
 
@@ -61,7 +63,9 @@ class Worker:
         self.writer = OutputWriter(redis, self.keys, self.queues, config.stream_ttl_s)
         self.drainer = Drainer(self.queues, engine, self.consumer, config.tier_weights, self._start)
         self.inflight: dict[str, Inflight] = {}
-        self.step_budget = StepBudget(engine)
+        self.step_budget = StepBudget(engine, config.tier_slos[INTERACTIVE])
+        self.tier_status = TierStatusPublisher(redis, self.keys, self.queues, config,
+                                               self.consumer, self.step_budget)
         self._tasks: list[asyncio.Task[None]] = []
         self._pubsub: Any = None
 
@@ -74,7 +78,8 @@ class Worker:
         for coro, name in ((self.writer.run(), "writer"), (self.drainer.run(), "drainer"),
                            (run_forever(self._cancel_step, "cancel listener", log), "cancels"),
                            (run_forever(self._maintain, "maintenance", log), "maintenance"),
-                           (self.step_budget.run(), "step-budget")):
+                           (self.step_budget.run(), "step-budget"),
+                           (self.tier_status.run(), "tier-status")):
             task = asyncio.create_task(coro, name=f"worker-{name}")
             task.add_done_callback(_report_crash)
             self._tasks.append(task)
@@ -86,6 +91,8 @@ class Worker:
         await _stop_tasks(writer)
         self._tasks.clear()
         self.step_budget.detach()
+        with contextlib.suppress(Exception):  # readers also drop it once stale
+            await self.tier_status.withdraw()
         await self.writer.close()
         await self.queues.close()
         if self._pubsub is not None:
@@ -244,6 +251,7 @@ class Worker:
             raise
         wait = max(0.0, time.time() - msg.arrival_unix) if msg.arrival_unix else 0.0
         rec.queue_wait_s = wait  # the FinishMsg carries it to the gateway's request span
+        self.tier_status.record_start(rec.tier)
         self.events.dispatched(rec.tier, rec.request_id, wait, traceparent=msg.traceparent)
         return None
 

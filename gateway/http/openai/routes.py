@@ -2,7 +2,9 @@
 resource (``GET /v1/requests/{id}``, ``POST /v1/requests/{id}/cancel``, owner only).
 
 A completion goes: body (size-limited) -> JSON -> validate + tokenize -> tier -> tenant limits
--> admission (quota + enqueue in one Lua call) -> ``RelayResponse`` streams the output back.
+-> early shedding (``http/shedding.py``: 429/503 at once when the tier's predicted wait is past
+its target) -> admission (quota + enqueue in one Lua call) -> ``RelayResponse`` streams the
+output back.
 """
 
 from __future__ import annotations
@@ -128,6 +130,10 @@ async def _completion(request: Request, kind: str) -> Response:
         parsed = parse_completion(body, svc.model.tokenizer, svc.model.name, svc.model.vocab_size)
     tier = choose_tier(tenant, parsed, request.headers.get(TIER_HEADER))
     max_tokens = resolve_max_tokens(parsed, tenant, svc)
+    shed = await svc.shedder.check(tenant.id, tier)
+    if shed is not None:
+        svc.events.request_rejected(tenant.id, shed.status, shed.code or "shed")
+        raise shed
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     rid = f"{prefix}-{secrets.token_hex(16)}"
     now, loop_now = time.time(), asyncio.get_running_loop().time()

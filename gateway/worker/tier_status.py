@@ -1,0 +1,144 @@
+"""Tier status: what a worker publishes every second about each tier, for the HTTP edge's early
+shedding (``gateway/http/shedding.py``) and for operators (``GET /admin/tiers``,
+``carpool tenants tiers``).
+
+Each worker writes one field of the ``tier_status`` hash (``bus/keys.py``), its worker id, with
+a JSON object::
+
+    {"worker": id, "ts": unix seconds, "window_s": W, "weights": {tier: weight},
+     "tiers": {tier: {"ttft_p99_s": s|null, "tpot_p99_s": s|null (configured, or derived by
+                      the step budget), "tpot_source": "configured"|"derived"|null,
+                      "action": "shed"|"queue", "depth": entries waiting (not yet delivered
+                      to any worker), "rate_rps": requests this worker started per second
+                      over the last W s, "predicted_wait_s": depth / rate,
+                      "tenants": {tenant: entries waiting}}}}
+
+A reader ignores a field older than ``STALE_AFTER_S`` (a dead worker's); each publish also
+deletes such fields, and the hash expires when no worker publishes. Queue depth is the
+queues' (shared by every worker), the rate this worker's own: readers add the workers' rates.
+Per-tenant depth is the queues' index of backlogged tenants (``RedisKeys.backlogged``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gateway.bus.keys import RedisKeys
+from gateway.bus.queues import TierQueues
+from gateway.config import GatewayConfig
+from policies.shedding import predicted_wait
+from policies.tiers import INTERACTIVE
+
+if TYPE_CHECKING:  # the HTTP edge and the CLI import this module's reader constants: no engine
+    from gateway.worker.step_budget import StepBudget
+
+log = logging.getLogger("carpool.worker")
+
+STATUS_INTERVAL_S = 1.0
+RATE_WINDOW_S = 10.0
+STALE_AFTER_S = 5.0
+
+
+class TierStatusPublisher:
+    def __init__(self, redis: Any, keys: RedisKeys, queues: TierQueues, config: GatewayConfig,
+                 worker_id: str, step_budget: StepBudget | None = None,
+                 interval_s: float = STATUS_INTERVAL_S, window_s: float = RATE_WINDOW_S) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.queues = queues
+        self.config = config
+        self.worker_id = worker_id
+        self.step_budget = step_budget
+        self.interval_s = interval_s
+        self.window_s = window_s
+        self._starts: dict[str, deque[float]] = {t: deque() for t in queues.tiers}
+        self._since = time.monotonic()
+
+    def record_start(self, tier: str, now: float | None = None) -> None:
+        """A request of ``tier`` was handed to the engine (called by the worker)."""
+        starts = self._starts.get(tier)
+        if starts is not None:
+            starts.append(time.monotonic() if now is None else now)
+
+    def rate(self, tier: str, now: float | None = None) -> float:
+        """Requests of ``tier`` started per second over the window (or since start-up)."""
+        now = time.monotonic() if now is None else now
+        starts = self._starts[tier]
+        while starts and starts[0] < now - self.window_s:
+            starts.popleft()
+        return len(starts) / max(min(self.window_s, now - self._since), self.interval_s)
+
+    async def run(self) -> None:
+        """Publish every ``interval_s`` (a worker task); a failed round is logged, not fatal."""
+        while True:
+            try:
+                await self.publish()
+            except Exception:  # Redis away: readers see the status go stale, never shed
+                log.warning("tier status publish failed", exc_info=True)
+            await asyncio.sleep(self.interval_s)
+
+    async def publish(self) -> dict[str, Any]:
+        status = await self.collect()
+        now = status["ts"]
+        raw = await self.redis.hgetall(self.keys.tier_status)
+        stale = [f for f, v in raw.items() if _ts(v) < now - STALE_AFTER_S]
+        pipe = self.redis.pipeline(transaction=False)
+        if stale:
+            pipe.hdel(self.keys.tier_status, *stale)
+        pipe.hset(self.keys.tier_status, self.worker_id, orjson.dumps(status))
+        pipe.pexpire(self.keys.tier_status, int(STALE_AFTER_S * 2000))
+        await pipe.execute()
+        return status
+
+    async def withdraw(self) -> None:
+        """Remove this worker's status (at stop): readers no longer count its rate."""
+        await self.redis.hdel(self.keys.tier_status, self.worker_id)
+
+    async def collect(self) -> dict[str, Any]:
+        depths = await self.queues.backlogs()
+        tiers: dict[str, Any] = {}
+        now = time.monotonic()
+        for tier in self.queues.tiers:
+            slo = self.config.tier_slos[tier]
+            depth, rate = depths.get(tier, 0), self.rate(tier, now)
+            tpot, source = self._tpot(tier)
+            tiers[tier] = {
+                "ttft_p99_s": slo.ttft_p99_s, "tpot_p99_s": tpot, "tpot_source": source,
+                "action": slo.action, "depth": depth, "rate_rps": round(rate, 4),
+                "predicted_wait_s": round(predicted_wait(depth, rate, self.window_s), 3),
+                "tenants": await self.tenant_depths(tier) if depth else {},
+            }
+        return {"worker": self.worker_id, "ts": time.time(), "window_s": self.window_s,
+                "weights": dict(self.config.tier_weights), "tiers": tiers}
+
+    def _tpot(self, tier: str) -> tuple[float | None, str | None]:
+        configured = self.config.tier_slos[tier].tpot_p99_s
+        if configured is not None:
+            return configured, "configured"
+        budget = self.step_budget
+        if tier == INTERACTIVE and budget is not None and budget.target_s is not None:
+            return round(budget.target_s, 4), "derived"
+        return None, None
+
+    async def tenant_depths(self, tier: str) -> dict[str, int]:
+        """Waiting entries per tenant: the tier's index of backlogged tenants (kept by the
+        queue scripts, ``bus/queues.py``)."""
+        raw = await self.redis.hgetall(self.keys.backlogged(tier))
+        return {_text(k): n for k, v in raw.items() if (n := int(v)) > 0}
+
+
+def _ts(raw: bytes | str) -> float:
+    try:
+        return float(orjson.loads(raw).get("ts", 0.0))
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return 0.0
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

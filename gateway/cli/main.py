@@ -4,7 +4,7 @@ imports what it needs lazily, so ``carpool tenants ...`` never imports torch.
     carpool serve     [--role all|gateway|worker] [--engine real|echo] [--model DIR] ...
     carpool tenants   list | create | set-quota | issue-key | keys | revoke-key
     carpool generate  "prompt" [--max-tokens N] [--model DIR]      (gateway/cli/generate.py)
-    carpool bench     engine | kernels | gateway [ARGS...]
+    carpool bench     engine | kernels | gateway | sla [ARGS...]
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _add_bench(sub: Any) -> None:
-    p = sub.add_parser("bench", help="benchmarks: engine, kernels, gateway")
-    p.add_argument("target", choices=("engine", "kernels", "gateway"))
+    p = sub.add_parser("bench", help="benchmarks: engine, kernels, gateway, sla")
+    p.add_argument("target", choices=("engine", "kernels", "gateway", "sla"))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for that benchmark")
     p.set_defaults(func=_run_bench)
 
@@ -76,7 +76,8 @@ def _run_bench(args: argparse.Namespace) -> int:
     import importlib
 
     module = importlib.import_module({"engine": "engine.bench.engine", "kernels": "kernels.bench",
-                                      "gateway": "gateway.bench.gateway"}[args.target])
+                                      "gateway": "gateway.bench.gateway",
+                                      "sla": "gateway.bench.sla"}[args.target])
     return int(module.main(list(args.rest)) or 0)
 
 

@@ -1,0 +1,168 @@
+"""The table of ``carpool bench sla``: per-row figures computed from the calls a row made,
+and the issue's targets as ratios between rows of the same run (pure functions, no I/O).
+
+Percentiles are nearest-rank. A probe call that never got a first token before the row's
+grace ran out counts with the time it had waited (a lower bound), so a starved request
+raises p99 instead of vanishing from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.bench.sla_client import Call
+from gateway.bench.sla_load import RowRun
+
+BULK = ("batch", "best-effort")
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` in [0, 1] of ``values`` (nan when empty)."""
+    data = sorted(values)
+    if not data:
+        return math.nan
+    return data[max(0, math.ceil(q * len(data)) - 1)]
+
+
+def ttfts_ms(calls: Sequence[Call], cut_at: float) -> list[float]:
+    """TTFT of each admitted call in ms; one cut short before its first token counts as
+    its wait until ``cut_at``. Shed calls (answered at once with 429/503) are not latency."""
+    out = []
+    for c in calls:
+        if c.ttft is not None:
+            out.append(c.ttft * 1000)
+        elif c.cancelled and c.status in (0, 200):
+            out.append((cut_at - c.sent) * 1000)
+    return out
+
+
+@dataclass
+class Row:
+    name: str
+    run: RowRun
+    cut_at: float  # when the row cut its open calls
+    kv_used: float  # carpool_kv_blocks{state="used"} after the drain
+    queue_left: int  # entries left in the queue streams after the drain
+    server_requests: float  # carpool_requests_total gained during the row (drain included)
+
+    def ttft_ms(self, stream: str, q: float) -> float:
+        return pct(ttfts_ms(self.run.of(stream), self.cut_at), q)
+
+    def tpot_ms(self, stream: str, q: float) -> float:
+        return pct([c.tpot * 1000 for c in self.run.of(stream) if c.tpot is not None], q)
+
+    @property
+    def bulk_goodput(self) -> float:
+        """Batch + best-effort output tokens per second of the offering window."""
+        return self.run.window_tokens(*BULK) / (self.run.end - self.run.start)
+
+    @property
+    def be_share(self) -> float:
+        """Best-effort's share of all output tokens in the window (nan without best-effort)."""
+        total = self.run.window_tokens(*{c.tenant for c in self.run.calls})
+        if not self.run.of("best-effort") or total <= 0:
+            return math.nan
+        return self.run.window_tokens("best-effort") / total
+
+    @property
+    def count_5xx(self) -> int:
+        return sum(c.is_5xx for c in self.run.calls)
+
+    @property
+    def shed(self) -> int:
+        return sum(c.shed for c in self.run.calls)
+
+    @property
+    def errors(self) -> int:
+        """Failures that are neither 5xx nor shedding: transport errors, other 4xx."""
+        return sum(1 for c in self.run.calls if not (c.is_5xx or c.shed or c.cancelled)
+                   and (c.error or c.status != 200))
+
+    @property
+    def admitted(self) -> int:
+        """Calls the server took in (a 200 status line): each ends in carpool_requests_total."""
+        return sum(c.status == 200 for c in self.run.calls)
+
+
+COLUMNS = ("row", "calls", "int. TTFT p50 ms", "int. TTFT p99 ms", "int. TPOT p50 ms",
+           "bulk goodput tok/s", "light TTFT p99 ms", "BE share", "5xx", "shed", "errors",
+           "KV used at end", "queue left")
+
+
+def row_cells(row: Row) -> list[str]:
+    return [row.name, str(len(row.run.calls)), _f(row.ttft_ms("interactive", 0.5)),
+            _f(row.ttft_ms("interactive", 0.99)), _f(row.tpot_ms("interactive", 0.5)),
+            _f(row.bulk_goodput, 1) if row.run.of(*BULK) else "-",
+            _f(row.ttft_ms("light", 0.99)), _f(row.be_share, 3), str(row.count_5xx),
+            str(row.shed), str(row.errors), f"{row.kv_used:.0f}", str(row.queue_left)]
+
+
+def _f(x: float, digits: int = 0) -> str:
+    return "-" if math.isnan(x) else f"{x:,.{digits}f}"
+
+
+def table(rows: Sequence[Row]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row_cells(r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Target:
+    what: str
+    value: float
+    limit: float
+    at_most: bool  # met when value <= limit (else when value >= limit)
+
+    @property
+    def met(self) -> bool:
+        return not math.isnan(self.value) and (
+            self.value <= self.limit if self.at_most else self.value >= self.limit)
+
+
+def targets(rows: dict[str, Row], be_wrr_share: float) -> list[Target]:
+    """The issue's targets from the named rows (those absent are skipped)."""
+    out: list[Target] = []
+    alone, over, fcfs = rows.get("alone"), rows.get("overload"), rows.get("fcfs")
+    for key, label in (("overload", ""), ("overload32", " (--max-num-seqs row)")):
+        row = rows.get(key)
+        if alone is None or row is None:
+            continue
+        out.append(Target(f"int. TTFT p99 overload{label} / alone",
+                          _ratio(row.ttft_ms("interactive", 0.99),
+                                 alone.ttft_ms("interactive", 0.99)), 1.5, True))
+        out.append(Target(f"int. TPOT p50 overload{label} / alone",
+                          _ratio(row.tpot_ms("interactive", 0.5),
+                                 alone.tpot_ms("interactive", 0.5)), 1.3, True))
+    if over is not None and fcfs is not None:
+        out.append(Target("int. TTFT p99 overload / FCFS", _ratio(
+            over.ttft_ms("interactive", 0.99), fcfs.ttft_ms("interactive", 0.99)), 0.5, True))
+        out.append(Target("bulk goodput overload / FCFS",
+                          _ratio(over.bulk_goodput, fcfs.bulk_goodput), 0.8, False))
+    light, heavy = rows.get("light"), rows.get("heavy")
+    if light is not None and heavy is not None:
+        out.append(Target("light TTFT p99 with 10x heavy / alone", _ratio(
+            heavy.ttft_ms("light", 0.99), light.ttft_ms("light", 0.99)), 1.2, True))
+    backlog = rows.get("backlog")
+    if backlog is not None:
+        out.append(Target("BE share / WRR share, all backlogged",
+                          _ratio(backlog.be_share, be_wrr_share), 0.5, False))
+    every = list(rows.values())
+    out.append(Target("5xx, all rows", sum(r.count_5xx for r in every), 0, True))
+    out.append(Target("KV blocks used after drain, max", max(r.kv_used for r in every), 0, True))
+    out.append(Target("queue entries left, max", max(r.queue_left for r in every), 0, True))
+    return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 and not math.isnan(b) else math.nan
+
+
+def targets_table(items: Sequence[Target]) -> str:
+    lines = ["| target | value | limit | |", "|---|---|---|---|"]
+    for t in items:
+        lines.append(f"| {t.what} | {_f(t.value, 2)} | {'<=' if t.at_most else '>='} "
+                     f"{t.limit:g} | {'met' if t.met else 'MISSED'} |")
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""``carpool bench sla`` end to end on the FAKE echo engine with tiny durations (``--quick``):
+every row and column is printed, the counts come from real requests (each admitted call is
+one finished request in the server's own ``carpool_requests_total``), and the target ratios
+are the rows' figures recomputed here straight from the calls. Plus the pieces on their own:
+the token accounting conserves tokens, the metrics parser agrees with prometheus_client's."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.bench import sla
+from gateway.bench.sla_client import Call, metric_sum, parse_metrics
+from gateway.bench.sla_load import tokens_in
+from gateway.bench.sla_report import COLUMNS, Row, table, targets
+
+ROWS = ("alone", "overload", "fcfs", "light", "heavy", "backlog")
+
+
+@pytest.fixture(scope="module")
+def quick_run() -> tuple[list[Row], float]:
+    return sla.run(sla.parse_args(["--engine", "echo", "--quick"]))
+
+
+def test_table_prints_every_row_and_column(quick_run: tuple[list[Row], float]) -> None:
+    rows, capacity = quick_run
+    assert capacity > 0
+    assert [r.name for r in rows] == list(ROWS)
+    lines = table(rows).splitlines()
+    assert [c.strip() for c in lines[0].strip("|").split("|")] == list(COLUMNS)
+    for row, line in zip(rows, lines[2:], strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert len(cells) == len(COLUMNS) and cells[0] == row.name
+
+
+def test_counts_come_from_real_requests(quick_run: tuple[list[Row], float]) -> None:
+    rows, capacity = quick_run
+    args = sla.parse_args(["--engine", "echo", "--quick"])
+    for row in rows:
+        assert row.admitted > 0, row.name
+        assert row.admitted == row.server_requests, row.name  # the server counted each one
+        assert row.count_5xx == 0 and row.errors == 0, row.name
+        assert row.kv_used == 0 and row.queue_left == 0, row.name
+    # the offered load: a stream at rate r offers about r * duration calls in the window
+    alone = rows[0].run.of("interactive")
+    assert abs(len(alone) - args.interactive_x * capacity * args.duration) <= 1
+    heavy = rows[ROWS.index("heavy")]
+    assert len(heavy.run.of("heavy")) >= 5 * len(heavy.run.of("light"))
+
+
+def _p(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(values, q * 100, method="inverted_cdf"))
+
+
+def _ttft99(calls: list[Call]) -> float:
+    return _p([(c.first - c.sent) * 1000 for c in calls if c.first is not None], 0.99)
+
+
+def _goodput(row: Row) -> float:
+    # every echo call finishes inside the window's aftermath: sum what each got in it
+    total = 0.0
+    for c in row.run.of("batch", "best-effort"):
+        if c.first is not None and c.last is not None and c.last > c.first:
+            inside = min(c.last, row.run.end) - max(c.first, row.run.start)
+            total += c.output_tokens * max(0.0, inside) / (c.last - c.first)
+    return total / (row.run.end - row.run.start)
+
+
+def test_ratios_are_computed_from_the_rows(quick_run: tuple[list[Row], float]) -> None:
+    rows, _ = quick_run
+    by = {r.name: r for r in rows}
+    for r in rows:  # no probe call was cut short: every TTFT is a measured one
+        assert all(c.first is not None for c in r.run.of("interactive", "light"))
+    got = {t.what: t.value for t in targets(by, 0.1)}
+    inter = {n: by[n].run.of("interactive") for n in ("alone", "overload", "fcfs")}
+    tpot = {n: _p([(c.last - c.first) / (c.output_tokens - 1) for c in calls
+                   if c.first is not None and c.last is not None and c.output_tokens > 1], 0.5)
+            for n, calls in inter.items()}
+    be = by["backlog"]
+    share = be.run.window_tokens("best-effort") / be.run.window_tokens(
+        "interactive", "batch", "best-effort")
+    want = {
+        "int. TTFT p99 overload / alone": _ttft99(inter["overload"]) / _ttft99(inter["alone"]),
+        "int. TPOT p50 overload / alone": tpot["overload"] / tpot["alone"],
+        "int. TTFT p99 overload / FCFS": _ttft99(inter["overload"]) / _ttft99(inter["fcfs"]),
+        "bulk goodput overload / FCFS": _goodput(by["overload"]) / _goodput(by["fcfs"]),
+        "light TTFT p99 with 10x heavy / alone":
+            _ttft99(by["heavy"].run.of("light")) / _ttft99(by["light"].run.of("light")),
+        "BE share / WRR share, all backlogged": share / 0.1,
+        "5xx, all rows": 0.0, "KV blocks used after drain, max": 0.0,
+        "queue entries left, max": 0.0,
+    }
+    assert got.keys() == want.keys()
+    for what, value in want.items():
+        assert math.isclose(got[what], value, rel_tol=1e-9), what
+
+
+def test_tokens_in_conserves_a_calls_tokens() -> None:
+    call = Call("t", "batch", 0.0, 40, first=1.0, last=5.0, events=37, tokens=40)
+    cuts = [0.0, 1.7, 2.2, 3.9, 6.0]
+    parts = [tokens_in(call, a, b) for a, b in itertools.pairwise(cuts)]
+    assert math.isclose(sum(parts), 40)
+    assert parts[1] / parts[2] == pytest.approx((2.2 - 1.7) / (3.9 - 2.2))
+    cut_short = Call("t", "batch", 0.0, 40, first=1.0, last=2.0, events=9, cancelled=True)
+    assert math.isclose(tokens_in(cut_short, 0, 10), 9)  # no usage chunk: one per event
+
+
+def test_parse_metrics_agrees_with_prometheus_client() -> None:
+    text = ('# HELP carpool_kv_blocks x\n# TYPE carpool_kv_blocks gauge\n'
+            'carpool_kv_blocks{state="used"} 12.0\ncarpool_kv_blocks{state="free"} 88.0\n'
+            '# TYPE carpool_requests counter\ncarpool_requests_total{tier="batch",tenant="a",'
+            'finish_reason="stop"} 3.0\ncarpool_requests_total{tier="interactive",tenant="b",'
+            'finish_reason="length"} 4.0\n')
+    ours = parse_metrics(text)
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            assert (s.labels, s.value) in ours[s.name]
+    assert metric_sum(ours, "carpool_kv_blocks", state="used") == 12.0
+    assert metric_sum(ours, "carpool_requests_total") == 7.0

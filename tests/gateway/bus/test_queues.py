@@ -132,3 +132,33 @@ async def test_a_cancelled_queued_entry_is_deleted_and_refusals_enqueue_nothing(
 def tier_keys(keys: RedisKeys) -> list[str]:
     return [k for t in TIERS for k in (keys.queue_tenants(t), keys.backlogged(t), keys.vtc(t),
                                        keys.wake(t))]
+
+
+async def test_reclaim_covers_every_tenant_stream_and_a_delivered_cancel_keeps_the_backlog(
+        redis_url: str) -> None:
+    client: Any = aioredis.Redis.from_url(redis_url)
+    keys = RedisKeys(f"qe{uuid.uuid4().hex[:8]}")
+    queues, entries = TierQueues(client, keys, TIERS), QueueEntries(client, keys, None)
+    tier = TIERS[2]
+    try:
+        for rid, tenant in (("x1", "t"), ("x2", "u"), ("x3", "u")):
+            msg = SubmitMsg(rid, tenant, tier, 2, [1, 2], 4)
+            assert (await entries.admit(msg, tenant, **admit_args()))[0] == "ok"
+        got = await queues.pick(tier, "dead", 2)
+        assert sorted(e.tenant for e in got) == ["t", "u"]
+        assert (await queues.backlogs())[tier] == 1
+        # delivered but not yet claimed: the cancel deletes it, the backlog count stays
+        assert await entries.cancel("x1", True, "test", 60) == "queued"
+        assert (await queues.backlogs())[tier] == 1
+        reclaimed = await queues.autoclaim(tier, "alive", min_idle_ms=0)
+        # both tenants' streams are searched: u's live entry comes back, t's deleted one is
+        # dropped from its pending list by XAUTOCLAIM itself
+        assert [(e.tenant, e.msg.request_id if e.msg else None) for e in reclaimed] == [
+            ("u", "x2")]
+        for tenant in ("t", "u"):
+            pending = await client.xpending_range(keys.queue(tier, tenant), GROUP, "-", "+", 10)
+            assert [p["consumer"] for p in pending] == ([b"alive"] if tenant == "u" else [])
+    finally:
+        await queues.close()
+        await client.delete(*[k async for k in client.scan_iter(f"{keys.ns}:*")])
+        await client.aclose()

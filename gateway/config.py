@@ -4,7 +4,8 @@ Environment variables are read here and nowhere else: ``CARPOOL_*``, ``REDIS_URL
 OpenTelemetry endpoint variables (whether spans are exported, and where). CLI flags and tests
 pass explicit values, which win over the environment. The per-tier service objectives
 (``tier_slos``) also come from the tenants file's ``[tiers.<name>]`` tables, which the
-environment's ``CARPOOL_TIER_SLOS`` overrides field by field. (The OTel SDK's exporter still reads its
+environment's ``CARPOOL_TIER_SLOS`` overrides field by field, and a flag's string of the same
+form (``--tier-slos``) overrides both. (The OTel SDK's exporter still reads its
 own standard ``OTEL_EXPORTER_OTLP_*`` variables for headers and timeouts: the library's
 documented interface.)
 """
@@ -116,11 +117,14 @@ class GatewayConfig:
         specs, file_weights = tiers_from_file(tenants_file) if tenants_file else ({}, {})
         if file_weights and "tier_weights" not in values:  # CARPOOL_TIER_WEIGHTS wins
             values["tier_weights"] = {**DEFAULT_TIER_WEIGHTS, **file_weights}
-        for tier, spec in parse_tier_slos(env.get("CARPOOL_TIER_SLOS", "")).items():
-            specs[tier] = {**specs.get(tier, {}), **spec}  # env over file, field by field
+        flag = given.pop("tier_slos", {})  # a flag's string, or TierSLOs (whole tiers)
+        for raw in (env.get("CARPOOL_TIER_SLOS", ""), flag if isinstance(flag, str) else ""):
+            for tier, spec in parse_tier_slos(raw).items():
+                specs[tier] = {**specs.get(tier, {}), **spec}  # later wins, field by field
         values["tier_slos"] = {
             t: dataclasses.replace(DEFAULT_TIER_SLOS[t], **specs.get(t, {})) for t in TIERS}
-        values["tier_slos"].update(given.pop("tier_slos", {}))  # explicit SLOs: whole tiers
+        if not isinstance(flag, str):
+            values["tier_slos"].update(flag)
         values.update(given)
         return cls(**values)
 

@@ -93,3 +93,18 @@ def test_config_refuses_unknown_tiers_and_fills_missing_ones() -> None:
 def test_parse_keeps_only_given_fields() -> None:
     assert parse_tier_slos("batch=tpot:0.2") == {"batch": {"tpot_p99_s": 0.2}}
     assert parse_tier_slos("") == {}
+
+
+def test_a_flag_string_wins_over_env_field_by_field() -> None:
+    env = {"CARPOOL_TIER_SLOS": "interactive=ttft:2,tpot:0.5,shed"}
+    config = GatewayConfig.from_env(env, tier_slos="interactive=ttft:1;batch=queue")
+    assert config.tier_slos["interactive"] == TierSLO(1.0, 0.5, "shed")
+    assert config.tier_slos["batch"] == DEFAULT_TIER_SLOS["batch"]
+
+
+def test_serve_flag_reaches_the_config() -> None:
+    from gateway.cli.main import CONFIG_FLAGS, build_parser
+
+    args = build_parser().parse_args(["serve", "--tier-slos", "batch=ttft:30,shed"])
+    config = GatewayConfig.from_env({}, **{k: getattr(args, k) for k in CONFIG_FLAGS})
+    assert config.tier_slos["batch"] == TierSLO(30.0, None, "shed")

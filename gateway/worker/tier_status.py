@@ -75,13 +75,15 @@ class TierStatusPublisher:
         return len(starts) / max(min(self.window_s, now - self._since), self.interval_s)
 
     async def run(self) -> None:
-        """Publish every ``interval_s`` (a worker task); a failed round is logged, not fatal."""
+        """Publish every ``interval_s`` (a worker task); a failed round is logged, not fatal.
+        The first publish comes one interval after start-up, once the drainer has had time to
+        start what was queued: a rate measured before any start would predict a long wait."""
         while True:
+            await asyncio.sleep(self.interval_s)
             try:
                 await self.publish()
             except Exception:  # Redis away: readers see the status go stale, never shed
                 log.warning("tier status publish failed", exc_info=True)
-            await asyncio.sleep(self.interval_s)
 
     async def publish(self) -> dict[str, Any]:
         status = await self.collect()

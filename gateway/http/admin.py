@@ -24,7 +24,7 @@ ADMIN_BODY_LIMIT = 64 * 1024
 def tenant_json(t: Tenant) -> dict[str, Any]:
     quota = dataclasses.asdict(t.quota)
     quota["allowed_tiers"] = list(t.quota.allowed_tiers)
-    return {"id": t.id, "name": t.name, **quota}
+    return {"id": t.id, "name": t.name, **quota, "weight": t.weight}  # an update keeps it
 
 
 def _svc(request: Request) -> Services:

@@ -52,10 +52,13 @@ def test_admin_endpoints_and_revocation_within_1s(echo_gateway: Any) -> None:
     echo_gateway.call(echo_gateway.services.store.add_admin_key(ADMIN_KEY))
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     r = httpx.post(url + "/admin/tenants", headers=admin, json={
-        "id": "newco", "rpm": 100, "allowed_tiers": ["batch"], "default_tier": "batch"})
+        "id": "newco", "rpm": 100, "allowed_tiers": ["batch"], "default_tier": "batch",
+        "weight": 2})
     assert r.status_code == 201, r.text
     assert httpx.post(url + "/admin/tenants", headers=admin,
                       json={"id": "bad", "rpm": -1}).status_code == 400
+    assert httpx.post(url + "/admin/tenants", headers=admin,
+                      json={"id": "bad", "weight": 0}).status_code == 400
     issued = httpx.post(url + "/admin/tenants/newco/keys", headers=admin).json()
     key, kid = issued["key"], issued["key_id"]
     user = {"Authorization": f"Bearer {key}"}
@@ -69,7 +72,7 @@ def test_admin_endpoints_and_revocation_within_1s(echo_gateway: Any) -> None:
     # quota change at run time
     r = httpx.patch(url + "/admin/tenants/newco", headers=admin,
                     json={"allowed_tiers": ["interactive", "batch"]})
-    assert r.status_code == 200 and r.json()["rpm"] == 100
+    assert r.status_code == 200 and r.json()["rpm"] == 100 and r.json()["weight"] == 2.0
     time.sleep(echo_gateway.config.auth_cache_s + 0.1)
     r = httpx.post(url + "/v1/completions", headers={**user, "X-Carpool-Tier": "interactive"},
                    json=body)

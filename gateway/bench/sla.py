@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import math
 import os
 import platform
 import subprocess
@@ -31,10 +33,11 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from gateway.bench.sla_client import ChatTarget, metric_sum, parse_metrics
 from gateway.bench.sla_load import Prompts, Stream, calibrate, run_row
-from gateway.bench.sla_report import Row, table, targets, targets_table
+from gateway.bench.sla_report import COLUMNS, Row, row_cells, table, targets, targets_table
 from policies.tiers import BATCH, BEST_EFFORT, INTERACTIVE
 
 SECRET = "bench-sla-secret"
@@ -224,7 +227,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--calib-duration", type=float, default=20.0)
     p.add_argument("--calib-concurrency", type=int, default=64)
     p.add_argument("--drain-timeout", type=float, default=30.0)
-    p.add_argument("--interactive-x", type=float, default=0.3,
+    p.add_argument("--interactive-x", type=float, default=0.5,
                    help="interactive rate, x capacity")
     p.add_argument("--overload-x", type=float, default=2.0,
                    help="batch + best-effort rate in the overload rows, x capacity")
@@ -237,6 +240,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also the overload row on a server with --max-num-seqs N (e.g. 32)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-log", action="store_true", help="show the server's stderr")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the figures here")
     p.add_argument("--quick", action="store_true",
                    help="tiny durations (tests; the figures mean little)")
     args = p.parse_args(argv)
@@ -256,7 +260,10 @@ def header(args: argparse.Namespace, capacity: float) -> str:
             f"{args.duration:g} s each (probe grace {args.grace:g} s); interactive "
             f"{args.interactive_x:g}x, bulk {args.overload_x:g}x, light {args.light_x:g}x "
             f"(heavy 10x that, tier {args.fair_tier}), backlog {args.backlog_x:g}x per tier; "
-            f"WRR weights {dict(weights)}; FCFS row: one tenant, one tier")
+            f"WRR weights {dict(weights)}; FCFS row: one tenant, one tier\n"
+            f"percentiles nearest-rank over the row's calls (p99 of under 100 is their max); "
+            f"goodput and BE share count output tokens received in the offering window; "
+            f"shed = answered at once with 429/503 and Retry-After (not in TTFT, not 5xx)")
 
 
 def cpu_model() -> str:
@@ -276,13 +283,26 @@ def be_wrr_share() -> float:
     return weights.get(BEST_EFFORT, 0) / sum(weights.values())
 
 
+def report(args: argparse.Namespace, rows: list[Row], capacity: float, took_s: float) -> None:
+    """Print the header, the table and the targets (and write them to ``--json``)."""
+    print(header(args, capacity) + f"; took {took_s:.0f} s\n")
+    print(table(rows) + "\n")
+    goals = targets({r.name: r for r in rows}, be_wrr_share())
+    print(targets_table(goals))
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "capacity_rps": capacity, "columns": list(COLUMNS),
+            "rows": [row_cells(r) for r in rows],
+            "targets": [{"what": t.what, "value": None if math.isnan(t.value) else t.value,
+                         "limit": t.limit, "at_most": t.at_most, "met": t.met}
+                        for t in goals]}, indent=2))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t0 = time.monotonic()
     rows, capacity = run(args)
-    print(header(args, capacity) + f"; took {time.monotonic() - t0:.0f} s\n")
-    print(table(rows) + "\n")
-    print(targets_table(targets({r.name: r for r in rows}, be_wrr_share())))
+    report(args, rows, capacity, time.monotonic() - t0)
     return 0
 
 

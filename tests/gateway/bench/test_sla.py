@@ -7,8 +7,10 @@ the token accounting conserves tokens, the metrics parser agrees with prometheus
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,6 +53,23 @@ def test_counts_come_from_real_requests(quick_run: tuple[list[Row], float]) -> N
     assert abs(len(alone) - args.interactive_x * capacity * args.duration) <= 1
     heavy = rows[ROWS.index("heavy")]
     assert len(heavy.run.of("heavy")) >= 5 * len(heavy.run.of("light"))
+
+
+def test_report_prints_and_writes_the_same_figures(
+        quick_run: tuple[list[Row], float], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    rows, capacity = quick_run
+    args = sla.parse_args(["--engine", "echo", "--quick", "--json", str(tmp_path / "out.json")])
+    sla.report(args, rows, capacity, 1.0)
+    printed = capsys.readouterr().out
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["columns"] == list(COLUMNS) and len(data["rows"]) == len(rows)
+    for cells in data["rows"]:
+        assert "| " + " | ".join(cells) + " |" in printed
+    for t in data["targets"]:
+        assert f"| {t['what']} |" in printed
+    assert f"capacity {capacity:.2f} completions/s" in printed
+    assert sla.cpu_model() in printed
 
 
 def _p(values: Sequence[float], q: float) -> float:

@@ -36,8 +36,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.bench.sla_client import ChatTarget, metric_sum, parse_metrics
-from gateway.bench.sla_load import Prompts, Stream, calibrate, run_row
-from gateway.bench.sla_report import COLUMNS, Row, row_cells, table, targets, targets_table
+from gateway.bench.sla_load import Prompts, Stream, calibrate, run_row, tokens_per_request
+from gateway.bench.sla_report import (
+    COLUMNS,
+    Row,
+    row_cells,
+    shares_line,
+    table,
+    targets,
+    targets_table,
+)
 from policies.tiers import BATCH, BEST_EFFORT, INTERACTIVE
 
 SECRET = "bench-sla-secret"
@@ -160,13 +168,14 @@ async def prepare(bench: Bench) -> None:
         bench.target.model = (await client.get("/v1/models")).json()["data"][0]["id"]
     finally:
         await client.aclose()
-    key = bench.keys["calibration"]
+    key, concurrency = bench.keys["calibration"], bench.args.calib_concurrency
     await calibrate(bench.target, bench.prompts, key, BATCH, 4, bench.args.warmup)
-    tok_s, mean = await calibrate(bench.target, bench.prompts, key, BATCH,
-                                  bench.args.calib_concurrency, bench.args.calib_duration)
+    tok_s = await calibrate(bench.target, bench.prompts, key, BATCH, concurrency,
+                            bench.args.calib_duration)
+    mean, finished = tokens_per_request(bench.target.calls, bench.prompts)
     bench.capacity = tok_s / mean
-    print(f"capacity: {tok_s:.1f} output tokens/s at concurrency {bench.args.calib_concurrency}"
-          f", {mean:.1f} tokens per finished request -> {bench.capacity:.2f} completions/s",
+    print(f"capacity: {tok_s:.1f} output tokens/s at concurrency {concurrency}, {mean:.1f} "
+          f"tokens a request (from {finished} finished) -> {bench.capacity:.2f} completions/s",
           flush=True)
     await bench.drain()
 
@@ -223,7 +232,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=25.0, help="seconds each row offers load")
     p.add_argument("--grace", type=float, default=20.0,
                    help="seconds the probe requests get to finish after a row's offering")
-    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--warmup", type=float, default=8.0,
+                   help="seconds of 4 streams first (their finished calls give tokens/request)")
     p.add_argument("--calib-duration", type=float, default=20.0)
     p.add_argument("--calib-concurrency", type=int, default=64)
     p.add_argument("--drain-timeout", type=float, default=30.0)
@@ -285,8 +295,13 @@ def be_wrr_share() -> float:
 
 def report(args: argparse.Namespace, rows: list[Row], capacity: float, took_s: float) -> None:
     """Print the header, the table and the targets (and write them to ``--json``)."""
+    from gateway.config import GatewayConfig
+
     print(header(args, capacity) + f"; took {took_s:.0f} s\n")
     print(table(rows) + "\n")
+    for row in rows:
+        if row.name == "backlog":
+            print(shares_line(row, GatewayConfig.from_env().tier_weights) + "\n")
     goals = targets({r.name: r for r in rows}, be_wrr_share())
     print(targets_table(goals))
     if args.json:

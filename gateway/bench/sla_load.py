@@ -105,11 +105,9 @@ async def run_row(target: ChatTarget, prompts: Prompts, streams: Sequence[Stream
 
 
 async def calibrate(target: ChatTarget, prompts: Prompts, key: str, tier: str,
-                    concurrency: int, duration: float) -> tuple[float, float]:
-    """Closed loop of ``concurrency`` streams for ``duration`` s: (output tokens/s over the
-    last two thirds (the first ramps up), mean tokens a request yields). The calls that finish
-    in a short window are the short ones, so the mean is the asked mean times the fraction
-    of its ``max_tokens`` a finished call got (answers may end early at EOS)."""
+                    concurrency: int, duration: float) -> float:
+    """Closed loop of ``concurrency`` streams for ``duration`` s: output tokens/s over the
+    last two thirds (the first ramps up)."""
     start = time.perf_counter()
     stop = start + duration
 
@@ -121,12 +119,18 @@ async def calibrate(target: ChatTarget, prompts: Prompts, key: str, tier: str,
     lanes = [asyncio.create_task(lane()) for _ in range(concurrency)]
     await asyncio.sleep(duration)
     await _cut(lanes)
-    calls = target.calls[first:]
     w0 = start + duration / 3
-    rate = sum(tokens_in(c, w0, stop) for c in calls) / (stop - w0)
+    return sum(tokens_in(c, w0, stop) for c in target.calls[first:]) / (stop - w0)
+
+
+def tokens_per_request(calls: Sequence[Call], prompts: Prompts) -> tuple[float, int]:
+    """(Mean output tokens a request yields, finished calls it is estimated from). The calls
+    that finish in a short window are the short ones, so it is the asked mean times the mean
+    fraction of its ``max_tokens`` a finished call got (an answer may end early at EOS);
+    with none finished, the asked mean."""
     asked = (prompts.min_tokens + prompts.max_tokens) / 2
-    done = [c.output_tokens / c.max_tokens for c in calls if c.done and c.max_tokens]
-    return rate, asked * (sum(done) / len(done) if done else 1.0)
+    got = [c.output_tokens / c.max_tokens for c in calls if c.done and c.max_tokens]
+    return asked * (sum(got) / len(got) if got else 1.0), len(got)
 
 
 async def _cut(tasks: list[asyncio.Task[Call]] | list[asyncio.Task[None]]) -> None:

@@ -9,7 +9,7 @@ raises p99 instead of vanishing from it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.bench.sla_client import Call
@@ -107,6 +107,25 @@ def table(rows: Sequence[Row]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row_cells(r)) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def shares_line(row: Row, weights: Mapping[str, int]) -> str:
+    """Each tier's share of ``row``'s output tokens in the window and of the calls that
+    finished in it, beside its WRR share (the streams are named after their tiers)."""
+    tiers = [t for t in weights if row.run.of(t)]
+    tokens = {t: row.run.window_tokens(t) for t in tiers}
+    done = {t: sum(c.done and c.last is not None and c.last <= row.run.end
+                   for c in row.run.of(t)) for t in tiers}
+    total_w = sum(weights[t] for t in tiers) or 1
+    parts = [f"{t} {_share(tokens[t], tokens.values())} of tokens, "
+             f"{_share(done[t], done.values())} of completions (WRR {weights[t] / total_w:.3f})"
+             for t in tiers]
+    return f"{row.name} row shares: " + "; ".join(parts)
+
+
+def _share(x: float, values: Iterable[float]) -> str:
+    total = sum(values)
+    return f"{x / total:.3f}" if total > 0 else "-"
 
 
 @dataclass(frozen=True)

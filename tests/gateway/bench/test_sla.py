@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.bench import sla
 from gateway.bench.sla_client import Call, metric_sum, parse_metrics
-from gateway.bench.sla_load import tokens_in
+from gateway.bench.sla_load import Prompts, tokens_in, tokens_per_request
 from gateway.bench.sla_report import COLUMNS, Row, table, targets
 
 ROWS = ("alone", "overload", "fcfs", "light", "heavy", "backlog")
@@ -69,6 +69,8 @@ def test_report_prints_and_writes_the_same_figures(
     for t in data["targets"]:
         assert f"| {t['what']} |" in printed
     assert f"capacity {capacity:.2f} completions/s" in printed
+    backlog = rows[ROWS.index("backlog")]
+    assert f"best-effort {backlog.be_share:.3f} of tokens" in printed
     assert sla.cpu_model() in printed
 
 
@@ -127,6 +129,19 @@ def test_tokens_in_conserves_a_calls_tokens() -> None:
     assert parts[1] / parts[2] == pytest.approx((2.2 - 1.7) / (3.9 - 2.2))
     cut_short = Call("t", "batch", 0.0, 40, first=1.0, last=2.0, events=9, cancelled=True)
     assert math.isclose(tokens_in(cut_short, 0, 10), 9)  # no usage chunk: one per event
+
+
+def test_tokens_per_request_corrects_for_the_short_calls_finishing_first() -> None:
+    prompts = Prompts(min_tokens=32, max_tokens=64)
+    bodies = [prompts.body() for _ in range(40)]
+    asked = [int(b["max_tokens"]) for b in bodies]  # type: ignore[call-overload]
+    calls = [Call("c", "batch", 0.0, m, tokens=m * 3 // 4, done=m < 48) for m in asked]
+    mean, finished = tokens_per_request(calls, prompts)
+    assert finished == sum(m < 48 for m in asked)
+    truth = sum(c.output_tokens for c in calls) / len(calls)  # all requests, not the finished
+    naive = sum(c.output_tokens for c in calls if c.done) / finished
+    assert mean == pytest.approx(truth, rel=0.05) and naive < 0.9 * truth
+    assert tokens_per_request([], prompts) == (48.0, 0)
 
 
 def test_parse_metrics_agrees_with_prometheus_client() -> None:

@@ -76,9 +76,10 @@ class Row:
 
     @property
     def errors(self) -> int:
-        """Failures that are neither 5xx nor shedding: transport errors, other 4xx."""
+        """Failures that are neither 5xx nor shedding: transport errors, other 4xx, error
+        events, streams that ended without [DONE] (a call the bench cut short is none)."""
         return sum(1 for c in self.run.calls if not (c.is_5xx or c.shed or c.cancelled)
-                   and (c.error or c.status != 200))
+                   and (c.error or c.status != 200 or not c.done))
 
     @property
     def admitted(self) -> int:

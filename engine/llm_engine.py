@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from engine.core.config import EngineConfig
@@ -109,10 +109,12 @@ class LLMEngine:
         self._stats = self.scheduler.stats
         return [self._emit(r) for r in changed]
 
-    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0) -> None:
+    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
+                           weights: Mapping[int, int] | None = None) -> None:
         """While urgent work (priority <= ``urgent_priority``) is present, at most ``cap`` rows
-        a step; None lifts it (``Scheduler.set_urgent_row_cap``). On the stepping thread."""
-        self.scheduler.set_urgent_row_cap(cap, urgent_priority)
+        a step, the lower seats shared by ``weights`` (``Scheduler.set_urgent_row_cap``); None
+        lifts it. On the stepping thread."""
+        self.scheduler.set_urgent_row_cap(cap, urgent_priority, weights)
         self._stats = self.scheduler.stats
 
     def has_unfinished_requests(self) -> bool:

@@ -9,7 +9,7 @@ snapshots, outputs per step (callbacks, on the event loop) and each step's
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 from engine.core.outputs import RequestOutput, SchedulerOutput
@@ -64,9 +64,11 @@ class EngineClient(Protocol):
         ``SchedulerOutput`` (preemptions, swaps, chunks) and its wall seconds: keep it to a
         few appends. Returns a function that removes the observer again."""
 
-    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0) -> None:
+    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
+                           weights: Mapping[int, int] | None = None) -> None:
         """While a request of priority <= ``urgent_priority`` is present, run at most ``cap``
-        rows a step, urgent ones first; the other rows pause, keeping their KV (None: no cap).
+        rows a step, urgent ones first, the lower seats shared by ``weights`` (priority ->
+        weight; strict priority without); the other rows pause, keeping their KV (None: no cap).
         Thread-safe; takes effect at the next step boundary."""
 
     def load(self) -> EngineLoad:

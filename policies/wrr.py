@@ -9,14 +9,17 @@ share, so their share is redistributed to the others in proportion to their weig
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)  # a tier name, or an engine priority
 
 
 def smooth_wrr_pick(
-    weights: Mapping[str, int],
-    current: Mapping[str, int],
-    eligible: Iterable[str],
-) -> tuple[str | None, dict[str, int]]:
+    weights: Mapping[K, int],
+    current: Mapping[K, int],
+    eligible: Iterable[K],
+) -> tuple[K | None, dict[K, int]]:
     """Pick one of ``eligible`` and return it with the new scores (``current`` is not mutated).
 
     Ties go to the first eligible tier in ``weights`` order, so the result is deterministic.

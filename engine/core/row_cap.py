@@ -4,8 +4,11 @@ Torch-free.
 A runtime knob (``Scheduler.set_urgent_row_cap``; it changes while the engine runs, so it is
 not in ``SchedulerConfig``). While a request of priority <= ``urgent_priority`` is running,
 waiting or swapped, a step schedules at most ``cap`` rows in total: every urgent row first,
-then lower-priority rows up to the cap, in priority order and, within a priority, the rows
-that ran least recently first (so they take turns), then by arrival. The running rows left
+then lower-priority rows up to the cap: the lower seats go to the lower priorities by smooth
+weighted round-robin over ``weights`` (priority -> weight, the tiers' drain weights; scores
+carried from step to step so the shares hold over time; strict priority order without
+weights), and within a priority to the rows that ran least recently (so they take turns),
+then by arrival. The running rows left
 over are *held back*: skipped for this step, keeping their KV blocks (paused, no recompute
 cost; only the usual memory rules preempt them), and no lower-priority request is swapped in
 or admitted past the cap. With no urgent request present no cap applies.
@@ -17,21 +20,26 @@ step time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from engine.core.request import Request
 from engine.core.request_queue import RequestQueue
+from policies.wrr import smooth_wrr_pick
 
 
 @dataclass(frozen=True)
 class RowCap:
     cap: int
     urgent_priority: int
+    # priority -> weight for the lower priorities' seats; empty: strict priority order
+    weights: Mapping[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.cap < 0:
             raise ValueError(f"row cap must be >= 0, got {self.cap}")
+        if any(w < 0 for w in self.weights.values()):
+            raise ValueError(f"row cap weights must be >= 0, got {dict(self.weights)}")
 
 
 @dataclass(frozen=True)
@@ -60,23 +68,45 @@ def _queued_urgent(queue: RequestQueue, urgent_priority: int) -> int:
 
 
 def plan_step(cap: RowCap, running: Iterable[Request], waiting: RequestQueue,
-              swapped: RequestQueue) -> StepRowCap | None:
-    """The rows held back this step, or None when no urgent request is present."""
+              swapped: RequestQueue, scores: dict[int, int]) -> StepRowCap | None:
+    """The rows held back this step, or None when no urgent request is present. ``scores``
+    are the weighted round-robin's, carried between steps (updated in place)."""
     up = cap.urgent_priority
-    lower: list[Request] = []
+    lower: dict[int, list[Request]] = {}
     urgent = 0
     for req in running:
         if req.priority <= up:
             urgent += 1
         else:
-            lower.append(req)
+            lower.setdefault(req.priority, []).append(req)
     # Urgent requests still queued may start this step: their seats are reserved up front.
     urgent += _queued_urgent(waiting, up) + _queued_urgent(swapped, up)
     if not urgent:
         return None
-    keep = max(0, cap.cap - urgent)
-    # Within a priority the rows that ran least recently go first, so the rows held back
-    # rotate: while urgent work stays present, no lower row is held back for ever.
-    lower.sort(key=lambda r: (r.priority, r.last_scheduled_step, r.arrival_time))
-    held = frozenset(r.request_id for r in lower[keep:])
+    for rows in lower.values():
+        rows.sort(key=lambda r: (r.last_scheduled_step, r.arrival_time))
+    kept = _seat_rows(max(0, cap.cap - urgent), lower, cap.weights, scores)
+    held = frozenset(r.request_id for rows in lower.values() for r in rows
+                     if r.request_id not in kept)
     return StepRowCap(cap.cap, up, held)
+
+
+def _seat_rows(seats: int, lower: dict[int, list[Request]], weights: Mapping[int, int],
+               scores: dict[int, int]) -> set[str]:
+    """The ids of the lower rows that run: ``seats`` of them, spread over the priorities."""
+    order = sorted(lower)
+    if not weights:  # strict priority: the most urgent lower rows first
+        ranked = [r for p in order for r in lower[p]]
+        return {r.request_id for r in ranked[:seats]}
+    w = {p: weights.get(p, 1) for p in order}
+    taken = dict.fromkeys(order, 0)
+    kept: set[str] = set()
+    while len(kept) < seats:
+        left = [p for p in order if taken[p] < len(lower[p])]
+        pick, new = smooth_wrr_pick(w, scores, left)
+        if pick is None:
+            break
+        scores.update(new)
+        kept.add(lower[pick][taken[pick]].request_id)
+        taken[pick] += 1
+    return kept

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from engine.core.block_manager import BlockManager
 from engine.core.config import CacheConfig, SchedulerConfig
@@ -82,6 +82,7 @@ class Scheduler(PreemptionMixin):
         self._between_steps = StepPlan(budget=0)  # preemptions made outside schedule()
         self._counts = SchedulerCounters()
         self._row_cap: RowCap | None = None  # runtime knob: set_urgent_row_cap
+        self._row_cap_scores: dict[int, int] = {}  # its weighted round-robin, across steps
         self._step_cap: StepRowCap | None = None  # how it applies to the step being built
 
     # ---- public API -------------------------------------------------------------------
@@ -127,10 +128,12 @@ class Scheduler(PreemptionMixin):
         self._finish(req, status, returned=False)
         self._requests.pop(request_id, None)
 
-    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0) -> None:
+    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
+                           weights: Mapping[int, int] | None = None) -> None:
         """While a request of priority <= ``urgent_priority`` is present, schedule at most
-        ``cap`` rows a step (urgent ones first); None lifts the cap. See ``engine.core.row_cap``."""
-        self._row_cap = None if cap is None else RowCap(cap, urgent_priority)
+        ``cap`` rows a step (urgent ones first, the lower seats shared by ``weights``:
+        priority -> weight); None lifts the cap. See ``engine.core.row_cap``."""
+        self._row_cap = None if cap is None else RowCap(cap, urgent_priority, dict(weights or {}))
 
     @property
     def urgent_row_cap(self) -> RowCap | None:
@@ -176,7 +179,7 @@ class Scheduler(PreemptionMixin):
         self._step_cap = None
         if self._row_cap is not None:
             self._step_cap = plan_step(self._row_cap, self.running.values(), self.waiting,
-                                       self.swapped)
+                                       self.swapped, self._row_cap_scores)
         self._schedule_running(plan)
         if not plan.memory_preempted:
             self._schedule_swapped(plan)

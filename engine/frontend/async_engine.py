@@ -10,6 +10,7 @@ class adds the real engine's steps, prompt checks, load and stats.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from engine.core.config import EngineConfig
@@ -62,11 +63,14 @@ class AsyncEngine(ThreadedEngine):
             swapped_by_priority=s.swapped_by_priority,
         )
 
-    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0) -> None:
+    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
+                           weights: Mapping[int, int] | None = None) -> None:
         """Applied on the step thread at the next step boundary (through the inbox)."""
         if cap is not None and cap < 0:
             raise ValueError(f"row cap must be >= 0, got {cap}")
-        self._inbox.post("call", lambda: self.engine.set_urgent_row_cap(cap, urgent_priority))
+        shares = dict(weights or {})
+        self._inbox.post("call", lambda: self.engine.set_urgent_row_cap(cap, urgent_priority,
+                                                                          shares))
 
     def stats(self) -> EngineStats:
         seconds = self.engine.last_step_seconds if self.engine.step_count else None

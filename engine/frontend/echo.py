@@ -26,6 +26,7 @@ import functools
 import random
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,7 +96,8 @@ class FakeEchoEngine(ThreadedEngine):
         # room at any priority.
         return EngineLoad(len(self._live), 0, 0, _BLOCKS, _BLOCKS, self.max_num_seqs, None)
 
-    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0) -> None:
+    def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
+                           weights: Mapping[int, int] | None = None) -> None:
         """Recorded and reported in ``stats``, never applied: a fake step has no cost to cap."""
         if cap is not None and cap < 0:
             raise ValueError(f"row cap must be >= 0, got {cap}")

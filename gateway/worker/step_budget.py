@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from engine.core.outputs import SchedulerOutput
 from engine.protocol import EngineClient
 from policies.step_cost import StepCostModel
 from policies.tiers import (
     DEFAULT_TIER_SLOS,
+    DEFAULT_TIER_WEIGHTS,
     INTERACTIVE,
     SMALL_BATCH_ROWS,
     TierSLO,
@@ -39,10 +40,16 @@ class StepBudget:
     def __init__(self, engine: EngineClient, slo: TierSLO = DEFAULT_TIER_SLOS[INTERACTIVE],
                  urgent_priority: int = tier_priority(INTERACTIVE),
                  model: StepCostModel | None = None,
-                 refit_interval_s: float = REFIT_INTERVAL_S) -> None:
+                 refit_interval_s: float = REFIT_INTERVAL_S,
+                 tier_weights: Mapping[str, int] | None = None) -> None:
         self.engine = engine
         self.slo = slo
         self.urgent_priority = urgent_priority
+        # The lower tiers share the seats left under the cap by their drain weights (by
+        # priority), so best-effort keeps its share while interactive work is present.
+        weights = DEFAULT_TIER_WEIGHTS if tier_weights is None else tier_weights
+        self.lower_weights = {tier_priority(t): w for t, w in weights.items()
+                              if tier_priority(t) > urgent_priority}
         self.model = model or StepCostModel()
         self.refit_interval_s = refit_interval_s
         # Steps seen on the step thread, not yet fed to the model (deque: thread-safe ends).
@@ -106,7 +113,7 @@ class StepBudget:
 
     def _set(self, cap: int | None) -> int | None:
         if cap != self.cap:
-            self.engine.set_urgent_row_cap(cap, self.urgent_priority)
+            self.engine.set_urgent_row_cap(cap, self.urgent_priority, self.lower_weights)
             log.debug("urgent row cap %s (target %s s)", cap, self.target_s)
             self.cap = cap
         return cap

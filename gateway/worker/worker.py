@@ -63,7 +63,8 @@ class Worker:
         self.writer = OutputWriter(redis, self.keys, self.queues, config.stream_ttl_s)
         self.drainer = Drainer(self.queues, engine, self.consumer, config.tier_weights, self._start)
         self.inflight: dict[str, Inflight] = {}
-        self.step_budget = StepBudget(engine, config.tier_slos[INTERACTIVE])
+        self.step_budget = StepBudget(engine, config.tier_slos[INTERACTIVE],
+                                      tier_weights=config.tier_weights)
         self.tier_status = TierStatusPublisher(redis, self.keys, self.queues, config,
                                                self.consumer, self.step_budget)
         self._tasks: list[asyncio.Task[None]] = []

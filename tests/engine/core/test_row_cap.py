@@ -8,6 +8,7 @@ import pytest
 
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
+from policies.wrr import wrr_sequence
 from tests.engine.fakes import (
     FakeRunner,
     make_requests,
@@ -111,6 +112,33 @@ def test_lower_rows_run_in_priority_then_arrival_order() -> None:
     assert {s.request_id for s in out.scheduled} == {r.request_id for r in expected}
     run_to_completion(sched, runner)
     for r in best_effort + batch + inter:
+        assert r.output_token_ids == reference_tokens(r)
+
+
+def test_lower_seats_follow_the_tier_weights_while_urgent_work_stays() -> None:
+    """Weighted: the seats under the cap go to batch and best-effort 3:1 over time (the
+    reference is a straightforward count of smooth WRR picks), so best-effort is not starved
+    behind batch while interactive work is present."""
+    sched = make_scheduler(num_blocks=512, max_num_seqs=32)
+    runner = FakeRunner(sched)
+    batch = make_requests(6, prompt_len=4, max_tokens=300, priority=1)
+    best_effort = make_requests(6, prompt_len=4, max_tokens=300, priority=2, start_time=1.0)
+    decoding(sched, runner, batch + best_effort)
+    sched.set_urgent_row_cap(5, urgent_priority=0, weights={1: 3, 2: 1})
+    (urgent,) = make_requests(1, prompt_len=4, max_tokens=100, priority=0, start_time=10.0)
+    sched.add_request(urgent)
+    seats = {1: 0, 2: 0}
+    steps = 40
+    for _ in range(steps):
+        out, _ = step(sched, runner)
+        for s in out.scheduled:
+            req = sched.get_request(s.request_id)
+            if req is not None and req.priority in seats:
+                seats[req.priority] += 1
+    want = wrr_sequence({1: 3, 2: 1}, 4 * steps)  # 4 lower seats a step
+    assert seats == {1: want.count(1), 2: want.count(2)} == {1: 120, 2: 40}
+    run_to_completion(sched, runner)
+    for r in batch + best_effort + [urgent]:
         assert r.output_token_ids == reference_tokens(r)
 
 

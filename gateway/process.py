@@ -6,6 +6,7 @@ role), the benchmarks and the load test's local server:
   startup_objects_frozen  the objects alive after start-up moved out of the cyclic GC's reach
   exit_cleanly_on_sigterm SIGTERM -> ``SystemExit(0)``, so ``finally`` blocks and atexit run
   stop_event              set by SIGINT/SIGTERM, for a loop without uvicorn (the worker role)
+  child_env               the environment for a server process this one starts
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import signal
 import socket
 from collections.abc import Callable, Coroutine, Iterator
@@ -82,3 +84,9 @@ def stop_event() -> asyncio.Event:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+def child_env(**overrides: str) -> dict[str, str]:
+    """This process's environment plus ``overrides``, for a ``carpool serve`` it starts (the
+    benchmarks): handed on whole, never read here, so settings reach the child unchanged."""
+    return {**os.environ, **overrides}

@@ -41,7 +41,7 @@ from gateway.bench.load import (
     pin,
     server_pids,
 )
-from gateway.process import free_port, loop_factory, run_loop
+from gateway.process import child_env, free_port, loop_factory, run_loop
 
 SECRET = "bench-secret"
 
@@ -144,7 +144,7 @@ def start_server(redis_url: str, port: int, args: argparse.Namespace,
            "--echo-step-ms", str(args.step_ms)]
     if args.model:
         cmd += ["--model", args.model]
-    env = {**os.environ, "REDIS_URL": redis_url, "CARPOOL_SECRET": SECRET}
+    env = child_env(REDIS_URL=redis_url, CARPOOL_SECRET=SECRET)
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

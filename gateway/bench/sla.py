@@ -184,7 +184,7 @@ async def prepare(bench: Bench) -> None:
 def serving(redis_url: str, args: argparse.Namespace, *extra: str) -> Iterator[str]:
     """A ``carpool serve`` process (its own, real or echo engine) on a free port."""
     from gateway.bench.gateway import wait_ready
-    from gateway.process import free_port
+    from gateway.process import child_env, free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port), "--no-demo",
@@ -193,7 +193,7 @@ def serving(redis_url: str, args: argparse.Namespace, *extra: str) -> Iterator[s
         cmd += ["--model", args.model]
     if args.engine == "echo":
         cmd += ["--echo-step-ms", str(args.echo_step_ms)]
-    env = {**os.environ, "REDIS_URL": redis_url, "CARPOOL_SECRET": SECRET}
+    env = child_env(REDIS_URL=redis_url, CARPOOL_SECRET=SECRET)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                             stderr=None if args.server_log else subprocess.DEVNULL)
     try:

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 ALLOWED = {
     "gateway/config.py": "reads it: the one place",
     "gateway/cli/main.py": "writes OMP_WAIT_POLICY before torch loads",
-    "gateway/bench/gateway.py": "hands it to the server processes it starts",
+    "gateway/process.py": "hands it to the server processes the benchmarks start",
 }
 
 CASES = [

@@ -53,7 +53,7 @@ class StepBudget:
         self.model = model or StepCostModel()
         self.refit_interval_s = refit_interval_s
         # Steps seen on the step thread, not yet fed to the model (deque: thread-safe ends).
-        self._pending: deque[tuple[SchedulerOutput, float]] = deque(maxlen=4096)
+        self._pending: deque[tuple[int, int, int, float]] = deque(maxlen=4096)
         self._remove: Callable[[], None] | None = None
         self.target_s: float | None = None  # the TPOT target in force (None: no data yet)
         self.cap: int | None = None  # the row cap last set on the engine
@@ -69,35 +69,47 @@ class StepBudget:
             self._remove = None
 
     def observe(self, out: SchedulerOutput, seconds: float) -> None:
-        """On the engine's step thread: one append, the work is done in ``update``."""
-        self._pending.append((out, seconds))
+        """On the engine's step thread: the step's shape and one append (microseconds next
+        to a step); the model is fed and refit in ``update``."""
+        rows = len(out.scheduled)
+        if not rows:
+            return
+        tokens = kv_tokens = 0
+        for s in out.scheduled:
+            n = len(s.token_ids)
+            tokens += n
+            kv_tokens += s.start_pos + n
+        self._pending.append((rows, tokens, kv_tokens, seconds))
 
     async def run(self) -> None:
-        """Refit and set the cap every ``refit_interval_s`` (a worker task)."""
+        """Refit and set the cap every ``refit_interval_s`` (a worker task). The fit runs on a
+        thread: a few ms of numpy on the event loop every second was a p99 spike for the
+        requests it serves (``carpool bench gateway``)."""
         while True:
             await asyncio.sleep(self.refit_interval_s)
             try:
-                self.update()
+                cap = await asyncio.to_thread(self.plan, self.engine.load().max_num_seqs)
+                self._set(cap)
             except Exception:  # a bad fit must not end the loop; the last cap stays
                 log.exception("step budget update failed")
 
     def update(self) -> int | None:
         """Feed the steps seen since the last call to the model, refit, set the cap; returns
         the cap in force."""
+        return self._set(self.plan(self.engine.load().max_num_seqs))
+
+    def plan(self, max_rows: int) -> int | None:
+        """Feed the pending steps to the model, refit and return the cap (None: no cap).
+        Touches only the model and the pending steps: safe off the event loop."""
         pending = self._pending
         while pending:
-            out, seconds = pending.popleft()
-            rows = len(out.scheduled)
-            tokens = sum(len(s.token_ids) for s in out.scheduled)
-            kv_tokens = sum(s.start_pos + len(s.token_ids) for s in out.scheduled)
-            self.model.observe(rows, tokens, kv_tokens, seconds)
+            self.model.observe(*pending.popleft())
         if self.model.num_samples < self.model.min_samples:
-            return self._set(None)  # until the model has data, no cap
+            return None  # until the model has data, no cap
         self.model.fit()
         target = self._target()
-        max_rows = self.engine.load().max_num_seqs
         cap: int | None = self.model.max_rows_within(target, limit=max_rows)
-        return self._set(None if cap is not None and cap >= max_rows else cap)
+        return None if cap is not None and cap >= max_rows else cap
 
     def _target(self) -> float:
         if self.slo.tpot_p99_s is not None:

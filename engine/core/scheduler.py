@@ -232,7 +232,7 @@ class Scheduler(PreemptionMixin):
     def _schedule_swapped(self, plan: StepPlan) -> None:
         bm = self.block_manager
         for req in self.swapped:
-            if self._step_cap is not None and not self._step_cap.admits(req.priority, len(plan.scheduled)):
+            if self._past_row_cap(req, plan):
                 plan.blocked_priority = req.priority  # over the cap: it and all behind it wait
                 return
             if self._fail_if_outgrown(req, req.num_tokens):
@@ -258,6 +258,11 @@ class Scheduler(PreemptionMixin):
             self.swapped.remove(req.request_id)
             self._start_running(req, num_new, plan)
 
+    def _past_row_cap(self, req: Request, plan: StepPlan) -> bool:
+        """The urgent row cap keeps swapped or waiting ``req`` from starting this step."""
+        cap = self._step_cap
+        return cap is not None and not cap.admits(req.priority, len(plan.scheduled))
+
     def _schedule_waiting(self, plan: StepPlan) -> None:
         limit = self._admission(self._admission_snapshot())
         admitted, reason = 0, "empty"
@@ -265,9 +270,8 @@ class Scheduler(PreemptionMixin):
             if plan.blocked_priority is not None and req.priority >= plan.blocked_priority:
                 reason = "swapped"
                 break  # a blocked swapped request goes first unless this one is more urgent
-            if req.request_id in plan.preempted or admitted >= limit or (
-                self._step_cap is not None and not self._step_cap.admits(req.priority, len(plan.scheduled))
-            ):
+            if (req.request_id in plan.preempted or admitted >= limit
+                    or self._past_row_cap(req, plan)):
                 reason = "limit"
                 break
             if self._fail_if_outgrown(req, req.num_tokens):

@@ -32,6 +32,6 @@ def sync_redis_client(url: str) -> Any:
     return redis.Redis.from_url(url)
 
 
-def text(value: bytes | str) -> str:
-    """A reply value as text (these clients return bytes; typed as either)."""
-    return value.decode() if isinstance(value, bytes) else value
+def text(value: Any) -> str:
+    """A reply value as text (these clients return bytes; a script's number as ``str``)."""
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.core.finish import FinishReason
+from gateway.bus.client import text
 from gateway.bus.keys import GROUP, RedisKeys
 from gateway.bus.messages import (
     CancelMsg,
@@ -115,8 +116,7 @@ class TierQueues:
             res = await self.redis.blpop(keys, timeout=timeout_s)
         if not res:
             return None
-        key = res[0].decode() if isinstance(res[0], bytes) else str(res[0])
-        return key.rsplit(":", 1)[1]
+        return text(res[0]).rsplit(":", 1)[1]
 
     async def claim_many(self, request_ids: list[str], consumer: str, reclaim: bool) -> list[str]:
         """Claim each request (queued -> running) in one script call."""
@@ -124,7 +124,7 @@ class TierQueues:
             return []
         keys = [self.keys.req(rid) for rid in request_ids]
         res = await self._claim(keys=keys, args=[consumer, 1 if reclaim else 0])
-        return [r.decode() if isinstance(r, bytes) else str(r) for r in res]
+        return [text(r) for r in res]
 
     async def heartbeat(self, tier: str, tenant: str, consumer: str, entry_ids: list[str]) -> None:
         """Reset the idle time of our pending entries so nobody reclaims live work."""
@@ -137,7 +137,7 @@ class TierQueues:
         stream of ``tier``."""
         out: list[Envelope] = []
         for raw in await self.redis.smembers(self.keys.queue_tenants(tier)):
-            key = self.keys.queue(tier, raw.decode() if isinstance(raw, bytes) else str(raw))
+            key = self.keys.queue(tier, text(raw))
             res = await self.redis.xautoclaim(key, GROUP, consumer, min_idle_ms, "0-0", count=count)
             out += [self._envelope(key, eid, fields) for eid, fields in (res[1] if res else [])]
         return out
@@ -167,7 +167,7 @@ class TierQueues:
     def _envelope(self, key: Any, entry_id: Any, fields: Any) -> Envelope:
         if isinstance(fields, list):  # a raw reply: [field, value, field, value, ...]
             fields = dict(zip(fields[::2], fields[1::2]))
-        key_s = _text(key)
+        key_s = text(key)
         tier, tenant = key_s.rsplit(":", 2)[1:]
         msg: SubmitMsg | None = None
         weight = 1.0
@@ -178,7 +178,7 @@ class TierQueues:
                 weight = float(fields.get(b"w", fields.get("w", 1)))
             except (MessageError, ValueError):
                 msg = None
-        return Envelope(tier, _text(entry_id), msg, tenant, weight)
+        return Envelope(tier, text(entry_id), msg, tenant, weight)
 
 
 class QueueEntries:
@@ -210,7 +210,7 @@ class QueueEntries:
                   fields["t"], fields["d"], tenant_id, tier, req_ttl_s, GROUP,
                   len(msg.prompt_token_ids), repr(float(weight)), k.queue_prefix(tier)],
         )
-        return _text(res[0]), _text(res[1])
+        return text(res[0]), text(res[1])
 
     async def cancel(self, request_id: str, reader_gone: bool, reason: str,
                      stream_ttl_s: int) -> str:
@@ -224,7 +224,7 @@ class QueueEntries:
                   encode_payload(CancelMsg(request_id, reader_gone, reason)),
                   k.cancel_channel, finish["t"], finish["d"], stream_ttl_s, GROUP],
         )
-        return _text(res)
+        return text(res)
 
     def step(self, stream_ttl_s: int) -> StepWrite:
         """An empty write of one engine step's outputs, to ``add`` requests to."""
@@ -272,7 +272,3 @@ class StepWrite:
 
     def __bool__(self) -> bool:
         return len(self.keys) > 1
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

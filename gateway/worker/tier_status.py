@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gateway.bus.client import text
 from gateway.bus.keys import RedisKeys
 from gateway.bus.queues import TierQueues
 from gateway.config import GatewayConfig
@@ -132,7 +133,7 @@ class TierStatusPublisher:
         """Waiting entries per tenant: the tier's index of backlogged tenants (kept by the
         queue scripts, ``bus/queues.py``)."""
         raw = await self.redis.hgetall(self.keys.backlogged(tier))
-        return {_text(k): n for k, v in raw.items() if (n := int(v)) > 0}
+        return {text(k): n for k, v in raw.items() if (n := int(v)) > 0}
 
 
 def _ts(raw: bytes | str) -> float:
@@ -140,7 +141,3 @@ def _ts(raw: bytes | str) -> float:
         return float(orjson.loads(raw).get("ts", 0.0))
     except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
         return 0.0
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -18,8 +18,8 @@ class SchedulerStats:
     num_scheduled_tokens: int = 0  # tokens in the last step's batch
     num_scheduled_requests: int = 0
     lowest_running_priority: int | None = None  # largest priority number running; None if idle
-    # (priority, count) ascending: who is queued, so admission counts only the more urgent
     urgent_row_cap: int | None = None  # Scheduler.set_urgent_row_cap's cap; None: no cap
+    # (priority, count) ascending: who is queued, so admission counts only the more urgent
     waiting_by_priority: tuple[tuple[int, int], ...] = ()
     swapped_by_priority: tuple[tuple[int, int], ...] = ()
     device_blocks_total: int = 0

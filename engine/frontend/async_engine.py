@@ -27,8 +27,6 @@ _HOLD_WAIT_S = 0.002
 
 
 class AsyncEngine(ThreadedEngine):
-    thread_name = "carpool-engine"
-
     def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None):
         if engine is None:  # built off this thread: see engine.runner.fresh_thread
             engine = run_on_fresh_thread(lambda: LLMEngine(config or EngineConfig()), "carpool-load")

@@ -103,8 +103,7 @@ class ThreadedEngine:
         ids = list(prompt_token_ids)
         self._check_prompt(ids)  # here, in the caller: on the step thread it would kill it
         self._live.add(request_id)
-        stopped = self._loop is not None and not self.healthy  # died, or shut down
-        if self.step_error is not None or stopped:  # fail the request now, never hang it
+        if self._loop is not None and not self.healthy:  # died or shut down: never hang it
             self._publish(_errors([request_id], self.step_error or RuntimeError("engine not running")))
             return
         self._inbox.post("add", (request_id, ids, params, priority))

@@ -81,7 +81,8 @@ class Drainer:
         if not left:
             return await self._wait_for_work(open_tiers, 1)
         plan: list[str] = []
-        while left and len(plan) < self._batch_size():
+        seats = self._batch_size()  # one engine load snapshot per plan, not one per pick
+        while left and len(plan) < seats:
             tier, self.scores = smooth_wrr_pick(self.weights, self.scores, list(left))
             assert tier is not None
             plan.append(tier)

@@ -120,13 +120,10 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _tier_rows(redis: Any, config: Any) -> list[dict[str, Any]]:
-    import time
-
     from gateway.bus.keys import RedisKeys
-    from gateway.http.shedding import live_statuses, tier_table
+    from gateway.http.shedding import read_statuses, tier_table
 
-    raw = await redis.hgetall(RedisKeys(config.namespace).tier_status)
-    return tier_table(config, live_statuses(raw, time.time()))
+    return tier_table(config, await read_statuses(redis, RedisKeys(config.namespace)))
 
 
 TIER_COLUMNS = ("tier", "weight", "ttft p99", "tpot p99", "action", "depth", "started/s",

@@ -44,6 +44,11 @@ def live_statuses(raw: dict[Any, Any], now: float) -> list[dict[str, Any]]:
     return sorted(out, key=lambda s: -float(s["ts"]))
 
 
+async def read_statuses(redis: Any, keys: RedisKeys) -> list[dict[str, Any]]:
+    """The live workers' statuses, read from Redis now (freshest first)."""
+    return live_statuses(await redis.hgetall(keys.tier_status), time.time())
+
+
 def merge_loads(statuses: list[dict[str, Any]]) -> dict[str, TierLoad]:
     """Per tier, one load from the workers' statuses (freshest first)."""
     loads: dict[str, TierLoad] = {}
@@ -70,7 +75,7 @@ class TierShedder:
 
     async def statuses(self) -> list[dict[str, Any]]:
         """The live workers' statuses, read now (for the admin API)."""
-        return live_statuses(await self.redis.hgetall(self.keys.tier_status), time.time())
+        return await read_statuses(self.redis, self.keys)
 
     async def loads(self) -> dict[str, TierLoad]:
         """The merged loads, re-read at most once per ``refresh_s``; concurrent callers

@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.core.config import EngineConfig
 from engine.core.outputs import RequestOutput
+from engine.core.row_cap import RowCap
 from engine.core.sampling_params import SamplingParams
 from engine.core.stats import EngineStats
 from engine.frontend.threaded import ThreadedEngine
@@ -64,9 +65,9 @@ class AsyncEngine(ThreadedEngine):
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
                            weights: Mapping[int, int] | None = None) -> None:
         """Applied on the step thread at the next step boundary (through the inbox)."""
-        if cap is not None and cap < 0:
-            raise ValueError(f"row cap must be >= 0, got {cap}")
         shares = dict(weights or {})
+        if cap is not None:  # checked here: a ValueError on the step thread would kill it
+            RowCap(cap, urgent_priority, shares)
         self._inbox.post("call", lambda: self.engine.set_urgent_row_cap(cap, urgent_priority,
                                                                           shares))
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from engine.core.finish import FinishReason
 from engine.core.outputs import RequestOutput, ScheduledRequest, SchedulerOutput
+from engine.core.row_cap import RowCap
 from engine.core.sampling_params import SamplingParams
 from engine.core.stats import EngineStats, SchedulerStats
 from engine.frontend.threaded import ThreadedEngine
@@ -99,8 +100,8 @@ class FakeEchoEngine(ThreadedEngine):
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
                            weights: Mapping[int, int] | None = None) -> None:
         """Recorded and reported in ``stats``, never applied: a fake step has no cost to cap."""
-        if cap is not None and cap < 0:
-            raise ValueError(f"row cap must be >= 0, got {cap}")
+        if cap is not None:
+            RowCap(cap, urgent_priority, dict(weights or {}))  # the engine's own checks
         self.urgent_row_cap = (cap, urgent_priority)
 
     def stats(self) -> EngineStats:

@@ -45,6 +45,8 @@ async def test_async_engine_applies_the_cap_on_its_step_thread(tiny_model_dir: P
     assert all(len(s) == 2 for s in with_inter)  # the interactive row and one batch row
     with pytest.raises(ValueError):
         engine.set_urgent_row_cap(-1)
+    with pytest.raises(ValueError):  # refused in the caller, never on the step thread
+        engine.set_urgent_row_cap(4, weights={1: -1})
 
 
 def test_echo_engine_records_the_cap() -> None:

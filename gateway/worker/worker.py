@@ -183,8 +183,7 @@ class Worker:
                 # In ``inflight`` since before the claim: a cancel that comes after the claim
                 # finds it through its publish, so no mark lookup is needed for it.
                 continue
-            rec = Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream,
-                           tenant=env.tenant, weight=env.weight)
+            rec = _inflight(env, msg)
             if status == "run" and time.time() > msg.deadline_unix > 0:
                 self._finish_now(rec, msg, FinishReason.ERROR,
                                  "deadline exceeded before the request started")
@@ -219,8 +218,7 @@ class Worker:
             assert msg is not None
             if time.time() > msg.deadline_unix > 0:
                 continue
-            rec = Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream,
-                           claim=loop.create_future(), tenant=env.tenant, weight=env.weight)
+            rec = _inflight(env, msg, claim=loop.create_future())
             if self._run(rec, msg) is None:
                 early[i] = rec
 
@@ -298,6 +296,13 @@ class Worker:
             reclaimed = await self.queues.autoclaim(tier, self.consumer, min_idle_ms)
             if reclaimed:
                 await self._start(reclaimed, reclaim=True)
+
+
+def _inflight(env: Envelope, msg: SubmitMsg, claim: asyncio.Future[str] | None = None
+              ) -> Inflight:
+    """The record of ``env``'s request (``msg``, its decoded entry) as this worker runs it."""
+    return Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream,
+                    claim=claim, tenant=env.tenant, weight=env.weight)
 
 
 def _stop_end(rec: Inflight, sent: Any, cancel: Any

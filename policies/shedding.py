@@ -45,6 +45,15 @@ class TierLoad:
     def predicted_wait_s(self) -> float:
         return predicted_wait(self.depth, self.rate_rps, self.window_s)
 
+    @property
+    def start_rate(self) -> float:
+        return start_rate(self.rate_rps, self.window_s)
+
+    @property
+    def active_tenants(self) -> int:
+        """Tenants with queued work."""
+        return sum(1 for n in self.tenant_depth.values() if n > 0)
+
 
 @dataclass(frozen=True)
 class Shed:
@@ -56,17 +65,22 @@ class Shed:
     message: str
 
 
+def start_rate(rate_rps: float, window_s: float) -> float:
+    """The starts per second the predictions assume: ``rate_rps``, at least one per window."""
+    return max(rate_rps, 1.0 / window_s)
+
+
 def predicted_wait(depth: int, rate_rps: float, window_s: float) -> float:
     """Seconds until ``depth`` queued requests have started, at ``rate_rps`` (at least one
     start per ``window_s``)."""
     if depth <= 0:
         return 0.0
-    return depth / max(rate_rps, 1.0 / window_s)
+    return depth / start_rate(rate_rps, window_s)
 
 
 def fair_share(load: TierLoad) -> float:
     """Entries each tenant with queued work would hold if the queue were split evenly."""
-    active = sum(1 for n in load.tenant_depth.values() if n > 0)
+    active = load.active_tenants
     return load.depth / active if active else float(load.depth)
 
 
@@ -77,7 +91,7 @@ def _retry(seconds: float) -> int:
 def drain_time(load: TierLoad, target_s: float) -> float:
     """Seconds until the predicted wait is back within ``target_s``: the starts that leave at
     most ``target_s`` worth of queue, at the tier's rate (no new arrivals)."""
-    rate = max(load.rate_rps, 1.0 / load.window_s)
+    rate = load.start_rate
     keep = math.floor(target_s * rate + 1e-9)
     return max(0, load.depth - keep) / rate
 
@@ -97,9 +111,8 @@ def decide(load: TierLoad | None, slo: TierSLO, tenant: str, deadline_s: float,
         return None
     mine, share = load.tenant_depth.get(tenant, 0), fair_share(load)
     if mine > share:
-        rate = max(load.rate_rps, 1.0 / load.window_s)
-        active = sum(1 for n in load.tenant_depth.values() if n > 0)
-        return Shed(429, TENANT_OVER_SHARE, _retry(mine / (rate / active)),
+        return Shed(429, TENANT_OVER_SHARE,
+                    _retry(mine / (load.start_rate / load.active_tenants)),
                     f"this tenant holds {mine} of the {load.depth} requests queued in "
                     f"{name}, more than its fair share ({share:.1f}), while the tier's "
                     f"predicted wait ({wait:.1f} s) exceeds its TTFT target ({target:g} s)")

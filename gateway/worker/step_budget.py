@@ -74,11 +74,8 @@ class StepBudget:
         rows = len(out.scheduled)
         if not rows:
             return
-        tokens = kv_tokens = 0
-        for s in out.scheduled:
-            n = len(s.token_ids)
-            tokens += n
-            kv_tokens += s.start_pos + n
+        tokens = out.num_batched_tokens
+        kv_tokens = tokens + sum(s.start_pos for s in out.scheduled)  # each row's context
         self._pending.append((rows, tokens, kv_tokens, seconds))
 
     async def run(self) -> None:

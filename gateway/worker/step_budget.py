@@ -105,8 +105,8 @@ class StepBudget:
             return None  # until the model has data, no cap
         self.model.fit()
         target = self._target()
-        cap: int | None = self.model.max_rows_within(target, limit=max_rows)
-        return None if cap is not None and cap >= max_rows else cap
+        cap = self.model.max_rows_within(target, limit=max_rows)
+        return None if cap >= max_rows else cap
 
     def _target(self) -> float:
         if self.slo.tpot_p99_s is not None:

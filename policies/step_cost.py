@@ -11,7 +11,8 @@ The coefficients are a non-negative least-squares fit over the last ``window`` o
 ``min_samples`` steps the model falls back to the mean seconds per row (``a = c = d = 0``):
 sane with little data, never negative. ``observe`` only appends (cheap enough for an engine's
 step thread; a deque append is atomic); ``fit`` does the work and is meant to run now and
-then elsewhere (the worker's event loop). ``predict`` and ``max_rows_within`` use the last fit.
+then elsewhere (the worker's step budget runs it on a thread, off the event loop). ``predict``
+and ``max_rows_within`` use the last fit.
 """
 
 from __future__ import annotations

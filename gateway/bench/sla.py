@@ -31,7 +31,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,10 +260,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def header(args: argparse.Namespace, capacity: float) -> str:
-    from gateway.config import GatewayConfig
-
-    weights = GatewayConfig.from_env().tier_weights
+def header(args: argparse.Namespace, capacity: float, weights: Mapping[str, int]) -> str:
     return (f"carpool bench sla: {args.engine} engine ({args.model or 'bundled SmolLM2'}), "
             f"CPU {cpu_model()} x {os.cpu_count()}, streaming chat over HTTP, distinct prompts, "
             f"32-64 output tokens\ncapacity {capacity:.2f} completions/s; rows offer "
@@ -286,10 +283,7 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def be_wrr_share() -> float:
-    from gateway.config import GatewayConfig
-
-    weights = GatewayConfig.from_env().tier_weights
+def be_wrr_share(weights: Mapping[str, int]) -> float:
     return weights.get(BEST_EFFORT, 0) / sum(weights.values())
 
 
@@ -297,12 +291,13 @@ def report(args: argparse.Namespace, rows: list[Row], capacity: float, took_s: f
     """Print the header, the table and the targets (and write them to ``--json``)."""
     from gateway.config import GatewayConfig
 
-    print(header(args, capacity) + f"; took {took_s:.0f} s\n")
+    weights = GatewayConfig.from_env().tier_weights  # the server's: it inherits this env
+    print(header(args, capacity, weights) + f"; took {took_s:.0f} s\n")
     print(table(rows) + "\n")
     for row in rows:
         if row.name == "backlog":
-            print(shares_line(row, GatewayConfig.from_env().tier_weights) + "\n")
-    goals = targets({r.name: r for r in rows}, be_wrr_share())
+            print(shares_line(row, weights) + "\n")
+    goals = targets({r.name: r for r in rows}, be_wrr_share(weights))
     print(targets_table(goals))
     if args.json:
         Path(args.json).write_text(json.dumps({

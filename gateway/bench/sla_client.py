@@ -43,7 +43,7 @@ class Call:
 
     @property
     def tpot(self) -> float | None:
-        n = self.tokens if self.tokens is not None else self.events
+        n = self.output_tokens
         if self.first is None or self.last is None or n < 2:
             return None
         return (self.last - self.first) / (n - 1)

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.tenancy.tenants import read_tenants_doc
 from policies.tiers import (
     DEFAULT_TIER_SLOS,
     DEFAULT_TIER_WEIGHTS,
@@ -198,12 +198,7 @@ def tiers_from_file(path: str | Path) -> tuple[dict[str, dict[str, Any]], dict[s
     per tier the objective's fields (``ttft_p99_s``, ``tpot_p99_s``, ``action``) and the
     tiers' drain weights (``weight``)."""
     path = Path(path)
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        doc = yaml.safe_load(path.read_text()) or {}
-    else:
-        doc = tomllib.loads(path.read_text())
+    doc = read_tenants_doc(path)
     tables = doc.get("tiers", {})
     if not isinstance(tables, dict):
         raise ValueError(f"{path}: 'tiers' must be a table of tier names")  # noqa: TRY004

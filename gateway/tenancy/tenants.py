@@ -89,15 +89,19 @@ def tenant_from_dict(tenant_id: str, data: dict[str, Any]) -> Tenant:
                   data.get("weight", 1.0))
 
 
-def load_tenants_file(path: str | Path) -> list[Tenant]:
-    """Read ``[tenants.<id>]`` tables from a TOML file (``.yaml``/``.yml``: the same shape)."""
+def read_tenants_doc(path: str | Path) -> dict[str, Any]:
+    """A tenants file as a document: TOML, or YAML of the same shape (``.yaml``/``.yml``)."""
     path = Path(path)
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
-        doc = yaml.safe_load(path.read_text()) or {}
-    else:
-        doc = tomllib.loads(path.read_text())
+        return yaml.safe_load(path.read_text()) or {}
+    return tomllib.loads(path.read_text())
+
+
+def load_tenants_file(path: str | Path) -> list[Tenant]:
+    """Read ``[tenants.<id>]`` tables from a TOML file (``.yaml``/``.yml``: the same shape)."""
+    doc = read_tenants_doc(path)
     tenants = doc.get("tenants", {})
     if not isinstance(tenants, dict):
         raise ValueError(f"{path}: 'tenants' must be a table of tenant ids")  # noqa: TRY004

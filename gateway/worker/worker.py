@@ -60,7 +60,7 @@ class Worker:
         self.keys = RedisKeys(config.namespace)
         self.consumer = config.worker_id or default_worker_id()
         self.queues = TierQueues(redis, self.keys, TIERS)
-        self.writer = OutputWriter(redis, self.keys, self.queues, config.stream_ttl_s)
+        self.writer = OutputWriter(redis, self.keys, config.stream_ttl_s)
         self.drainer = Drainer(self.queues, engine, self.consumer, config.tier_weights, self._start)
         self.inflight: dict[str, Inflight] = {}
         self.step_budget = StepBudget(engine, config.tier_slos[INTERACTIVE],

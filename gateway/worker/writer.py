@@ -28,7 +28,7 @@ from engine.core.outputs import RequestOutput
 from gateway.bus.backoff import run_forever
 from gateway.bus.keys import RedisKeys
 from gateway.bus.messages import FinishMsg, TokenMsg
-from gateway.bus.queues import QueueEntries, StepWrite, TierQueues
+from gateway.bus.queues import QueueEntries, StepWrite
 from gateway.bus.resp import RespConnection
 
 log = logging.getLogger("carpool.worker")
@@ -60,10 +60,7 @@ class Inflight:
 
 
 class OutputWriter:
-    def __init__(self, redis: Any, keys: RedisKeys, queues: TierQueues, stream_ttl_s: int) -> None:
-        self.redis = redis
-        self.keys = keys
-        self.queues = queues
+    def __init__(self, redis: Any, keys: RedisKeys, stream_ttl_s: int) -> None:
         self.ttl = stream_ttl_s
         self._queue: asyncio.Queue[list[tuple[Inflight, RequestOutput]] | _Sent] = asyncio.Queue()
         self._waiting = False  # the task waits for work: nothing queued or being written

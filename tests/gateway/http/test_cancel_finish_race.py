@@ -11,7 +11,6 @@ import redis.asyncio as aioredis
 
 from engine.core.outputs import RequestOutput
 from gateway.bus.keys import RedisKeys
-from gateway.bus.queues import TierQueues
 from gateway.http.cancel import Canceller
 from gateway.worker.writer import Inflight, OutputWriter
 from policies.tiers import TIERS
@@ -31,7 +30,7 @@ async def test_final_write_after_cancel(redis_url: str, reader_gone: bool) -> No
     client = aioredis.Redis.from_url(redis_url)
     keys = RedisKeys(f"race{uuid.uuid4().hex[:8]}")
     rid = "req-1"
-    writer = OutputWriter(client, keys, TierQueues(client, keys, TIERS), stream_ttl_s=600)
+    writer = OutputWriter(client, keys, stream_ttl_s=600)
     try:
         await client.hset(keys.req(rid), mapping={"state": "running", "tenant": "t"})
         assert await Canceller(client, keys, 600).cancel(rid, reader_gone, "disconnect") == "running"

@@ -30,9 +30,8 @@ TTL = 600
 async def setup(redis_url: str) -> AsyncIterator[tuple[Any, RedisKeys, CountingWriter]]:
     client = aioredis.Redis.from_url(redis_url)
     keys = RedisKeys(f"ow{uuid.uuid4().hex[:8]}")
-    queues = TierQueues(client, keys, TIERS)
     try:
-        yield client, keys, CountingWriter(client, keys, queues, stream_ttl_s=TTL)
+        yield client, keys, CountingWriter(client, keys, stream_ttl_s=TTL)
     finally:
         await client.delete(keys.stats, *queue_keys(keys))
         await client.aclose()

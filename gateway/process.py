@@ -75,7 +75,6 @@ def exit_cleanly_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-
 def stop_event() -> asyncio.Event:
     """An event that SIGINT or SIGTERM sets, handled on the running loop from now on (for a
     loop uvicorn does not run: the worker role)."""

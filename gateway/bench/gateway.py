@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
 
-    from engine.runner.loader import load_tokenizer, resolve_model_dir
+    from engine.model_files import load_tokenizer, resolve_model_dir
     from gateway.bus.embedded import EmbeddedRedis
 
     tokenizer = load_tokenizer(resolve_model_dir(args.model))

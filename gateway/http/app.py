@@ -22,6 +22,7 @@ from gateway.config import GatewayConfig
 from gateway.http.admin import ADMIN_ROUTES
 from gateway.http.auth import AuthMiddleware
 from gateway.http.errors import APIError, error_response
+from gateway.http.not_found import NotFoundMiddleware
 from gateway.http.openai import routes as api
 from gateway.http.services import Services
 from gateway.http.shutdown import ShutdownGate
@@ -38,6 +39,7 @@ ROUTES = [  # matched in order: the completions, on every request's path, first
     Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
     Route("/v1/completions", api.completions, methods=["POST"]),
     Route("/healthz", api.healthz, methods=["GET"]),
+    Route("/health", api.healthz, methods=["GET"]),  # what vLLM serves (guidellm's first call)
     Route("/readyz", api.readyz, methods=["GET"]),
     Route("/metrics", metrics_endpoint, methods=["GET"]),
     Route("/v1/models", api.list_models, methods=["GET"]),
@@ -112,8 +114,10 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
 
     return Starlette(
         routes=ROUTES,
-        # the gate first: a stopping server refuses before any auth lookup
-        middleware=[Middleware(ShutdownGate), Middleware(AuthMiddleware)],
+        # the gate first: a stopping server refuses before any auth lookup; an unknown path
+        # is a 404 before auth too
+        middleware=[Middleware(ShutdownGate), Middleware(NotFoundMiddleware, routes=ROUTES),
+                    Middleware(AuthMiddleware)],
         exception_handlers={APIError: _api_error, HTTPException: _http_error,
                             Exception: _server_error},
         lifespan=lifespan,

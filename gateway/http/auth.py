@@ -20,7 +20,7 @@ from gateway.tenancy.tenants import Tenant, TenantStore
 if TYPE_CHECKING:  # services.py imports this module: for types only
     from gateway.http.services import Services
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})  # metrics: for the scraper
+PUBLIC_PATHS = frozenset({"/healthz", "/health", "/readyz", "/metrics"})  # metrics: for the scraper
 
 
 @dataclass

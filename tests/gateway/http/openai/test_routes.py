@@ -41,6 +41,25 @@ def sse_events(text: str) -> list[Any]:
     return out
 
 
+def test_health_without_a_key(tiny_gateway: Any) -> None:
+    # what guidellm and other vLLM-aware clients call first, with no key or with one
+    r = httpx.get(tiny_gateway.url + "/health")
+    assert r.status_code == 200, r.text
+    r = httpx.get(tiny_gateway.url + "/health", headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer cp-not-a-real-key-123456"}])
+@pytest.mark.parametrize("path", ["/v1/nope", "/nope", "/v1/chat/completion"])
+def test_unknown_path_is_404_with_or_without_key(tiny_gateway: Any, path: str,
+                                                 headers: dict[str, str]) -> None:
+    r = httpx.post(tiny_gateway.url + path, json={}, headers=headers)
+    assert r.status_code == 404, r.text
+    err = r.json()["error"]
+    assert err["type"] == "not_found_error" and path in err["message"]
+    assert httpx.get(tiny_gateway.url + path, headers=headers).status_code == 404
+
+
 def test_health_ready_models(client: httpx.Client, model: str, tiny_gateway: Any) -> None:
     assert httpx.get(tiny_gateway.url + "/healthz").json() == {"status": "ok"}
     ready = httpx.get(tiny_gateway.url + "/readyz")
@@ -282,5 +301,7 @@ def test_tier_not_allowed_403(client: httpx.Client, model: str) -> None:
 
 def test_unknown_route_and_method(client: httpx.Client) -> None:
     assert client.get("/v1/nope").status_code == 404
+    r = client.post("/admin/nope", json={})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     r = client.get("/v1/completions")
     assert r.status_code == 405 and "error" in r.json()

@@ -36,6 +36,7 @@ class Call:
     error: str = ""  # transport error or an error event inside the stream
     retry_after: str | None = None
     body: bytes = b""  # of a non-200 answer
+    times: list[float] = field(default_factory=list)  # perf_counter of each content event
 
     @property
     def ttft(self) -> float | None:
@@ -140,6 +141,7 @@ def _on_event(call: Call, event: bytes, now: float) -> None:
             if (choice.get("delta") or {}).get("content"):
                 call.events += 1
                 call.last = now
+                call.times.append(now)
                 if call.first is None:
                     call.first = now
 

@@ -4,7 +4,8 @@ imports what it needs lazily, so ``carpool tenants ...`` never imports torch.
     carpool serve     [--role all|gateway|worker] [--engine real|echo] [--model DIR] ...
     carpool tenants   list | create | set-quota | issue-key | keys | revoke-key
     carpool generate  "prompt" [--max-tokens N] [--model DIR]      (gateway/cli/generate.py)
-    carpool bench     engine | kernels | gateway | sla [ARGS...]
+    carpool bench     engine | kernels | gateway | sla | serve [ARGS...]
+    carpool doctor    [--url URL] [--admin-key KEY]   batching symptoms now (gateway/cli/doctor.py)
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _add_bench(sub: Any) -> None:
-    p = sub.add_parser("bench", help="benchmarks: engine, kernels, gateway, sla")
-    p.add_argument("target", choices=("engine", "kernels", "gateway", "sla"))
+    p = sub.add_parser("bench", help="benchmarks: engine, kernels, gateway, sla, serve")
+    p.add_argument("target", choices=("engine", "kernels", "gateway", "sla", "serve"))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for that benchmark")
     p.set_defaults(func=_run_bench)
 
@@ -80,11 +81,13 @@ def _run_bench(args: argparse.Namespace) -> int:
 
     module = importlib.import_module({"engine": "engine.bench.engine", "kernels": "kernels.bench",
                                       "gateway": "gateway.bench.gateway",
-                                      "sla": "gateway.bench.sla"}[args.target])
+                                      "sla": "gateway.bench.sla",
+                                      "serve": "gateway.bench.serve"}[args.target])
     return int(module.main(list(args.rest)) or 0)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gateway.cli import doctor as cli_doctor
     from gateway.cli import generate as cli_generate
     from gateway.cli import loadtest as cli_loadtest
     from gateway.cli import tenants as cli_tenants
@@ -95,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_tenants.add_parser(sub)
     cli_generate.add_parser(sub)
     cli_loadtest.add_parser(sub)
+    cli_doctor.add_parser(sub)
     _add_bench(sub)
     return parser
 

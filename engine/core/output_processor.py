@@ -43,12 +43,17 @@ class OutputProcessor:
         """Returns the request's delta and whether a stop string just matched (the caller
         then finishes the request in the scheduler and marks the output finished)."""
         st = self._states[request.request_id]
+        params = request.sampling_params
         new_tokens = request.output_token_ids[st.sent_tokens :]
+        logprobs = request.output_logprobs[st.sent_tokens :] if params.logprobs is not None \
+            else None
         st.sent_tokens = request.num_output_tokens
         stop_hit = False
         if new_tokens and st.stopped_at is None:
             st.text += st.detok.add(new_tokens)
-            stop_hit = self._find_stop(st, request.sampling_params.stop)
+            # as vLLM: no stop string ends a request short of min_tokens
+            if request.num_output_tokens >= params.min_tokens:
+                stop_hit = self._find_stop(st, params.stop)
         finished = request.is_finished or stop_hit
         if finished and st.stopped_at is None:
             st.text += st.detok.flush()  # a trailing partial character, if any
@@ -67,6 +72,8 @@ class OutputProcessor:
             first_token_time=request.times.first_token,
             finish_time=request.times.finished,
             num_preemptions=request.num_preemptions,
+            logprobs=logprobs,
+            num_cached_tokens=request.num_cached_tokens,
         )
         if finished:
             self.discard(request.request_id)

@@ -30,7 +30,10 @@ class ScheduledRequest:
     sample: bool
     sampling_params: SamplingParams
     output_index: int
-    # Only needed when sampling with penalties/stops in the runner; kept small on purpose.
+    # (prompt ids, output ids so far): the request's own lists, set only when its penalties
+    # read them (``SamplingParams.needs_history``); the runner reads them before the update.
+    history: tuple[list[int], list[int]] | None = None
+    eos_token_id: int | None = None  # banned with the stop ids while short of min_tokens
 
 
 @dataclass
@@ -58,11 +61,21 @@ class SchedulerOutput:
         return not (self.scheduled or self.swap_out or self.swap_in)
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log-probability and the best alternatives (id, logprob), best first,
+    from the model's raw distribution (before penalties, bias and temperature)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class ModelRunnerOutput:
-    """Sampled next token per request that had ``sample=True``."""
+    """Sampled next token per request that had ``sample=True``; its logprobs when asked."""
 
     sampled: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
 
 
 @dataclass
@@ -83,6 +96,9 @@ class RequestOutput:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
+    # one per token of ``new_token_ids`` when the request asked for logprobs
+    logprobs: list[TokenLogprob] | None = None
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass

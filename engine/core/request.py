@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from engine.core.finish import FinishReason
+from engine.core.outputs import TokenLogprob
 from engine.core.sampling_params import SamplingParams
 
 
@@ -72,6 +73,8 @@ class Request:
         self.priority = priority  # 0 is most urgent
         self.eos_token_id = eos_token_id
         self.output_token_ids: list[int] = []
+        self.output_logprobs: list[TokenLogprob] = []  # per output token, when asked for
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache when admitted
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_preemptions = 0

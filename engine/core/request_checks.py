@@ -57,7 +57,9 @@ def stop_status(req: Request, token: int, max_model_len: int | None) -> RequestS
     A stop token wins over a length limit reached by the same token.
     """
     params = req.sampling_params
-    if token in params.stop_token_ids or (token == req.eos_token_id and not params.ignore_eos):
+    stoppable = len(req.output_token_ids) >= params.min_tokens  # the sampler bans them before
+    if stoppable and (token in params.stop_token_ids
+                      or (token == req.eos_token_id and not params.ignore_eos)):
         return RequestStatus.FINISHED_STOPPED
     if len(req.output_token_ids) >= params.max_tokens:
         return RequestStatus.FINISHED_LENGTH

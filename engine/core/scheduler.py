@@ -301,6 +301,8 @@ class Scheduler(PreemptionMixin):
                 return _NO_ROOM
         self.waiting.remove(req.request_id)
         req.num_computed_tokens = computed
+        if req.times.first_scheduled is None:  # usage's cached_tokens: the first admission
+            req.num_cached_tokens = computed
         self._start_running(req, num_new, plan)
         return _OK
 
@@ -391,6 +393,8 @@ class Scheduler(PreemptionMixin):
             except KeyError:
                 raise KeyError(f"runner returned no sampled token for {rid!r}") from None
             req.output_token_ids.append(token)
+            if result.logprobs and rid in result.logprobs:
+                req.output_logprobs.append(result.logprobs[rid])
             if req.times.first_token is None:
                 req.times.first_token = self.clock()
             changed[rid] = req

@@ -46,6 +46,10 @@ class StepPlan:
             end == req.num_tokens,  # sample only when this chunk reaches the known end
             req.sampling_params,
             len(req.output_token_ids),
+            # penalties read the tokens so far; min_tokens bans EOS: only then (hot path)
+            history=(req.prompt_token_ids, req.output_token_ids)
+            if req.sampling_params.needs_history else None,
+            eos_token_id=req.eos_token_id,
         )
         self.budget -= num_new
 

@@ -118,12 +118,18 @@ class ModelRunner:
             if not step.sample_rows:
                 return ModelRunnerOutput()
             logits = self.model.compute_logits(hidden[step.logits_indices])
-            tokens = self.sampler.sample(
-                logits[: len(step.sample_rows)],  # padding rows' logits are discarded
-                [s.sampling_params for s in step.sample_rows],
-                [s.output_index for s in step.sample_rows],
+            rows = step.sample_rows
+            sampled = self.sampler.sample_batch(
+                logits[: len(rows)],  # padding rows' logits are discarded
+                [s.sampling_params for s in rows],
+                [s.output_index for s in rows],
+                [s.history for s in rows],
+                [s.eos_token_id for s in rows],
             )
-        return ModelRunnerOutput({s.request_id: t for s, t in zip(step.sample_rows, tokens)})
+        return ModelRunnerOutput(
+            {s.request_id: t for s, t in zip(rows, sampled.tokens)},
+            {rows[r].request_id: lp for r, lp in sampled.logprobs.items()},
+        )
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         """(device_block, cpu_block) pairs: copy every layer's K and V to the CPU pool."""

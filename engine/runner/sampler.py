@@ -6,13 +6,22 @@ single uniform number ``u`` and takes the token where its CDF crosses ``u`` (inv
 sampling). For a seeded request, ``u`` for output token ``i`` is a pure function of
 ``(seed, i)``, so the same seed gives the same tokens whatever else is in the batch and wherever
 the request sits in it. Unseeded requests draw ``u`` from the sampler's own generator.
+
+Before that, ``logits_processors.process_logits`` applies min_tokens, logit_bias and the
+penalties (batched, row-wise); min_p filters after temperature. Logprobs, when a row asks for
+them, are the log-softmax of the raw logits (vLLM's default): the sampled token's and the
+best ``k`` alternatives'.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
+from engine.core.outputs import TokenLogprob
 from engine.core.sampling_params import SamplingParams
+from engine.runner.logits_processors import History, min_p_filter, process_logits
 
 _MASK64 = (1 << 64) - 1
 _TOP_P_PREFIX = 128  # top-p looks at this many best tokens first; full sort only if needed
@@ -40,19 +49,32 @@ class Sampler:
             self.generator.manual_seed(seed)
 
     def sample(
-        self, logits: torch.Tensor, params: list[SamplingParams], output_indices: list[int]
+        self, logits: torch.Tensor, params: list[SamplingParams], output_indices: list[int],
+        histories: list[History | None] | None = None, eos_ids: list[int | None] | None = None,
     ) -> list[int]:
         """logits: [R, V] (one row per sampling request) -> one token id per row."""
-        greedy = logits.argmax(dim=-1).tolist()  # the common all-greedy case ends here
+        return self.sample_batch(logits, params, output_indices, histories, eos_ids).tokens
+
+    def sample_batch(
+        self, logits: torch.Tensor, params: list[SamplingParams], output_indices: list[int],
+        histories: list[History | None] | None = None, eos_ids: list[int | None] | None = None,
+    ) -> SamplerOutput:
+        """``sample`` plus the logprobs of the rows that ask for them. ``histories``: each
+        row's (prompt, output) ids (needed by rows with penalties); ``eos_ids``: each row's
+        EOS id (banned with its stop ids while short of min_tokens)."""
+        n = len(params)
+        raw = logits
+        logits = process_logits(logits, params, output_indices, histories or [None] * n,
+                                eos_ids or [None] * n)
+        tokens = logits.argmax(dim=-1).tolist()  # the common all-greedy case ends here
         rows = [r for r, p in enumerate(params) if not p.greedy]
-        if not rows:
-            return greedy
-        picked = self._sample_rows(
-            logits[rows], [params[r] for r in rows], [output_indices[r] for r in rows]
-        )
-        for r, token in zip(rows, picked, strict=True):
-            greedy[r] = token
-        return greedy
+        if rows:
+            picked = self._sample_rows(
+                logits[rows], [params[r] for r in rows], [output_indices[r] for r in rows]
+            )
+            for r, token in zip(rows, picked, strict=True):
+                tokens[r] = token
+        return SamplerOutput(tokens, token_logprobs(raw, params, tokens))
 
     def _sample_rows(
         self, logits: torch.Tensor, params: list[SamplingParams], indices: list[int]
@@ -62,6 +84,7 @@ class Sampler:
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         temps = torch.tensor([p.temperature for p in params], dtype=dtype)
         probs = torch.softmax(logits.cpu().to(dtype) / temps[:, None], dim=-1)
+        probs = min_p_filter(probs, [p.min_p for p in params])
         probs = filter_top_k_top_p(
             probs, [p.top_k for p in params], [p.top_p for p in params]
         )
@@ -80,6 +103,32 @@ class Sampler:
         for r in bad:
             out[r] = int(probs[r].nonzero().flatten()[-1])
         return out
+
+
+@dataclass
+class SamplerOutput:
+    tokens: list[int]
+    logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # by row
+
+
+def token_logprobs(logits: torch.Tensor, params: list[SamplingParams], tokens: list[int]
+                   ) -> dict[int, TokenLogprob]:
+    """For each row asking for logprobs: log-softmax of its raw logits (fp64 for fp64 models,
+    else fp32) at the sampled token, and its best ``logprobs`` alternatives."""
+    rows = [r for r, p in enumerate(params) if p.logprobs is not None]
+    if not rows:
+        return {}
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    lp = torch.log_softmax(logits[rows].to(dtype), dim=-1).cpu()
+    chosen = lp.gather(1, torch.tensor([[tokens[r]] for r in rows])).squeeze(1).tolist()
+    k = max(params[r].logprobs or 0 for r in rows)
+    top_v, top_i = torch.topk(lp, k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+    out = {}
+    for i, r in enumerate(rows):
+        want = params[r].logprobs or 0
+        pairs = zip(top_i[i, :want].tolist(), top_v[i, :want].tolist(), strict=True)
+        out[r] = TokenLogprob(chosen[i], tuple(pairs))
+    return out
 
 
 def filter_top_k_top_p(

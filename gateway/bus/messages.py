@@ -39,6 +39,16 @@ class SubmitMsg:
     # writes the first tokens (the gateway measures TTFT on them) and the rest with the
     # finish, not a message per engine step
     stream: bool = True
+    # OpenAI's and vLLM's other sampling fields (``SamplingParams`` says what each does)
+    top_k: int = 0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: list[list[float]] = field(default_factory=list)  # [token_id, bias] pairs
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k: the sampled token's and k alternatives
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(
@@ -47,6 +57,15 @@ class SubmitMsg:
             top_p=self.top_p,
             seed=self.seed,
             stop=tuple(self.stop),
+            top_k=self.top_k,
+            min_p=self.min_p,
+            min_tokens=self.min_tokens,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=tuple((int(t), float(b)) for t, b in self.logit_bias),
+            ignore_eos=self.ignore_eos,
+            logprobs=self.logprobs,
         )
 
 
@@ -56,6 +75,8 @@ class TokenMsg:
 
     token_ids: list[int]
     text: str
+    # per token when the request asked for logprobs: [logprob, [[id, logprob], ...]]
+    logprobs: list[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +91,7 @@ class FinishMsg:
     # older worker that does not send them).
     queue_wait_s: float | None = None
     num_preemptions: int | None = None
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache
 
 
 # How a request ended, by its finish reason: the stats counters the worker's finish and the
@@ -111,7 +133,7 @@ _TYPES: dict[str, type[Any]] = {
     "cancel": CancelMsg,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}
-# Field names per type, read once: every field is a plain value or a flat list, so a shallow
+# Field names per type, read once: every field is a plain value or a list, so a shallow
 # dict is the same JSON as ``dataclasses.asdict`` without its recursive deep copy (the writer
 # encodes one message per request per engine step).
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _TYPES.values()}

@@ -8,6 +8,8 @@ gets Starlette's 405. Pure ASGI, placed in front of the auth middleware.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -15,7 +17,7 @@ from gateway.http.errors import APIError, error_response
 
 
 class NotFoundMiddleware:
-    def __init__(self, app: ASGIApp, routes: list[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
         self.app = app
         self.routes = routes
 

@@ -189,8 +189,9 @@ class OutputWriter:
             has_tokens = (ids or text) and not rec.reader_gone
             if not last.finished and not has_tokens:
                 continue
+            lps = [[x.logprob, x.top] for o in outs for x in o.logprobs or ()] or None
             step.add(rec.request_id, rec.tier, rec.entry_id, rec.reader_gone,
-                     TokenMsg(ids, text) if has_tokens else None,
+                     TokenMsg(ids, text, lps) if has_tokens else None,
                      _finish(rec, last) if last.finished else None,
                      tenant=rec.tenant, charge=len(ids) / rec.weight)
         return step
@@ -237,4 +238,5 @@ def _by_request(items: list[tuple[Inflight, RequestOutput]]
 def _finish(rec: Inflight, out: RequestOutput) -> FinishMsg:
     return FinishMsg(out.finish_reason or FinishReason.STOP, out.num_prompt_tokens, out.num_output_tokens,
                      out.error, queue_wait_s=rec.queue_wait_s,
-                     num_preemptions=out.num_preemptions)
+                     num_preemptions=out.num_preemptions,
+                     cached_tokens=out.num_cached_tokens)

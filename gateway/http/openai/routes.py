@@ -125,14 +125,17 @@ async def _completion(request: Request, kind: str) -> Response:
     tenant: Tenant = request.state.tenant
     body = await read_json(request, svc.config.max_body_bytes)
     if kind == "chat":
-        parsed = parse_chat(body, svc.model.tokenizer, svc.model.name)
+        parsed = parse_chat(body, svc.model.tokenizer, svc.model.name, svc.model.vocab_size)
     else:
         parsed = parse_completion(body, svc.model.tokenizer, svc.model.name, svc.model.vocab_size)
     tier = choose_tier(tenant, parsed, request.headers.get(TIER_HEADER))
     max_tokens = resolve_max_tokens(parsed, tenant, svc)
+    if parsed.min_tokens > max_tokens:
+        raise bad_request(f"min_tokens={parsed.min_tokens} is more than max_tokens={max_tokens}",
+                          param="min_tokens")
     shed = await svc.shedder.check(tenant.id, tier)
     if shed is not None:
-        svc.events.request_rejected(tenant.id, shed.status, shed.code or "shed")
+        svc.events.request_rejected(tenant.id, shed.status, shed.code or "shed", tier=tier)
         raise shed
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     rid = f"{prefix}-{secrets.token_hex(16)}"
@@ -143,6 +146,10 @@ async def _completion(request: Request, kind: str) -> Response:
         prompt_token_ids=parsed.prompt_token_ids, max_tokens=max_tokens,
         temperature=parsed.temperature, top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop,
         arrival_unix=now, deadline_unix=now + timeout, stream=parsed.stream,
+        top_k=parsed.top_k, min_p=parsed.min_p, min_tokens=parsed.min_tokens,
+        repetition_penalty=parsed.repetition_penalty, presence_penalty=parsed.presence_penalty,
+        frequency_penalty=parsed.frequency_penalty, logit_bias=parsed.logit_bias,
+        ignore_eos=parsed.ignore_eos, logprobs=parsed.logprobs,
         traceparent=svc.events.request_started(
             rid, tenant.id, tier, svc.model.name, len(parsed.prompt_token_ids), max_tokens,
             parsed.stream, request.headers.get("traceparent")),

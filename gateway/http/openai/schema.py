@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.core.sampling_params import MAX_LOGPROBS
 from gateway.http.errors import APIError, bad_request
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -30,6 +31,15 @@ class ParsedRequest:
     stream: bool = False
     include_usage: bool = False
     service_tier: str | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: list[list[float]] = field(default_factory=list)  # [token_id, bias] pairs
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k: the sampled token's and k alternatives
 
 
 def _typed(body: dict[str, Any], name: str, types: tuple[type, ...], default: Any = None) -> Any:
@@ -43,7 +53,7 @@ def _typed(body: dict[str, Any], name: str, types: tuple[type, ...], default: An
     return value
 
 
-def _common(body: dict[str, Any], served_model: str) -> dict[str, Any]:
+def _common(body: dict[str, Any], served_model: str, vocab_size: int) -> dict[str, Any]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required and must be a string", param="model")
@@ -80,7 +90,80 @@ def _common(body: dict[str, Any], served_model: str) -> dict[str, Any]:
     tier = _typed(body, "service_tier", (str,), None)
     return {"model": model, "max_tokens": max_tokens, "temperature": temperature,
             "top_p": top_p, "seed": seed, "stop": _stop(body.get("stop")), "stream": stream,
-            "include_usage": include_usage, "service_tier": tier}
+            "include_usage": include_usage, "service_tier": tier,
+            **_sampling_extras(body, max_tokens, vocab_size)}
+
+
+def _sampling_extras(body: dict[str, Any], max_tokens: int | None,
+                     vocab_size: int) -> dict[str, Any]:
+    """vLLM's extra sampling fields and OpenAI's penalties and logit_bias, checked with
+    vLLM's/OpenAI's ranges."""
+    top_k = _typed(body, "top_k", (int,), 0)
+    if top_k < -1:
+        raise bad_request("'top_k' must be -1 (off), 0 (off) or >= 1", param="top_k")
+    min_p = _number(body, "min_p", 0.0)
+    if not 0.0 <= min_p <= 1.0:
+        raise bad_request("'min_p' must be between 0 and 1", param="min_p")
+    min_tokens = _typed(body, "min_tokens", (int,), 0)
+    if min_tokens < 0 or (max_tokens is not None and min_tokens > max_tokens):
+        raise bad_request("'min_tokens' must be >= 0 and at most max_tokens", param="min_tokens")
+    repetition = _number(body, "repetition_penalty", 1.0)
+    if not repetition > 0.0:
+        raise bad_request("'repetition_penalty' must be > 0", param="repetition_penalty")
+    penalties = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        penalties[name] = _number(body, name, 0.0)
+        if not -2.0 <= penalties[name] <= 2.0:
+            raise bad_request(f"'{name}' must be between -2 and 2", param=name)
+    return {"top_k": max(top_k, 0), "min_p": min_p, "min_tokens": min_tokens,
+            "repetition_penalty": repetition, **penalties,
+            "logit_bias": _logit_bias(body.get("logit_bias"), vocab_size),
+            "ignore_eos": _typed(body, "ignore_eos", (bool,), False)}
+
+
+MAX_LOGIT_BIAS = 300  # entries (OpenAI allows up to 300)
+
+
+def _logit_bias(value: Any, vocab_size: int) -> list[list[float]]:
+    if value is None:
+        return []
+    if not isinstance(value, dict):
+        raise bad_request("'logit_bias' must be an object of token id -> bias", param="logit_bias")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'logit_bias' allows at most {MAX_LOGIT_BIAS} entries",
+                          param="logit_bias")
+    pairs = []
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else None
+        if token is None or not 0 <= token < vocab_size:
+            raise bad_request(f"'logit_bias' key {key!r} is not a token id in [0, {vocab_size})",
+                              param="logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                or not -100 <= bias <= 100:
+            raise bad_request(f"'logit_bias' value for {key} must be a number in [-100, 100]",
+                              param="logit_bias")
+        pairs.append([token, float(bias)])
+    return pairs
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    """Chat: ``logprobs`` (bool) and ``top_logprobs`` (0..20, only with logprobs)."""
+    wanted = _typed(body, "logprobs", (bool,), False)
+    top = _typed(body, "top_logprobs", (int,), None)
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise bad_request(f"'top_logprobs' must be between 0 and {MAX_LOGPROBS}",
+                          param="top_logprobs")
+    if top is not None and not wanted:
+        raise bad_request("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _completion_logprobs(body: dict[str, Any]) -> int | None:
+    """Completions (legacy): ``logprobs`` is the number of alternatives, 0..20."""
+    value = _typed(body, "logprobs", (int,), None)
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise bad_request(f"'logprobs' must be between 0 and {MAX_LOGPROBS}", param="logprobs")
+    return value  # type: ignore[no-any-return]
 
 
 def _number(body: dict[str, Any], key: str, default: float) -> float:
@@ -137,8 +220,9 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def parse_chat(body: dict[str, Any], tokenizer: Any, served_model: str) -> ParsedRequest:
-    common = _common(body, served_model)
+def parse_chat(body: dict[str, Any], tokenizer: Any, served_model: str,
+               vocab_size: int) -> ParsedRequest:
+    common = _common(body, served_model, vocab_size)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", param="messages")
@@ -153,12 +237,13 @@ def parse_chat(body: dict[str, Any], tokenizer: Any, served_model: str) -> Parse
         raise bad_request(f"messages do not fit the model's chat template: {exc}",
                           param="messages") from exc
     ids = encode_text(tokenizer, text)
-    return ParsedRequest(kind="chat", prompt_token_ids=ids, **common)
+    return ParsedRequest(kind="chat", prompt_token_ids=ids, logprobs=_chat_logprobs(body),
+                         **common)
 
 
 def parse_completion(body: dict[str, Any], tokenizer: Any, served_model: str,
                      vocab_size: int) -> ParsedRequest:
-    common = _common(body, served_model)
+    common = _common(body, served_model, vocab_size)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -176,4 +261,5 @@ def parse_completion(body: dict[str, Any], tokenizer: Any, served_model: str,
         raise bad_request("'prompt' must be a string or a list of token ids", param="prompt")
     if not ids:
         raise bad_request("'prompt' must not be empty", param="prompt")
-    return ParsedRequest(kind="completion", prompt_token_ids=ids, **common)
+    return ParsedRequest(kind="completion", prompt_token_ids=ids,
+                         logprobs=_completion_logprobs(body), **common)

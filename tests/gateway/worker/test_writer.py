@@ -86,7 +86,7 @@ async def test_finish_writes_tokens_and_finish_and_acks(setup: Any) -> None:
     assert writer.writes == 1
     assert await entries(client, keys.out("f")) == [
         TokenMsg([7, 8], "xy"), FinishMsg("length", 3, 2, None, queue_wait_s=0.25,
-                                          num_preemptions=0)]
+                                          num_preemptions=0, cached_tokens=0)]
     assert 0 < await client.ttl(keys.out("f")) <= TTL
     assert await client.hget(keys.req("f"), "state") == b"finished"
     assert await client.xlen(queue) == 0

@@ -17,6 +17,7 @@
     {ns}:conc:{id}           zset    in-flight request ids scored by lease expiry (ms)
     {ns}:stats               hash    counters (admitted, rejected:*, completed, aborted...)
     {ns}:tier_status         hash    worker id -> its tier status JSON (worker/tier_status.py)
+    {ns}:metrics             hash    process id -> its metrics samples JSON (telemetry/stats_publish.py)
 """
 
 from __future__ import annotations
@@ -89,3 +90,7 @@ class RedisKeys:
     @property
     def tier_status(self) -> str:
         return f"{self.ns}:tier_status"
+
+    @property
+    def metrics(self) -> str:
+        return f"{self.ns}:metrics"

@@ -1,6 +1,7 @@
 """Admin endpoints (admin key required, enforced by ``AuthMiddleware``): tenants, quotas,
-keys, counters, tiers (weights, service objectives and the workers' live tier status).
-Changes are visible to every gateway within the auth cache TTL (< 1 s)."""
+keys, counters and the deployment's live stats (``/admin/stats``), tiers (weights, service
+objectives and the workers' live tier status), and the operator console's page. Changes
+are visible to every gateway within the auth cache TTL (< 1 s)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.bus.client import text
+from gateway.http.console import CONSOLE_ROUTES
 from gateway.http.errors import APIError, bad_request
 from gateway.http.openai.routes import read_json
 from gateway.http.services import Services
 from gateway.http.shedding import tier_table
+from gateway.telemetry.stats_snapshot import StatsHistory
 from gateway.tenancy.tenants import Tenant, tenant_from_dict
 
 ADMIN_BODY_LIMIT = 64 * 1024
@@ -95,9 +98,16 @@ async def revoke_key(request: Request) -> Response:
 
 
 async def stats(request: Request) -> Response:
+    """The queues' counters (admitted, rejected:<limit>, completed...) at the top level, and
+    beside them the deployment's live stats and the doctor's findings
+    (``gateway/telemetry/stats_snapshot.py``; what ``/console`` and ``carpool doctor`` read)."""
     svc = _svc(request)
     raw = await svc.redis.hgetall(svc.keys.stats)
-    return JSONResponse({text(k): int(v) for k, v in raw.items()})
+    counters = {text(k): int(v) for k, v in raw.items()}
+    history = getattr(svc.events, "stats_history", None)
+    if history is None:  # events that keep no metrics (tests): a history read once, here
+        history = StatsHistory(svc.redis, svc.keys, tuple(svc.config.tier_weights))
+    return JSONResponse({**counters, **await history.snapshot()})
 
 
 async def tiers(request: Request) -> Response:
@@ -116,4 +126,5 @@ ADMIN_ROUTES = [
     Route("/admin/tenants/{tenant_id}/keys/{key_id}", revoke_key, methods=["DELETE"]),
     Route("/admin/stats", stats, methods=["GET"]),
     Route("/admin/tiers", tiers, methods=["GET"]),
+    *CONSOLE_ROUTES,  # the operator console's page, a view of /admin/stats (http/console.py)
 ]

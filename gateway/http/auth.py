@@ -1,8 +1,8 @@
 """Authentication and its cache. The pure-ASGI middleware (not BaseHTTPMiddleware, which
 buffers and breaks streaming and disconnect detection) resolves ``Authorization: Bearer <key>``
 to a tenant through ``AuthCache`` and puts it in ``scope["state"]["tenant"]``; ``/admin/*``
-requires an admin key. The key itself is never logged or stored; failures are OpenAI-style
-401/403 bodies.
+and a ``/console`` request that carries a key require an admin key. The key itself is never
+logged or stored; failures are OpenAI-style 401/403 bodies.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ if TYPE_CHECKING:  # services.py imports this module: for types only
     from gateway.http.services import Services
 
 PUBLIC_PATHS = frozenset({"/healthz", "/health", "/readyz", "/metrics"})  # metrics: for the scraper
+# The operator console's page and script: a shell holding no data, served to a browser that
+# cannot send a header yet (its data comes from /admin/stats with the admin key). A request
+# that does present a key here must present an admin one.
+CONSOLE_PREFIX = "/console"
 
 
 @dataclass
@@ -76,11 +80,15 @@ class AuthMiddleware:
             return
         services: Services = scope["app"].state.services
         key = bearer_key(scope)
+        console = scope["path"].startswith(CONSOLE_PREFIX)
+        if console and key is None:
+            await self.app(scope, receive, send)
+            return
         err: APIError | None = None
         if key is None:
             err = APIError(401, "Missing API key: send 'Authorization: Bearer cp-...'",
                            code="missing_api_key")
-        elif scope["path"].startswith("/admin"):
+        elif scope["path"].startswith("/admin") or console:
             if not await services.store.is_admin_key(key):
                 err = APIError(401, "An admin key is required", code="invalid_admin_key")
         else:

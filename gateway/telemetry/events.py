@@ -37,8 +37,8 @@ class GatewayEvents:
         pass
 
     def request_rejected(self, tenant_id: str | None, status: int, reason: str,
-                         request_id: str | None = None) -> None:
-        pass
+                         request_id: str | None = None, tier: str | None = None) -> None:
+        """``tier`` when known (a shed names it; an auth failure comes before any)."""
 
     def first_token(self, request_id: str, tier: str, ttft_s: float) -> None:
         pass
@@ -81,7 +81,7 @@ class CountingEvents(GatewayEvents):
         self._bump("admitted")
 
     def request_rejected(self, tenant_id: str | None, status: int, reason: str,
-                         request_id: str | None = None) -> None:
+                         request_id: str | None = None, tier: str | None = None) -> None:
         self._bump(f"rejected:{reason}")
 
     def request_finished(self, *a: object, **k: object) -> None:

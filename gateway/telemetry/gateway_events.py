@@ -19,11 +19,14 @@ from typing import Any, TypeVar
 from engine.core.finish import FinishReason
 from engine.core.outputs import RequestOutput
 from engine.protocol import EngineClient
+from gateway.bus.keys import RedisKeys
 from gateway.bus.messages import reason_of_outcome
 from gateway.config import GatewayConfig
 from gateway.telemetry.config import TelemetryConfig
 from gateway.telemetry.events import GatewayEvents
 from gateway.telemetry.request_span import RequestInfo, RequestRecorder
+from gateway.telemetry.stats_publish import MetricsPublisher
+from gateway.telemetry.stats_snapshot import StatsHistory
 from gateway.telemetry.step_observer import StepFact, StepObserver
 from gateway.telemetry.telemetry import Telemetry
 from gateway.telemetry.worker_trace import WorkerRequestTrace
@@ -75,6 +78,9 @@ class TelemetryEvents(GatewayEvents):
         self._observer: StepObserver | None = None
         self._remove_observer: Callable[[], None] | None = None
         self._sampler: asyncio.Task[None] | None = None
+        self._stats_tasks: list[asyncio.Task[None]] = []
+        self.stats_publisher: MetricsPublisher | None = None
+        self.stats_history: StatsHistory | None = None  # HTTP processes: /admin/stats reads it
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -90,6 +96,25 @@ class TelemetryEvents(GatewayEvents):
             self._attach_step_observer(self._engine)
         if queues is not None or self._engine is not None:
             self._sampler = asyncio.create_task(self._sample_forever(queues), name="telemetry")
+        if self._engine is not None:
+            self.telemetry.metrics.engine_seats.set(self._engine.load().max_num_seqs)
+        self._start_stats(services)
+
+    def _start_stats(self, services: Any) -> None:
+        """Publish this process's metrics for the deployment-wide view; an HTTP process also
+        keeps that view's history for ``GET /admin/stats`` (``stats_snapshot.py``)."""
+        redis, config = getattr(services, "redis", None), getattr(services, "config", None)
+        if redis is None or config is None:
+            return
+        keys = RedisKeys(config.namespace)
+        self.stats_publisher = MetricsPublisher(redis, keys, self.telemetry.metrics.registry,
+                                                config.role)
+        self._stats_tasks.append(asyncio.create_task(self.stats_publisher.run(),
+                                                     name="metrics-publish"))
+        if config.role != "worker":
+            self.stats_history = StatsHistory(redis, keys, tuple(config.tier_weights))
+            self._stats_tasks.append(asyncio.create_task(self.stats_history.run(),
+                                                         name="stats-history"))
 
     def _attach_step_observer(self, engine: EngineClient) -> None:
         """Per-step facts straight from the engine thread: every step is seen exactly, so
@@ -99,6 +124,14 @@ class TelemetryEvents(GatewayEvents):
         self.telemetry.engine_sampler.observe_steps = False
 
     async def stop(self) -> None:
+        for task in self._stats_tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._stats_tasks.clear()
+        if self.stats_publisher is not None:
+            with contextlib.suppress(Exception):  # Redis already gone: the field expires
+                await self.stats_publisher.withdraw()
         if self._remove_observer is not None:
             self._remove_observer()
             self._remove_observer = None
@@ -150,14 +183,26 @@ class TelemetryEvents(GatewayEvents):
 
     @_safe
     def request_rejected(self, tenant_id: str | None, status: int, reason: str,
-                         request_id: str | None = None) -> None:
+                         request_id: str | None = None, tier: str | None = None) -> None:
         if status == 429:
             self.telemetry.quota_rejected(reason)
         else:
             self.telemetry.metrics.rejections.labels(str(status), reason).inc()
         rec = self._recorders.pop(request_id, None) if request_id else None
+        if tier is None and rec is not None:
+            tier = rec.info.tier
+        self.telemetry.metrics.request_rejections.labels(
+            tier or "-", self._tenant(tenant_id or "-"), reason, str(status)).inc()
         if rec is not None:
             rec.finish("rejected", completion_tokens=0, error=f"{status} {reason}")
+
+    @_safe
+    def request_admitted(self, tenant_id: str, tier: str, request_id: str,
+                         prompt_tokens: int, traceparent: str | None) -> None:
+        self.telemetry.metrics.admissions.labels(tier, self._tenant(tenant_id)).inc()
+
+    def _tenant(self, tenant_id: str) -> str:
+        return tenant_id if self.telemetry.config.tenant_labels else "-"
 
     @_safe
     def tokens(self, request_id: str, count: int) -> None:

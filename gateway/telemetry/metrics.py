@@ -39,6 +39,7 @@ class Metrics:
         self._request_metrics()
         self._queue_metrics()
         self._engine_metrics()
+        self._tenant_metrics()
 
     def _request_metrics(self) -> None:
         r = self.registry
@@ -133,6 +134,34 @@ class Metrics:
         self.preemptions = Counter(
             "carpool_preemptions", "Requests preempted, by mode (recompute | swap)",
             ["mode"], registry=r,
+        )
+
+    def _tenant_metrics(self) -> None:
+        """Per tier and tenant, for the operator console's admission and tenant panels
+        (``gateway/telemetry/stats_snapshot.py``); the tenant label is ``-`` when
+        ``TelemetryConfig.tenant_labels`` is off."""
+        r = self.registry
+        self.admissions = Counter(
+            "carpool_admissions", "Requests admitted into a tier queue", ["tier", "tenant"],
+            registry=r,
+        )
+        self.request_rejections = Counter(
+            "carpool_request_rejections", "Requests refused (429 limits, sheds, auth), by tier "
+            "('-' before a tier is known), tenant, reason and status",
+            ["tier", "tenant", "reason", "status"], registry=r,
+        )
+        self.tenant_tokens = Counter(
+            "carpool_tenant_tokens", "Tokens processed per tenant, by type (prompt | completion)",
+            ["tenant", "type"], registry=r,
+        )
+        self.tenant_ttft = Histogram(
+            "carpool_tenant_time_to_first_token_seconds",
+            "Time to first token per tenant (the tier histograms' per-tenant view)",
+            ["tenant"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.engine_seats = Gauge(
+            "carpool_engine_max_num_seqs", "Rows an engine may run at once (its max_num_seqs)",
+            registry=r,
         )
 
     def render(self) -> bytes:

@@ -91,6 +91,7 @@ class RequestRecorder:
         if self._first is None:
             self._first = t
             self._metrics.ttft.labels(tier).observe(t - self._start)
+            self._metrics.tenant_ttft.labels(self._tenant_label).observe(t - self._start)
             self.span.add_event(names.EVENT_FIRST_TOKEN, timestamp=monotonic_to_epoch_ns(t))
         elif self._last is not None and self.info.stream:
             # (a non-streaming answer's tokens come back in two messages: no gaps to see)
@@ -150,6 +151,8 @@ class RequestRecorder:
         m.requests.labels(tier, self._tenant_label, s.finish_reason).inc()
         m.tokens.labels(tier, "prompt").inc(s.prompt_tokens)
         m.tokens.labels(tier, "completion").inc(s.completion_tokens)
+        m.tenant_tokens.labels(self._tenant_label, "prompt").inc(s.prompt_tokens)
+        m.tenant_tokens.labels(self._tenant_label, "completion").inc(s.completion_tokens)
         if s.finish_reason == FinishReason.ABORT:
             m.aborts.labels(tier, abort_cause or "unknown").inc()
         # Only natural ends describe service quality: aborted/failed requests would skew TPOT

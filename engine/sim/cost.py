@@ -1,0 +1,77 @@
+"""Step-cost models: how long one engine step takes, from the step's shape alone.
+
+A step's shape is what ``policies.step_cost`` models: ``rows`` (requests in the forward pass,
+padding rows of a fixed-shape batch included: they are computed too), ``tokens`` (tokens
+computed: one per decode row, a chunk per prefill row) and ``kv_tokens`` (the context the
+attention reads: each row's ``start_pos + len(tokens)``).
+
+- ``FixedCost(seconds)``: every step costs the same, whatever it holds (seed 000's "50 ms a
+  step, prefill counted as zero").
+- ``CalibratedCost(StepCost)``: ``base + per_row*rows + per_token*tokens + per_kv*kv_tokens``,
+  the coefficients fitted from the real engine's measured steps (``engine.sim.profile``).
+
+Swap copies are not costed (no measurement covers them); a run that swaps says so in its
+preemption counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.core.outputs import SchedulerOutput
+from policies.step_cost import StepCost
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    rows: int
+    tokens: int
+    kv_tokens: int
+
+
+def shape_of(out: SchedulerOutput) -> StepShape:
+    pad = out.num_padding_rows  # a padding row is one dummy decode token on a 1-token context
+    kv = sum(s.start_pos + len(s.token_ids) for s in out.scheduled)
+    return StepShape(len(out.scheduled) + pad, out.num_batched_tokens + pad, kv + pad)
+
+
+class CostModel(Protocol):
+    name: str
+
+    def step_seconds(self, shape: StepShape) -> float: ...
+
+    def decode_seconds(self, rows: int, kv_per_row: float) -> float: ...
+
+
+@dataclass(frozen=True)
+class FixedCost:
+    seconds: float
+    name: str = "fixed"
+
+    def __post_init__(self) -> None:
+        if not self.seconds > 0:
+            raise ValueError(f"a fixed step cost must be > 0 seconds, got {self.seconds!r}")
+
+    def step_seconds(self, shape: StepShape) -> float:
+        return self.seconds
+
+    def decode_seconds(self, rows: int, kv_per_row: float) -> float:
+        return self.seconds
+
+
+@dataclass(frozen=True)
+class CalibratedCost:
+    cost: StepCost
+    name: str = "calibrated"
+
+    def __post_init__(self) -> None:
+        if self.decode_seconds(1, 1) <= 0:
+            raise ValueError(f"a calibrated step cost must predict > 0 seconds: {self.cost}")
+
+    def step_seconds(self, shape: StepShape) -> float:
+        return self.cost.predict(shape.rows, shape.tokens, shape.kv_tokens)
+
+    def decode_seconds(self, rows: int, kv_per_row: float) -> float:
+        """A decode step of ``rows`` rows, one token each, ``kv_per_row`` context each."""
+        return self.cost.predict(rows, rows, rows * kv_per_row)

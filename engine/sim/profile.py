@@ -1,0 +1,128 @@
+"""The calibrated step-cost profile: measured engine steps, the fit, and its JSON file.
+
+``carpool calibrate`` runs the real engine over a grid of batch shapes and hands every step
+it timed here as ``(rows, tokens, kv_tokens, seconds)``; ``fit`` returns the coefficients of
+``policies.step_cost.StepCost`` (``base + per_row*rows + per_token*tokens +
+per_kv_token*kv_tokens``, all >= 0), least squares on the *relative* error (each sample
+weighted by 1/seconds) so that the many short decode steps, which dominate a serving run,
+are fitted as well as the few long prefill steps. The file also records what was measured
+(model, its KV shape for the planner, device, CPU) so that a profile is never applied to a
+different model unnoticed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.sim.cost import CalibratedCost
+from policies.step_cost import StepCost, nnls
+
+VERSION = 1
+Sample = tuple[int, int, int, float]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What seed 004 section 6's KV formula needs: 2 x layers x kv_heads x head_dim x bytes."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+
+    def __post_init__(self) -> None:
+        if min(self.layers, self.kv_heads, self.head_dim, self.dtype_bytes) < 1:
+            raise ValueError(f"model shape fields must all be >= 1: {self}")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+SMOLLM2_135M_FP32 = ModelShape(layers=30, kv_heads=3, head_dim=64, dtype_bytes=4)
+
+
+def fit(samples: Sequence[Sample]) -> StepCost:
+    if len(samples) < 4:
+        raise ValueError(f"need at least 4 measured steps to fit 4 coefficients, got {len(samples)}")
+    data = np.asarray(samples, dtype=float)
+    if np.any(data[:, 3] <= 0):
+        raise ValueError("measured step times must be > 0")
+    x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1], data[:, 2]])
+    w = 1.0 / data[:, 3]  # relative error: y/y = 1
+    coef = nnls(x * w[:, None], np.ones(len(data)))
+    return StepCost(*(float(v) for v in coef))
+
+
+def relative_errors(cost: StepCost, samples: Sequence[Sample]) -> list[float]:
+    return [abs(cost.predict(r, t, kv) - s) / s for r, t, kv, s in samples]
+
+
+@dataclass(frozen=True)
+class Profile:
+    cost: StepCost
+    model: str
+    shape: ModelShape
+    block_size: int
+    device: str = "cpu"
+    cpu: str = ""
+    created: str = ""
+    samples: list[Sample] = field(default_factory=list)
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[Sample], **meta: Any) -> Profile:
+        return cls(fit(samples), samples=[tuple(s) for s in samples], **meta)  # type: ignore[misc]
+
+    def cost_model(self) -> CalibratedCost:
+        return CalibratedCost(self.cost)
+
+    def fit_error(self) -> tuple[float, float]:
+        """Median and 90th-percentile relative error of the fit on its own samples."""
+        errs = sorted(relative_errors(self.cost, self.samples))
+        if not errs:
+            return math.nan, math.nan
+        return errs[len(errs) // 2], errs[min(len(errs) - 1, int(len(errs) * 0.9))]
+
+    def to_json(self) -> dict[str, Any]:
+        med, p90 = self.fit_error()
+        return {"version": VERSION, "model": self.model, "device": self.device, "cpu": self.cpu,
+                "created": self.created, "block_size": self.block_size,
+                "model_shape": asdict(self.shape), "coefficients": asdict(self.cost),
+                "fit_relative_error": {"median": med, "p90": p90},
+                "samples": [list(s) for s in self.samples]}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"profile {path} not found (run `carpool calibrate` first)") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"profile {path} is not JSON: {e}") from None
+        if not isinstance(doc, dict) or doc.get("version") != VERSION:
+            raise ValueError(f"profile {path}: not a version-{VERSION} carpool profile")
+        try:
+            return cls(StepCost(**doc["coefficients"]), str(doc["model"]),
+                       ModelShape(**doc["model_shape"]), int(doc["block_size"]),
+                       str(doc.get("device", "")), str(doc.get("cpu", "")),
+                       str(doc.get("created", "")),
+                       [(int(r), int(t), int(k), float(s)) for r, t, k, s in doc.get("samples", [])])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"profile {path}: malformed ({e})") from None
+
+
+def default_profile_path(model: str = "SmolLM2-135M-Instruct-Q4_1", device: str = "cpu") -> Path:
+    """Where ``carpool calibrate`` writes, and ``simulate``/``plan`` read, by default."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{model}-{device}")
+    return Path.home() / ".cache" / "carpool" / "profiles" / f"{safe}.json"

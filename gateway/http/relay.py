@@ -47,6 +47,8 @@ class Stalled(Exception):
 @dataclass
 class RelayState:
     text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # kept only with logprobs
+    logprobs: list[Any] = field(default_factory=list)
     completion_tokens: int = 0
     finish: FinishMsg | None = None
     headers_sent: bool = False
@@ -191,24 +193,28 @@ class RelayResponse:
         async for batch in self._batches():
             # One event and one socket write per batch: the text of every token message
             # already here goes out together (any split of the text is a valid stream).
-            text = []
+            text, ids, lps = [], [], []
             for msg in batch:
                 if isinstance(msg, TokenMsg):
                     self._on_tokens(msg)
                     text.append(msg.text)
+                    if msg.logprobs:
+                        ids += msg.token_ids
+                        lps += msg.logprobs
                 elif isinstance(msg, FinishMsg):
                     self.state.finish = msg
-                    out = fmt.text_chunk("".join(text)) if any(text) else b""
+                    out = fmt.delta("".join(text), ids, lps) if any(text) or lps else b""
                     if msg.finish_reason == FinishReason.ERROR:
                         out += sse(_finish_error(msg).body())
                     else:
                         out += fmt.chunk(None, msg.finish_reason)
                         if ctx.include_usage:
-                            out += fmt.usage_chunk(ctx.prompt_tokens, self.state.completion_tokens)
+                            out += fmt.usage_chunk(ctx.prompt_tokens, self.state.completion_tokens,
+                                                   msg.cached_tokens)
                     await self._body(send, out + SSE_DONE, more=False)
                     return
-            if any(text):
-                await self._body(send, fmt.text_chunk("".join(text)))
+            if any(text) or lps:
+                await self._body(send, fmt.delta("".join(text), ids, lps))
 
     def _on_tokens(self, msg: TokenMsg) -> None:
         state = self.state
@@ -218,6 +224,9 @@ class RelayResponse:
                                              asyncio.get_running_loop().time() - self.ctx.started)
         state.completion_tokens += len(msg.token_ids)
         state.text.append(msg.text)
+        if msg.logprobs and not self.ctx.stream:
+            state.token_ids += msg.token_ids
+            state.logprobs += msg.logprobs
         self.services.events.tokens(self.ctx.request_id, len(msg.token_ids))
 
     async def _send(self, send: Send, message: dict[str, Any],
@@ -245,7 +254,9 @@ class RelayResponse:
             status = 200
             body = orjson.dumps(ctx.formatter.full("".join(self.state.text), finish.finish_reason,
                                                    ctx.prompt_tokens, finish.completion_tokens
-                                                   or self.state.completion_tokens))
+                                                   or self.state.completion_tokens,
+                                                   self.state.token_ids, self.state.logprobs,
+                                                   finish.cached_tokens))
         await self._send(send, {"type": "http.response.start", "status": status, "headers": [
             (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
             (b"x-request-id", ctx.request_id.encode())]})

@@ -22,6 +22,7 @@ from gateway.bus.client import text
 from gateway.bus.messages import SubmitMsg
 from gateway.http.errors import APIError, bad_request
 from gateway.http.openai.format import Formatter
+from gateway.http.openai.logprobs import token_text
 from gateway.http.openai.schema import ParsedRequest, parse_chat, parse_completion
 from gateway.http.relay import RelayContext, RelayResponse
 from gateway.http.services import Services
@@ -165,7 +166,9 @@ async def _completion(request: Request, kind: str) -> Response:
         request_id=rid, tenant=tenant, tier=tier, prompt_tokens=n_prompt,
         reserved_tokens=n_prompt + max_tokens, stream=parsed.stream,
         include_usage=parsed.include_usage,
-        formatter=Formatter(kind, rid, svc.model.name, int(now), tier),
+        formatter=Formatter(kind, rid, svc.model.name, int(now), tier,
+                            token_text(svc.model.tokenizer) if parsed.logprobs is not None
+                            else None),
         started=loop_now, deadline=loop_now + timeout,
     )
     return RelayResponse(svc, ctx)  # type: ignore[return-value]

@@ -71,6 +71,8 @@ class GatewayConfig:
     access_log: bool = False
     metrics_port: int = 0  # worker-only processes: serve /metrics on this port (0 = off)
     engine_options: Mapping[str, Any] = field(default_factory=dict)  # EngineConfig.from_kwargs
+    # unknown top-level request fields: False = ignored (as OpenAI does), True = 400
+    strict_api: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -49,6 +49,7 @@ class SubmitMsg:
     logit_bias: list[list[float]] = field(default_factory=list)  # [token_id, bias] pairs
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k: the sampled token's and k alternatives
+    stop_token_ids: list[int] = field(default_factory=list)
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(
@@ -66,6 +67,7 @@ class SubmitMsg:
             logit_bias=tuple((int(t), float(b)) for t, b in self.logit_bias),
             ignore_eos=self.ignore_eos,
             logprobs=self.logprobs,
+            stop_token_ids=tuple(self.stop_token_ids),
         )
 
 
@@ -77,6 +79,10 @@ class TokenMsg:
     text: str
     # per token when the request asked for logprobs: [logprob, [[id, logprob], ...]]
     logprobs: list[Any] | None = None
+    # how many output tokens of the request came before these: a reader drops a message it
+    # already has (a write retried after Redis applied it; a migrated request's overlap).
+    # None: not known (an older worker)
+    offset: int | None = None
 
 
 @dataclass(frozen=True)

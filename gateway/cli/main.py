@@ -36,6 +36,8 @@ def _add_serve(sub: Any) -> None:
                    help="--role worker: serve /metrics on this port")
     p.add_argument("--access-log", action="store_const", const=True, default=None,
                    help="log a line per HTTP request (off by default)")
+    p.add_argument("--strict-api", action="store_const", const=True, default=None,
+                   help="refuse unknown request fields with a 400 (default: ignore them)")
     p.add_argument("--tier-slos", default=None,
                    help="per-tier objectives, e.g. 'interactive=ttft:2,tpot:0.5,shed;"
                         "batch=ttft:120,queue' (over CARPOOL_TIER_SLOS and the tenants file)")
@@ -56,7 +58,7 @@ ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_le
                 "num_blocks", "block_size", "kv_cache_memory_gb", "preemption_mode", "device")
 CONFIG_FLAGS = ("host", "port", "role", "engine", "model", "tenants_file", "namespace",
                 "create_demo_tenant", "echo_step_ms", "trace_console", "metrics_port",
-                "access_log", "tier_slos")
+                "access_log", "tier_slos", "strict_api")
 
 
 def _run_serve(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.bus.client import text
 from gateway.bus.messages import SubmitMsg
 from gateway.http.errors import APIError, bad_request
+from gateway.http.openai.fields import check_fields
 from gateway.http.openai.format import Formatter
 from gateway.http.openai.logprobs import token_text
 from gateway.http.openai.schema import ParsedRequest, parse_chat, parse_completion
@@ -125,6 +126,7 @@ async def _completion(request: Request, kind: str) -> Response:
     svc = _services(request)
     tenant: Tenant = request.state.tenant
     body = await read_json(request, svc.config.max_body_bytes)
+    check_fields(body, kind, svc.config.strict_api)
     if kind == "chat":
         parsed = parse_chat(body, svc.model.tokenizer, svc.model.name, svc.model.vocab_size)
     else:
@@ -151,6 +153,7 @@ async def _completion(request: Request, kind: str) -> Response:
         repetition_penalty=parsed.repetition_penalty, presence_penalty=parsed.presence_penalty,
         frequency_penalty=parsed.frequency_penalty, logit_bias=parsed.logit_bias,
         ignore_eos=parsed.ignore_eos, logprobs=parsed.logprobs,
+        stop_token_ids=parsed.stop_token_ids,
         traceparent=svc.events.request_started(
             rid, tenant.id, tier, svc.model.name, len(parsed.prompt_token_ids), max_tokens,
             parsed.stream, request.headers.get("traceparent")),

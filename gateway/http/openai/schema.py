@@ -39,6 +39,7 @@ class ParsedRequest:
     frequency_penalty: float = 0.0
     logit_bias: list[list[float]] = field(default_factory=list)  # [token_id, bias] pairs
     ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None  # None: none; k: the sampled token's and k alternatives
 
 
@@ -118,7 +119,17 @@ def _sampling_extras(body: dict[str, Any], max_tokens: int | None,
     return {"top_k": max(top_k, 0), "min_p": min_p, "min_tokens": min_tokens,
             "repetition_penalty": repetition, **penalties,
             "logit_bias": _logit_bias(body.get("logit_bias"), vocab_size),
-            "ignore_eos": _typed(body, "ignore_eos", (bool,), False)}
+            "ignore_eos": _typed(body, "ignore_eos", (bool,), False),
+            "stop_token_ids": _token_ids(body, "stop_token_ids", vocab_size)}
+
+
+def _token_ids(body: dict[str, Any], name: str, vocab_size: int) -> list[int]:
+    ids = _typed(body, name, (list,), [])
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
+               for t in ids):
+        raise bad_request(f"'{name}' must be a list of token ids in [0, {vocab_size})",
+                          param=name)
+    return list(ids)
 
 
 MAX_LOGIT_BIAS = 300  # entries (OpenAI allows up to 300)

@@ -3,7 +3,9 @@
 A Redis hiccup (a dropped connection, a failover) must not end a worker task for good: each
 loop runs one step at a time; a step that raises is logged and retried after a pause that
 doubles from ``FIRST_S`` up to ``MAX_S`` and resets after the next step that succeeds.
-Cancellation (``CancelledError``, a ``BaseException``) still ends the loop.
+Cancellation (``CancelledError``, a ``BaseException``) still ends the loop. An unreachable
+Redis is said once per outage (``outage.OutageLog``), any other error once per distinct
+message until the loop next succeeds: never a traceback per retry.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
+
+from gateway.bus.outage import UNREACHABLE, ErrorOnce, OutageLog
 
 FIRST_S = 0.05
 MAX_S = 2.0
@@ -34,13 +38,18 @@ class Backoff:
 async def run_forever(step: Callable[[], Awaitable[None]], name: str,
                       log: logging.Logger) -> NoReturn:
     """Call ``step()`` forever; failures are logged and retried with backoff."""
-    backoff = Backoff()
+    backoff, outage, errors = Backoff(), OutageLog.of(log), ErrorOnce(log)
     while True:
         try:
             await step()
-        except Exception:
-            delay = backoff.next_delay()
-            log.exception("%s failed; retrying in %.2fs", name, delay)
-            await asyncio.sleep(delay)
+        except UNREACHABLE as exc:
+            outage.failed(name, exc)
+            await asyncio.sleep(backoff.next_delay())
+        except Exception as exc:  # noqa: BLE001  (any failure: the loop must go on)
+            errors.failed(name, exc)
+            await asyncio.sleep(backoff.next_delay())
         else:
-            backoff.reset()
+            if backoff.delay:  # the first success after failures
+                backoff.reset()
+                errors.ok()
+                outage.ok()

@@ -18,9 +18,14 @@ POOL_TIMEOUT_S = 30
 def redis_client(url: str) -> Any:
     """A ``redis.asyncio.Redis`` for ``url`` (``redis://``, ``rediss://``, ``unix://``)."""
     import redis.asyncio as aioredis
+    from redis.exceptions import ConnectionError as RedisConnectionError
 
+    # A pooled connection that Redis closed while it sat idle (a restart) fails on its next
+    # use: the call is tried once more, at once, on a new connection, rather than answering
+    # one more request 503 after Redis is back. (Once only: a dead server fails both fast.)
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=MAX_REDIS_CONNECTIONS, timeout=POOL_TIMEOUT_S)
+        url, max_connections=MAX_REDIS_CONNECTIONS, timeout=POOL_TIMEOUT_S,
+        retry_on_error=[RedisConnectionError])
     return aioredis.Redis(connection_pool=pool)
 
 

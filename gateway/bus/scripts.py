@@ -168,7 +168,8 @@ return out
 # the least counter (ties: the smaller id) gives its next entry (XREADGROUP, which makes it
 # pending for ``consumer``), and is charged its prompt tokens / weight (the entry's 'n' and
 # 'w'). Returns {stream key, entry id, fields} per entry. A tenant whose stream had nothing
-# left to deliver (the index outlived its entries) leaves the index.
+# left to deliver (the index outlived its entries) leaves the index; a stream without its
+# group (NOGROUP) gets the group again.
 PICK_LUA = """
 local prefix, group, consumer = ARGV[1], ARGV[2], ARGV[3]
 local out = {}
@@ -182,7 +183,12 @@ while #out < tonumber(ARGV[4]) do
   local key = prefix .. best
   local got = false
   if redis.call('EXISTS', key) == 1 then
-    got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', key, '>')
+    got = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', key, '>')
+    if type(got) == 'table' and got.err then
+      -- NOGROUP: the stream came back without its group (Redis restored partly): recreate it
+      redis.call('XGROUP', 'CREATE', key, group, '0')
+      got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', key, '>')
+    end
   end
   if not got or #got == 0 then
     redis.call('HDEL', KEYS[1], best)

@@ -21,9 +21,11 @@ from gateway.bus.client import redis_client
 from gateway.config import GatewayConfig
 from gateway.http.admin import ADMIN_ROUTES
 from gateway.http.auth import AuthMiddleware
+from gateway.http.backend import BackendErrors
 from gateway.http.errors import APIError, error_response
 from gateway.http.not_found import NotFoundMiddleware
 from gateway.http.openai import routes as api
+from gateway.http.recovery import DataLossWatch, restore
 from gateway.http.services import Services
 from gateway.http.shutdown import ShutdownGate
 from gateway.model_info import ModelInfo, load_model_info
@@ -96,17 +98,19 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
         svc = Services.create(config, redis, secret, info, events or events_for(
             config.role, config),
             engine=eng if config.role == "all" else None, worker_type=worker_type)
-        if config.tenants_file:
-            await load_tenants(svc.store, config.tenants_file)
-        if config.admin_key:
-            await svc.store.add_admin_key(config.admin_key)
+        await restore(svc.store, config)  # the tenants file and the admin key
+        # reloaded by the watch too, whenever Redis comes back without its data
+        watch = DataLossWatch(redis, svc.keys, svc.store, config)
         await svc.start()
+        await watch.start()
         app.state.services = svc
+        app.state.data_loss_watch = watch
         app.state.telemetry = getattr(svc.events, "telemetry", None)
         with startup_objects_frozen() if freeze_gc else contextlib.nullcontext():
             try:
                 yield
             finally:
+                await watch.stop()
                 await svc.stop()  # every loop stops before the engine and the client close
                 if eng is not None and engine is None:
                     await eng.shutdown()
@@ -117,7 +121,8 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
         # the gate first: a stopping server refuses before any auth lookup; an unknown path
         # is a 404 before auth too
         middleware=[Middleware(ShutdownGate), Middleware(NotFoundMiddleware, routes=ROUTES),
-                    Middleware(AuthMiddleware)],
+                    # Redis errors (the auth lookup's too) become 503s, never 500s
+                    Middleware(BackendErrors), Middleware(AuthMiddleware)],
         exception_handlers={APIError: _api_error, HTTPException: _http_error,
                             Exception: _server_error},
         lifespan=lifespan,

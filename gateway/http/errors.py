@@ -65,3 +65,12 @@ SHUTDOWN_RETRY_AFTER_S = 5
 def server_shutting_down() -> APIError:
     return APIError(503, "the server is shutting down; retry the request",
                     code="server_shutdown", retry_after=SHUTDOWN_RETRY_AFTER_S)
+
+
+# Seconds a client is told to wait when Redis is unreachable: a restart takes about this long.
+BACKEND_RETRY_AFTER_S = 2
+
+
+def backend_unavailable() -> APIError:
+    return APIError(503, "the server's backend (Redis) is unreachable; retry the request",
+                    code="backend_unavailable", retry_after=BACKEND_RETRY_AFTER_S)

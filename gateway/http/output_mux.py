@@ -3,7 +3,9 @@
 Instead of one blocking XREAD (and one Redis connection) per request, a single loop issues
 one XREAD over all active ``out:{id}`` streams and hands each request its new entries. Under
 load one round trip serves every stream that moved; a newly registered stream joins at the
-next turn (the block is short, ``BLOCK_MS``).
+next turn (the block is short, ``BLOCK_MS``). A failed read (Redis away) is retried with a
+backoff and said once per outage (``bus/outage.py``); the streams wait meanwhile, and those
+whose worker can still write finish once Redis is back.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import asyncio
 import logging
 from typing import Any
 
+from gateway.bus.backoff import Backoff
 from gateway.bus.messages import Message, MessageError, decode
+from gateway.bus.outage import UNREACHABLE, ErrorOnce, OutageLog
 from gateway.bus.resp import RespConnection
 
 log = logging.getLogger("carpool.gateway")
@@ -65,6 +69,7 @@ class OutputMux:
         self._streams.pop(key, None)
 
     async def _run(self) -> None:
+        backoff, outage, errors = Backoff(), OutageLog.of(log), ErrorOnce(log)
         while True:
             if not self._streams:
                 self._wake.clear()
@@ -72,10 +77,18 @@ class OutputMux:
                 continue
             try:
                 res = await self._read()
-            except Exception:  # keep serving: a Redis hiccup must not end every stream
-                log.exception("output reader failed; retrying")
-                await asyncio.sleep(0.1)
+            except UNREACHABLE as exc:  # keep serving: a Redis outage must not end every stream
+                outage.failed("output reader", exc)
+                await asyncio.sleep(backoff.next_delay())
                 continue
+            except Exception as exc:  # noqa: BLE001  (the reader every stream shares goes on)
+                errors.failed("output reader", exc)
+                await asyncio.sleep(backoff.next_delay())
+                continue
+            if backoff.delay:
+                backoff.reset()
+                errors.ok()
+                outage.ok()
             for key, entries in res or []:
                 stream = self._streams.get(key.decode() if isinstance(key, bytes) else key)
                 if stream is None or not entries:

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from redis.exceptions import RedisError
 from starlette.types import Receive, Scope, Send
 
 from engine.core.finish import FinishReason
-from gateway.bus.messages import FinishMsg, TokenMsg, outcome
+from gateway.bus.messages import FinishMsg, Message, TokenMsg, outcome
 from gateway.http.cancel import wait_for_disconnect
 from gateway.http.errors import APIError, error_bytes, server_shutting_down
 from gateway.http.openai.format import SSE_DONE, Formatter, sse
@@ -156,6 +157,8 @@ class RelayResponse:
                 outcome = await self._cancel(cancel_source) if cancel_source else _outcome(
                     self.state.finish)
                 await self._settle(outcome)
+        except RedisError as exc:  # Redis away: the outage is logged once, not per request
+            log.debug("clean-up of %s failed: %r", self.ctx.request_id, exc)
         except Exception:
             log.exception("clean-up of %s failed", self.ctx.request_id)
 
@@ -169,9 +172,21 @@ class RelayResponse:
                 batch = await queue.get()
                 while not queue.empty():
                     batch = batch + queue.get_nowait()
-                yield batch
+                yield self._fresh(batch)
         finally:
             mux.unregister(key)
+
+    def _fresh(self, batch: list[Message]) -> list[Message]:
+        """``batch`` without the token messages already received (an ``offset`` behind the
+        tokens so far): a step write the worker retried after Redis had applied it."""
+        out, have = [], self.state.completion_tokens
+        for msg in batch:
+            if isinstance(msg, TokenMsg) and msg.offset is not None:
+                if msg.offset < have:
+                    continue
+                have = msg.offset + len(msg.token_ids)
+            out.append(msg)
+        return out
 
     async def _collect(self) -> None:
         async for batch in self._batches():

@@ -31,6 +31,7 @@ import orjson
 
 from gateway.bus.client import text
 from gateway.bus.keys import RedisKeys
+from gateway.bus.outage import UNREACHABLE, OutageLog
 from gateway.bus.queues import TierQueues
 from gateway.config import GatewayConfig
 from policies.shedding import predicted_wait
@@ -83,7 +84,9 @@ class TierStatusPublisher:
             await asyncio.sleep(self.interval_s)
             try:
                 await self.publish()
-            except Exception:  # Redis away: readers see the status go stale, never shed
+            except UNREACHABLE as exc:  # Redis away: readers see the status go stale, never
+                OutageLog.of(log).failed("tier status", exc)  # shed; said once per outage
+            except Exception:
                 log.warning("tier status publish failed", exc_info=True)
 
     async def publish(self) -> dict[str, Any]:

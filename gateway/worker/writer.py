@@ -52,6 +52,9 @@ class Inflight:
     claim: asyncio.Future[str] | None = None
     tenant: str = ""  # whose queue stream holds its entry (``bus/queues.py``)
     weight: float = 1.0  # the tenant's fair-queue weight: output tokens are charged / weight
+    # output tokens delivered before this worker took the request over (a migrated request:
+    # its engine counts from 0 after them)
+    offset_base: int = 0
 
     @property
     def owned(self) -> bool:
@@ -191,7 +194,8 @@ class OutputWriter:
                 continue
             lps = [[x.logprob, x.top] for o in outs for x in o.logprobs or ()] or None
             step.add(rec.request_id, rec.tier, rec.entry_id, rec.reader_gone,
-                     TokenMsg(ids, text, lps) if has_tokens else None,
+                     TokenMsg(ids, text, lps, offset=rec.offset_base + last.num_output_tokens
+                              - len(ids)) if has_tokens else None,
                      _finish(rec, last) if last.finished else None,
                      tenant=rec.tenant, charge=len(ids) / rec.weight)
         return step

@@ -50,8 +50,8 @@ async def test_one_call_per_step_and_ttl_set_once(setup: Any) -> None:
     a, b = Inflight("a", TIERS[0], "0-1"), Inflight("b", TIERS[0], "0-2")
     await writer._write([(a, tok("a", 7, "x", 1)), (b, tok("b", 8, "y", 1))])
     assert writer.writes == 1
-    assert await entries(client, keys.out("a")) == [TokenMsg([7], "x")]
-    assert await entries(client, keys.out("b")) == [TokenMsg([8], "y")]
+    assert await entries(client, keys.out("a")) == [TokenMsg([7], "x", offset=0)]
+    assert await entries(client, keys.out("b")) == [TokenMsg([8], "y", offset=0)]
     assert 0 < await client.ttl(keys.out("a")) <= TTL
     await client.expire(keys.out("a"), TTL - 100)  # still high: not refreshed by a write
     await client.expire(keys.out("b"), 10)  # ran low: refreshed
@@ -85,7 +85,7 @@ async def test_finish_writes_tokens_and_finish_and_acks(setup: Any) -> None:
                          (rec, RequestOutput("f", [8], "y", True, "length", 3, 2))])
     assert writer.writes == 1
     assert await entries(client, keys.out("f")) == [
-        TokenMsg([7, 8], "xy"), FinishMsg("length", 3, 2, None, queue_wait_s=0.25,
+        TokenMsg([7, 8], "xy", offset=0), FinishMsg("length", 3, 2, None, queue_wait_s=0.25,
                                           num_preemptions=0, cached_tokens=0)]
     assert 0 < await client.ttl(keys.out("f")) <= TTL
     assert await client.hget(keys.req("f"), "state") == b"finished"
@@ -115,11 +115,11 @@ async def test_a_non_streaming_request_gets_its_first_tokens_then_the_rest_with_
     try:
         for n, (token, text) in enumerate([(7, "a"), (8, "b"), (9, "c")], start=1):
             await step((rec, tok("n", token, text, n)), (streamed, tok("s", token, text, n)))
-        assert await entries(client, keys.out("n")) == [TokenMsg([7], "a")]  # TTFT only
+        assert await entries(client, keys.out("n")) == [TokenMsg([7], "a", offset=0)]  # TTFT only
         assert len(await entries(client, keys.out("s"))) == 3  # one message per step
         await step((rec, RequestOutput("n", [10], "d", True, "length", 3, 4)))
         got = await entries(client, keys.out("n"))
-        assert got[:2] == [TokenMsg([7], "a"), TokenMsg([8, 9, 10], "bcd")]
+        assert got[:2] == [TokenMsg([7], "a", offset=0), TokenMsg([8, 9, 10], "bcd", offset=1)]
         assert isinstance(got[2], FinishMsg) and got[2].completion_tokens == 4
     finally:
         task.cancel()
@@ -156,7 +156,8 @@ async def test_a_step_written_by_submit_survives_a_script_flush(
         await client.script_flush()  # a restarted Redis: the next EVALSHA gets NOSCRIPT
         await run_steps(writer, [(rec, tok("sf", 8, "b", 2))], writes=2)
         assert sent_now == ["EVALSHA"]  # written by submit, then loaded and run again
-        assert await entries(client, keys.out("sf")) == [TokenMsg([7], "a"), TokenMsg([8], "b")]
+        assert await entries(client, keys.out("sf")) == [TokenMsg([7], "a", offset=0),
+                                                          TokenMsg([8], "b", offset=1)]
         assert not [r for r in caplog.records if r.levelname == "ERROR"]  # no failure path
     finally:
         task.cancel()
@@ -184,9 +185,11 @@ async def test_a_step_written_by_submit_is_written_again_when_its_reply_fails(
         monkeypatch.setattr(writer._conn, "send_now", lost_reply)
         await run_steps(writer, [(rec, tok("rf", 8, "b", 2))], writes=2)
         assert failed == [1]
-        # written again: a repeat is possible, a loss is not
+        # written again: a repeat is possible, a loss is not; the repeat carries the same
+        # offset, so the relay drops it (``RelayResponse._fresh``)
         assert await entries(client, keys.out("rf")) == [
-            TokenMsg([7], "a"), TokenMsg([8], "b"), TokenMsg([8], "b")]
+            TokenMsg([7], "a", offset=0), TokenMsg([8], "b", offset=1),
+            TokenMsg([8], "b", offset=1)]
     finally:
         task.cancel()
         await client.delete(keys.out("rf"))

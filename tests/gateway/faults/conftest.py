@@ -1,0 +1,23 @@
+"""Fault tests: each scenario adds one row (``FaultRow``) to a table printed at the end of
+the run (requests, completed, clear errors, 5xx, recovery time, KV blocks after idle)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.gateway.faults.table import ROWS, render
+
+
+@pytest.fixture(scope="session")
+def fault_rows() -> list[Any]:
+    return ROWS
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if ROWS:
+        terminalreporter.write_line("")
+        terminalreporter.write_line("fault scenarios:")
+        for line in render(ROWS):
+            terminalreporter.write_line(line)

@@ -85,6 +85,8 @@ def print_welcome(config: GatewayConfig, shown: dict[str, str], model_name: str)
                   f"-H 'Content-Type: application/json' \\\n"
                   f"    -d '{{\"model\": \"{model_name}\", \"messages\": [{{\"role\": \"user\", "
                   f"\"content\": \"Hello!\"}}], \"max_tokens\": 32}}'\n\n")
+    out.write(f"Console: {base}/console (sign in with the admin key; "
+              f"'carpool doctor --url {base}' names batching symptoms)\n")
     out.flush()
 
 

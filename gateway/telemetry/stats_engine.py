@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway.telemetry.stats_publish import Samples
-from gateway.telemetry.stats_window import by_label, distribution, histogram_summary, total
+from gateway.telemetry.stats_window import (
+    by_label,
+    distribution,
+    histogram_summary,
+    served_by_label,
+    total,
+)
 from policies.doctor import EngineWindow
 
 if TYPE_CHECKING:  # stats_snapshot imports this module
@@ -68,7 +74,7 @@ def engine_section(d: Samples, cur: Samples, seconds: float, in_window: Sequence
         batch_p99=batch["p99"], step_tokens_p99=step_tokens["p99"],
         preempt_recompute=preempt.get("recompute", 0.0), preempt_swap=preempt.get("swap", 0.0),
         swap_in_blocks=swap.get("in", 0.0), swap_out_blocks=swap.get("out", 0.0),
-        finished=total(d, "carpool_requests_total"), aborts=total(d, "carpool_aborts_total"),
+        finished=sum(served_by_label(d, "tier").values()), aborts=total(d, "carpool_aborts_total"),
         idle_s=idle_s, idle_kv_used=idle_kv)
     section = {
         **{s: states.get(s, 0.0) for s in STATES}, "max_num_seqs": seats,

@@ -32,7 +32,14 @@ from engine.core.finish import COMPLETED
 from gateway.bus.keys import RedisKeys
 from gateway.telemetry.stats_engine import engine_section
 from gateway.telemetry.stats_publish import Samples, read_published
-from gateway.telemetry.stats_window import by_label, delta, histogram_summary, merge, total
+from gateway.telemetry.stats_window import (
+    by_label,
+    delta,
+    histogram_summary,
+    merge,
+    served_by_label,
+    total,
+)
 from policies.doctor import DoctorSnapshot, TierWindow, diagnose
 
 log = logging.getLogger("carpool.telemetry")
@@ -126,7 +133,7 @@ def _tier_section(d: Samples, tier: str, seconds: float,
     ttft = histogram_summary(d, "gen_ai_server_time_to_first_token_seconds", tier=tier)
     tpot = histogram_summary(d, "gen_ai_server_time_per_output_token_seconds", tier=tier)
     wait = histogram_summary(d, "carpool_queue_wait_seconds", tier=tier)
-    finished = by_label(d, "carpool_requests_total", "finish_reason", tier=tier)
+    finished = served_by_label(d, "finish_reason", tier=tier)
     aborts = by_label(d, "carpool_aborts_total", "cause", tier=tier)
     completed = sum(finished.get(r, 0.0) for r in sorted(COMPLETED))
     timed_out = aborts.get("timeout", 0.0)
@@ -153,7 +160,7 @@ def _tier_section(d: Samples, tier: str, seconds: float,
 
 
 def _tenants_section(d: Samples, seconds: float) -> list[dict[str, Any]]:
-    requests = by_label(d, "carpool_requests_total", "tenant")
+    requests = served_by_label(d, "tenant")
     completion = by_label(d, "carpool_tenant_tokens_total", "tenant", type="completion")
     tokens = by_label(d, "carpool_tenant_tokens_total", "tenant")
     rejected = by_label(d, "carpool_request_rejections_total", "tenant", status="429")

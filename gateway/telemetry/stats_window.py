@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from gateway.telemetry.stats_publish import LabelKey, Samples
 
 SHARED_GAUGES = frozenset({"carpool_queue_depth"})
+REJECTED = "rejected"  # the finish reason RequestRecorder gives a request refused at admission
 
 
 def merge(procs: Iterable[Samples]) -> Samples:
@@ -59,13 +60,26 @@ def total(s: Samples, name: str, **match: str) -> float:
     return sum(v for k, v in s.get(name, {}).items() if _matches(k, match))
 
 
-def by_label(s: Samples, name: str, label: str, **match: str) -> dict[str, float]:
+def by_label(s: Samples, name: str, label: str, *, unless: tuple[str, str] | None = None,
+             **match: str) -> dict[str, float]:
+    """Sums of ``name`` by the value of ``label``, over samples matching ``match`` and, with
+    ``unless=(label, value)``, not carrying that label value."""
     out: dict[str, float] = {}
     for key, value in s.get(name, {}).items():
         if _matches(key, match):
-            lv = dict(key).get(label, "")
+            labels = dict(key)
+            if unless is not None and labels.get(unless[0]) == unless[1]:
+                continue
+            lv = labels.get(label, "")
             out[lv] = out.get(lv, 0.0) + value
     return out
+
+
+def served_by_label(d: Samples, label: str, **match: str) -> dict[str, float]:
+    """Requests that reached a queue, by ``label`` (``carpool_requests`` also records the
+    requests refused at admission, as finish reason ``rejected``)."""
+    return by_label(d, "carpool_requests_total", label, unless=("finish_reason", REJECTED),
+                    **match)
 
 
 def buckets(s: Samples, histogram: str, **match: str) -> list[tuple[float, float]]:

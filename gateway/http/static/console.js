@@ -156,8 +156,9 @@ function renderEngine(e) {
     return;
   }
   const used = e.kv_total ? (100 * e.kv_used) / e.kv_total : 0;
-  const kvbar = el("div", { class: "kvbar", title: `${e.kv_used} of ${e.kv_total} blocks` },
-                   el("div", { style: `width:${used.toFixed(1)}%` }));
+  const fill = el("div", {});
+  fill.style.width = `${used.toFixed(1)}%`;  // CSSOM: the page's CSP refuses style attributes
+  const kvbar = el("div", { class: "kvbar", title: `${e.kv_used} of ${e.kv_total} blocks` }, fill);
   const table = el("table", {},
     row("running / waiting / swapped", metric("engine.running", fmt(e.running)),
         metric("engine.waiting", fmt(e.waiting)), metric("engine.swapped", fmt(e.swapped))),

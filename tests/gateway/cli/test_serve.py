@@ -77,6 +77,17 @@ def test_printed_curl_works_at_once(tiny_model_dir: Path, tmp_path: Path) -> Non
         assert resp.status_code == 200, resp.text
         assert resp.json()["choices"][0]["finish_reason"] in ("stop", "length")
         assert "Admin key (shown once): cp-admin-" in "".join(proc.lines)
+        # the printed console URL opens the sign-in page; the printed admin key reads its stats
+        proc.wait_for(lambda: "Console: " in "".join(proc.lines))
+        text = "".join(proc.lines)
+        console = re.search(r"Console: (\S+/console) ", text)
+        admin = re.search(r"Admin key \(shown once\): (\S+)", text)
+        assert console is not None and admin is not None
+        page = httpx.get(console.group(1), timeout=10)
+        assert page.status_code == 200 and 'id="login-form"' in page.text
+        stats = httpx.get(console.group(1).replace("/console", "/admin/stats"), timeout=10,
+                          headers={"Authorization": f"Bearer {admin.group(1)}"})
+        assert stats.status_code == 200 and "doctor" in stats.json()
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])

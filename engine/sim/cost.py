@@ -37,7 +37,8 @@ def shape_of(out: SchedulerOutput) -> StepShape:
 
 
 class CostModel(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def step_seconds(self, shape: StepShape) -> float: ...
 

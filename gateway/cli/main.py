@@ -6,6 +6,9 @@ imports what it needs lazily, so ``carpool tenants ...`` never imports torch.
     carpool generate  "prompt" [--max-tokens N] [--model DIR]      (gateway/cli/generate.py)
     carpool bench     engine | kernels | gateway | sla | serve [ARGS...]
     carpool doctor    [--url URL] [--admin-key KEY]   batching symptoms now (gateway/cli/doctor.py)
+    carpool simulate  seed000 | poisson | at-once | trace FILE     (gateway/cli/simulate.py)
+    carpool plan      --tier ... --peak-rps R [--verify]           (gateway/cli/plan.py)
+    carpool calibrate [--out PROFILE]                              (gateway/cli/calibrate.py)
 """
 
 from __future__ import annotations
@@ -89,9 +92,12 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gateway.cli import calibrate as cli_calibrate
     from gateway.cli import doctor as cli_doctor
     from gateway.cli import generate as cli_generate
     from gateway.cli import loadtest as cli_loadtest
+    from gateway.cli import plan as cli_plan
+    from gateway.cli import simulate as cli_simulate
     from gateway.cli import tenants as cli_tenants
 
     parser = argparse.ArgumentParser(prog="carpool", description=__doc__.split("\n\n")[0])
@@ -100,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     cli_tenants.add_parser(sub)
     cli_generate.add_parser(sub)
     cli_loadtest.add_parser(sub)
+    cli_simulate.add_parser(sub)
+    cli_plan.add_parser(sub)
+    cli_calibrate.add_parser(sub)
     cli_doctor.add_parser(sub)
     _add_bench(sub)
     return parser
@@ -111,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 # before torch loads libgomp, i.e. before any subcommand imports the engine. Written at run time
 # in main(), for those commands only, not when this module is imported (tests import it), and
 # the one environment write in the gateway: gateway/config.py only reads.
-_SHARED_CORE_COMMANDS = ("serve", "loadtest")
+_SHARED_CORE_COMMANDS = ("serve", "loadtest", "calibrate", "plan")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -45,6 +45,10 @@ def _ms(s: float | None) -> str:
     return "n/a" if s is None else f"{s * 1000:.0f} ms"
 
 
+def _n(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
 def render(stats: dict[str, Any], url: str) -> str:
     doc = stats["doctor"]
     head = (f"carpool doctor: {url} (window {stats['window_s']:.0f} s, "
@@ -60,12 +64,12 @@ def render(stats: dict[str, Any], url: str) -> str:
         if t["counts"]["finished"] or t["queue_depth"]:
             lines.append(f"  {tier}: TTFT p50 {_ms(t['ttft_s']['p50'])} / p99 "
                          f"{_ms(t['ttft_s']['p99'])}, TPOT p50 {_ms(t['tpot_s']['p50'])} / p99 "
-                         f"{_ms(t['tpot_s']['p99'])}, completed/s {t['completed_per_s']}, "
+                         f"{_ms(t['tpot_s']['p99'])}, completed/s {_n(t['completed_per_s'])}, "
                          f"queue {t['queue_depth']:.0f}")
     e = stats.get("engine")
     if e:
-        lines.append(f"  engine: tokens/s {e['tokens_per_s']}, rows/step p50 "
-                     f"{e['batch_size']['p50']} p99 {e['batch_size']['p99']}, KV used "
+        lines.append(f"  engine: tokens/s {_n(e['tokens_per_s'])}, rows/step p50 "
+                     f"{_n(e['batch_size']['p50'])} p99 {_n(e['batch_size']['p99'])}, KV used "
                      f"{e['kv_used']:.0f}/{e['kv_total']}, preemptions recompute "
                      f"{e['preemptions']['recompute']:.0f} swap {e['preemptions']['swap']:.0f}, "
                      f"running {e['running']:.0f} waiting {e['waiting']:.0f}")

@@ -58,6 +58,10 @@ class GatewayConfig:
     default_max_tokens: int = 256
     request_timeout_s: float = 600.0  # total server-side deadline per request
     stall_timeout_s: float = 30.0  # a client that stops reading for this long is cancelled
+    # a connection whose request headers are not complete this long after it opened (or after
+    # its next request's first byte) is closed (``http/conn_limits.py``)
+    header_timeout_s: float = 10.0
+    max_connections: int = 4096  # open HTTP connections per process; more get a 503 at once
     visibility_timeout_s: float = 30.0  # pending entries of a silent worker are reclaimed
     stream_ttl_s: int = 300  # out:{id} streams expire after this even if nobody reads them
     auth_cache_s: float = 0.5  # key->tenant cache; revocation is visible within this
@@ -73,6 +77,7 @@ class GatewayConfig:
     engine_options: Mapping[str, Any] = field(default_factory=dict)  # EngineConfig.from_kwargs
     # unknown top-level request fields: False = ignored (as OpenAI does), True = 400
     strict_api: bool = False
+    max_n: int = 8  # the most choices (``n``) one request may ask for
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -91,11 +96,16 @@ class GatewayConfig:
             raise ValueError(f"tier_slos must map tiers {TIERS} to TierSLO: {self.tier_slos}")
         object.__setattr__(self, "tier_slos",
                            {t: self.tier_slos.get(t, DEFAULT_TIER_SLOS[t]) for t in TIERS})
-        for name in ("request_timeout_s", "stall_timeout_s", "visibility_timeout_s"):
+        for name in ("request_timeout_s", "stall_timeout_s", "visibility_timeout_s",
+                     "header_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
-        if self.queue_max_len < 1 or self.max_body_bytes < 1 or self.default_max_tokens < 1:
-            raise ValueError("queue_max_len, max_body_bytes, default_max_tokens must be >= 1")
+        if min(self.queue_max_len, self.max_body_bytes, self.default_max_tokens,
+               self.max_connections) < 1:
+            raise ValueError("queue_max_len, max_body_bytes, default_max_tokens, max_connections "
+                             "must be >= 1")
+        if self.max_n < 1:
+            raise ValueError("max_n must be >= 1")
         if not self.namespace or ":" in self.namespace:
             raise ValueError("namespace must be non-empty and contain no ':'")
 

@@ -170,11 +170,14 @@ def run_http(config: GatewayConfig, redis_url: str, secret: bytes,
     import uvicorn
 
     from gateway.http.app import create_app
+    from gateway.http.conn_limits import uvicorn_limits
 
     app = create_app(config, redis_url, secret, freeze_gc=True)
     server = gateway_server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level="info",
-        access_log=config.access_log, timeout_graceful_shutdown=GRACEFUL_S), on_started)
+        access_log=config.access_log, timeout_graceful_shutdown=GRACEFUL_S,
+        # header timeout, connection cap, small send buffers (``http/conn_limits.py``)
+        **uvicorn_limits(config.header_timeout_s, config.max_connections)), on_started)
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: it re-raises the SIGINT
         server.run()  # it caught, once its graceful shutdown is done
     if not server.started:

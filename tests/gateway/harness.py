@@ -18,6 +18,7 @@ import uvicorn
 from gateway.bus.keys import RedisKeys
 from gateway.config import GatewayConfig
 from gateway.http.app import create_app
+from gateway.http.conn_limits import uvicorn_limits
 from gateway.process import free_port
 from gateway.tenancy.tenants import Tenant, TenantQuota, TenantStore
 
@@ -59,7 +60,11 @@ def run_gateway(config: GatewayConfig, redis_url: str, **app_kwargs: Any) -> Ite
     app = create_app(config, redis_url, SECRET, **app_kwargs)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=config.port,
                                            log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=2))
+                                           timeout_graceful_shutdown=2,
+                                           # as ``carpool serve``: header timeout, connection
+                                           # cap, small send buffers
+                                           **uvicorn_limits(config.header_timeout_s,
+                                                            config.max_connections)))
     holder: dict[str, Any] = {}
 
     def target() -> None:

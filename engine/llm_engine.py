@@ -18,6 +18,7 @@ from typing import Any
 from engine.core.config import EngineConfig
 from engine.core.output_processor import OutputProcessor
 from engine.core.outputs import ModelRunnerOutput, RequestOutput, SchedulerOutput
+from engine.core.parallel_sampling import GroupOutputs
 from engine.core.request import Request, RequestStatus
 from engine.core.request_checks import invalid_prompt_reason
 from engine.core.sampling_params import SamplingParams
@@ -41,6 +42,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
         )
         self.outputs = OutputProcessor(self.tokenizer)
+        self.groups = GroupOutputs()  # n > 1: the sequences' outputs under the request's id
         self._ids = itertools.count()
         self.step_count = 0
         self.last_step_seconds = 0.0
@@ -75,6 +77,7 @@ class LLMEngine:
         )
         self.scheduler.add_request(request)  # first: a rejected duplicate must not touch state
         self.outputs.add(request)
+        self.groups.register(rid, params.n)
         self._stats = self.scheduler.stats
         return rid
 
@@ -143,4 +146,4 @@ class LLMEngine:
         output, stop_hit = self.outputs.process(request)
         if stop_hit and not request.is_finished:
             self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
-        return output
+        return self.groups.merge(output)

@@ -214,6 +214,18 @@ class BlockManager:
             self.prefix_hit_tokens += num_computed_tokens
         return True
 
+    def fork(self, parent_id: str, child_id: str, num_blocks: int) -> None:
+        """Start ``child_id``'s table with the parent's first ``num_blocks`` blocks, shared
+        (ref count + 1; parallel sampling). The child grows with ``allocate_slots`` from
+        ``num_blocks * block_size`` computed tokens; the blocks it writes are its own."""
+        if child_id in self._tables or child_id in self._cpu_tables:
+            raise ValueError(f"request {child_id!r} already has blocks")
+        shared = self._tables[parent_id][:num_blocks]
+        for b in shared:
+            self._ref[b] += 1
+        self._tables[child_id] = list(shared)
+        self._hashes[child_id] = list(self._hashes.get(parent_id, ())[:num_blocks])
+
     def _pop_free(self) -> int:
         """A fresh block for writing: an unhashed free one, else evict the LRU cached one."""
         if self._free_plain:

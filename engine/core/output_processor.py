@@ -42,7 +42,10 @@ class OutputProcessor:
     def process(self, request: Request) -> tuple[RequestOutput, bool]:
         """Returns the request's delta and whether a stop string just matched (the caller
         then finishes the request in the scheduler and marks the output finished)."""
-        st = self._states[request.request_id]
+        st = self._states.get(request.request_id)
+        if st is None:  # a forked sequence of an n > 1 request (parallel_sampling)
+            self.add(request)
+            st = self._states[request.request_id]
         params = request.sampling_params
         new_tokens = request.output_token_ids[st.sent_tokens :]
         logprobs = request.output_logprobs[st.sent_tokens :] if params.logprobs is not None \

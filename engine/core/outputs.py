@@ -99,6 +99,10 @@ class RequestOutput:
     # one per token of ``new_token_ids`` when the request asked for logprobs
     logprobs: list[TokenLogprob] | None = None
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    # n > 1 (``parallel_sampling.GroupOutputs``): which sequence this delta belongs to, and
+    # its own finish reason once it ended (``finished`` waits for every sequence)
+    index: int = 0
+    choice_finish: str | None = None
 
 
 @dataclass

@@ -10,6 +10,7 @@ Semantics follow vLLM (which the OpenAI fields map onto):
 - ``min_tokens``: EOS and ``stop_token_ids`` are impossible (and stop strings unchecked)
   until that many tokens were generated.
 - ``min_p`` (0 = off): drop tokens whose probability is below ``min_p`` times the best one's.
+- ``n``: that many sequences from one prompt, sharing its KV blocks (``parallel_sampling``).
 - ``logprobs``: None = none; k >= 0 = the sampled token's log-probability plus the k best
   alternatives, from the model's raw distribution (vLLM's default ``raw_logprobs``).
 """
@@ -48,6 +49,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = field(default=())
     logprobs: int | None = None
+    n: int = 1  # sequences per request (engine.core.parallel_sampling)
 
     def __post_init__(self) -> None:
         # Accept lists/str/dicts from callers, store tuples so the object stays hashable/frozen.
@@ -81,6 +83,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if any(t < 0 or not math.isfinite(b) for t, b in self.logit_bias):
             raise ValueError("logit_bias needs token ids >= 0 and finite biases")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from engine.core.block_manager import BlockManager
 from engine.core.config import CacheConfig, SchedulerConfig
 from engine.core.outputs import ModelRunnerOutput, SchedulerOutput
+from engine.core.parallel_sampling import ForkGroup, ForkMixin
 from engine.core.preemption import PreemptionMixin
 from engine.core.request import Request, RequestStatus
 from engine.core.request_checks import never_fits_reason, outgrown_reason, stop_status
@@ -53,7 +54,7 @@ from policies.preemption import choose_victim
 _OK, _NO_BUDGET, _NO_ROOM = "ok", "budget", "room"
 
 
-class Scheduler(PreemptionMixin):
+class Scheduler(PreemptionMixin, ForkMixin):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -84,6 +85,8 @@ class Scheduler(PreemptionMixin):
         self._row_cap: RowCap | None = None  # runtime knob: set_urgent_row_cap
         self._row_cap_scores: dict[int, int] = {}  # its weighted round-robin, across steps
         self._step_cap: StepRowCap | None = None  # how it applies to the step being built
+        self._groups: dict[str, ForkGroup] = {}  # n > 1 requests (engine.core.parallel_sampling)
+        self._parent_of: dict[str, str] = {}
 
     # ---- public API -------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -92,6 +95,8 @@ class Scheduler(PreemptionMixin):
         if rid in self._requests:
             raise ValueError(f"duplicate request id {rid!r}")
         self._requests[rid] = request
+        if request.sampling_params.n > 1:
+            self._register_group(request)
         bm = self.block_manager
         error = never_fits_reason(request, bm.num_blocks, bm.block_size, self.max_model_len, self.config)
         if error is not None:
@@ -104,8 +109,10 @@ class Scheduler(PreemptionMixin):
         """Abort in any state; frees device and CPU blocks now. Unknown/finished id: no-op.
 
         The tokens produced so far stay on the request, which the next
-        ``update_from_output`` returns (finish reason "abort").
+        ``update_from_output`` returns (finish reason "abort"). An n > 1 request's id aborts
+        all its sequences.
         """
+        self._abort_group(request_id)
         req = self._requests.get(request_id)
         if req is None or req.is_finished:
             return
@@ -288,7 +295,9 @@ class Scheduler(PreemptionMixin):
         """Try to start one waiting request; returns _OK, _NO_BUDGET or _NO_ROOM."""
         bm = self.block_manager
         tokens = req.all_token_ids
-        computed = bm.match_prefix(tokens)
+        # a forked sequence (n > 1) already holds its shared prompt blocks
+        forked = bm.num_device_blocks_of(req.request_id) > 0
+        computed = req.num_computed_tokens if forked else bm.match_prefix(tokens)
         num_new = self._chunk(req, computed, plan.budget)
         if not num_new:
             return _NO_BUDGET
@@ -368,6 +377,8 @@ class Scheduler(PreemptionMixin):
         self._finished_ids.append(rid)
         if returned:
             self._to_return[rid] = req
+        if self._groups:
+            self._group_member_finished(req, returned)
 
     # ---- update -----------------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
@@ -395,6 +406,8 @@ class Scheduler(PreemptionMixin):
             req.output_token_ids.append(token)
             if result.logprobs and rid in result.logprobs:
                 req.output_logprobs.append(result.logprobs[rid])
+            if self._groups and len(req.output_token_ids) == 1:
+                self._fork_children(req)  # n > 1: the prompt is computed, the others start
             if req.times.first_token is None:
                 req.times.first_token = self.clock()
             changed[rid] = req

@@ -28,6 +28,8 @@ class LLM:
         """All prompts are added at once and run to completion; results in prompt order."""
         prompt_list = _as_prompt_list(prompts)
         param_list = _as_param_list(params, len(prompt_list))
+        if any(sp.n > 1 for sp in param_list):  # one CompletionOutput per prompt here
+            raise ValueError("LLM.generate takes n=1; drive LLMEngine for n > 1")
         ids = [self.engine.add_request(p, sp) for p, sp in zip(prompt_list, param_list)]
         collected: dict[str, CompletionOutput] = {}
         for rid, prompt in zip(ids, prompt_list):

@@ -50,6 +50,7 @@ class SubmitMsg:
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k: the sampled token's and k alternatives
     stop_token_ids: list[int] = field(default_factory=list)
+    n: int = 1  # choices, sharing the prompt's KV blocks
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(
@@ -68,6 +69,7 @@ class SubmitMsg:
             ignore_eos=self.ignore_eos,
             logprobs=self.logprobs,
             stop_token_ids=tuple(self.stop_token_ids),
+            n=self.n,
         )
 
 
@@ -83,6 +85,9 @@ class TokenMsg:
     # already has (a write retried after Redis applied it; a migrated request's overlap).
     # None: not known (an older worker)
     offset: int | None = None
+    # n > 1: the choice these tokens belong to, and its finish reason once it ended
+    index: int = 0
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)

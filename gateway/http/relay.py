@@ -47,9 +47,7 @@ class Stalled(Exception):
 
 @dataclass
 class RelayState:
-    text: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)  # kept only with logprobs
-    logprobs: list[Any] = field(default_factory=list)
+    msgs: list[TokenMsg] = field(default_factory=list)  # a non-streamed answer's, to format
     completion_tokens: int = 0
     finish: FinishMsg | None = None
     headers_sent: bool = False
@@ -204,32 +202,28 @@ class RelayResponse:
             (b"x-request-id", ctx.request_id.encode())]})
         self.state.headers_sent = True
         if fmt.kind == "chat":
-            await self._body(send, fmt.chunk("", first=True))
+            await self._body(send, fmt.first_chunks())  # the role, per choice
         async for batch in self._batches():
-            # One event and one socket write per batch: the text of every token message
-            # already here goes out together (any split of the text is a valid stream).
-            text, ids, lps = [], [], []
+            # One socket write per batch: the text of every token message already here goes
+            # out together, one event per choice (any split of the text is a valid stream).
+            toks = []
             for msg in batch:
                 if isinstance(msg, TokenMsg):
                     self._on_tokens(msg)
-                    text.append(msg.text)
-                    if msg.logprobs:
-                        ids += msg.token_ids
-                        lps += msg.logprobs
+                    toks.append(msg)
                 elif isinstance(msg, FinishMsg):
                     self.state.finish = msg
-                    out = fmt.delta("".join(text), ids, lps) if any(text) or lps else b""
+                    out = fmt.tokens(toks)
                     if msg.finish_reason == FinishReason.ERROR:
                         out += sse(_finish_error(msg).body())
                     else:
-                        out += fmt.chunk(None, msg.finish_reason)
+                        out += fmt.finish_chunks(msg.finish_reason)
                         if ctx.include_usage:
                             out += fmt.usage_chunk(ctx.prompt_tokens, self.state.completion_tokens,
                                                    msg.cached_tokens)
                     await self._body(send, out + SSE_DONE, more=False)
                     return
-            if any(text) or lps:
-                await self._body(send, fmt.delta("".join(text), ids, lps))
+            await self._body(send, fmt.tokens(toks))
 
     def _on_tokens(self, msg: TokenMsg) -> None:
         state = self.state
@@ -238,10 +232,8 @@ class RelayResponse:
             self.services.events.first_token(self.ctx.request_id, self.ctx.tier,
                                              asyncio.get_running_loop().time() - self.ctx.started)
         state.completion_tokens += len(msg.token_ids)
-        state.text.append(msg.text)
-        if msg.logprobs and not self.ctx.stream:
-            state.token_ids += msg.token_ids
-            state.logprobs += msg.logprobs
+        if not self.ctx.stream:
+            state.msgs.append(msg)
         self.services.events.tokens(self.ctx.request_id, len(msg.token_ids))
 
     async def _send(self, send: Send, message: dict[str, Any],
@@ -267,10 +259,9 @@ class RelayResponse:
             status, body = err.status, error_bytes(err)
         else:
             status = 200
-            body = orjson.dumps(ctx.formatter.full("".join(self.state.text), finish.finish_reason,
+            body = orjson.dumps(ctx.formatter.full(self.state.msgs, finish.finish_reason,
                                                    ctx.prompt_tokens, finish.completion_tokens
                                                    or self.state.completion_tokens,
-                                                   self.state.token_ids, self.state.logprobs,
                                                    finish.cached_tokens))
         await self._send(send, {"type": "http.response.start", "status": status, "headers": [
             (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),

@@ -186,18 +186,16 @@ class OutputWriter:
         step = self._entries.step(self.ttl)
         for rec, outs in _by_request(items):
             last = outs[-1]
-            # steps that queued up behind a slow write become one message per request
-            ids = [t for o in outs for t in o.new_token_ids]
-            text = "".join(o.text_delta for o in outs)
-            has_tokens = (ids or text) and not rec.reader_gone
-            if not last.finished and not has_tokens:
+            msgs = [] if rec.reader_gone else _token_msgs(rec, outs)
+            if not last.finished and not msgs:
                 continue
-            lps = [[x.logprob, x.top] for o in outs for x in o.logprobs or ()] or None
-            step.add(rec.request_id, rec.tier, rec.entry_id, rec.reader_gone,
-                     TokenMsg(ids, text, lps, offset=rec.offset_base + last.num_output_tokens
-                              - len(ids)) if has_tokens else None,
-                     _finish(rec, last) if last.finished else None,
-                     tenant=rec.tenant, charge=len(ids) / rec.weight)
+            for msg in msgs[:-1]:  # n > 1: a message per run of one sequence's outputs
+                step.add(rec.request_id, rec.tier, rec.entry_id, rec.reader_gone, msg, None,
+                         tenant=rec.tenant, charge=len(msg.token_ids) / rec.weight)
+            tokens = msgs[-1] if msgs else None
+            step.add(rec.request_id, rec.tier, rec.entry_id, rec.reader_gone, tokens,
+                     _finish(rec, last) if last.finished else None, tenant=rec.tenant,
+                     charge=len(tokens.token_ids) / rec.weight if tokens else 0.0)
         return step
 
 
@@ -228,6 +226,30 @@ def _hold_back(items: list[tuple[Inflight, RequestOutput]]
             rec.first_sent = bool(o.new_token_ids or o.text_delta)
             out.append((rec, o))
     return out
+
+
+def _token_msgs(rec: Inflight, outs: list[RequestOutput]) -> list[TokenMsg]:
+    """The token messages of one request's outputs: steps that queued up behind a slow write
+    become one message, per run of one sequence (``index``; n > 1) up to its end
+    (``choice_finish``); a run with neither tokens nor an end is left out."""
+    runs: list[list[RequestOutput]] = []
+    for o in outs:
+        if runs and runs[-1][-1].index == o.index and runs[-1][-1].choice_finish is None:
+            runs[-1].append(o)
+        else:
+            runs.append([o])
+    msgs = []
+    for run in runs:
+        ids = [t for o in run for t in o.new_token_ids]
+        text = "".join(o.text_delta for o in run)
+        end = run[-1].choice_finish
+        if not (ids or text or end):
+            continue
+        lps = [[x.logprob, x.top] for o in run for x in o.logprobs or ()] or None
+        offset = rec.offset_base + run[-1].num_output_tokens - len(ids)
+        msgs.append(TokenMsg(ids, text, lps, offset=offset, index=run[-1].index,
+                             finish_reason=end))
+    return msgs
 
 
 def _by_request(items: list[tuple[Inflight, RequestOutput]]

@@ -28,7 +28,7 @@ _COMMON = frozenset({
 })
 HONOURED = {
     "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
-    "completion": _COMMON | {"prompt"},
+    "completion": _COMMON | {"prompt", "best_of"},  # best_of: only == n (schema.py)
 }
 
 
@@ -43,10 +43,6 @@ def _empty(v: Any) -> bool:
 
 def _text_format(v: Any) -> bool:
     return v is None or v == {"type": "text"}
-
-
-def _best_of(v: Any) -> bool:
-    return v is None or (type(v) is int and v == 1)
 
 
 # vLLM's fields Carpool cannot honour
@@ -73,7 +69,7 @@ UNSUPPORTED: dict[str, dict[str, Callable[[Any], bool]]] = {
         "chat_template_kwargs": _empty, "documents": _empty, **_VLLM_UNSUPPORTED,
     },
     "completion": {
-        "echo": _off(False), "suffix": _empty, "best_of": _best_of, **_VLLM_UNSUPPORTED,
+        "echo": _off(False), "suffix": _empty, **_VLLM_UNSUPPORTED,
     },
 }
 

@@ -1,5 +1,8 @@
 """OpenAI response bodies and stream chunks for chat and text completions.
 
+A request of ``n`` choices streams each choice's chunks with its ``index`` (and its own
+finish chunk when it ends); its full body lists the n choices in index order.
+
 With logprobs asked for (the ``Formatter`` got a ``TokenText``), every body and chunk that
 carries text carries the logprobs of the tokens it covers (``openai/logprobs.py`` shapes
 them); ``usage.prompt_tokens_details.cached_tokens`` reports prefix-cache hits when the
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gateway.bus.messages import TokenMsg
 from gateway.http.openai.logprobs import TokenText, chat_logprobs, completion_logprobs
 
 
@@ -29,48 +33,86 @@ _TEXT_MARK = "\x00carpool-text\x00"
 
 
 class Formatter:
-    """Builds bodies for one request (chat or completion)."""
+    """Builds bodies for one request (chat or completion) of ``n`` choices."""
 
     def __init__(self, kind: str, request_id: str, model: str, created: int,
-                 service_tier: str, texts: TokenText | None = None) -> None:
+                 service_tier: str, texts: TokenText | None = None, n: int = 1) -> None:
         self.kind = kind
         self.request_id = request_id
         self.model = model
         self.created = created
         self.tier = service_tier
         self.texts = texts  # set: the request asked for logprobs
+        self.n = n
         self._text_frame: tuple[bytes, bytes] | None = None
-        self._offset = 0  # completions' text_offset: characters of tokens already streamed
+        self._offsets = [0] * n  # completions' text_offset: characters streamed per choice
+        self._ended: set[int] = set()  # choices whose finish chunk went out (n > 1)
 
-    def _logprobs(self, ids: list[int], lps: list[Any]) -> dict[str, Any] | None:
+    def _logprobs(self, ids: list[int], lps: list[Any], index: int = 0) -> dict[str, Any] | None:
         if self.texts is None:
             return None
         if self.kind == "chat":
             return chat_logprobs(self.texts, ids, lps)
-        body = completion_logprobs(self.texts, ids, lps, self._offset)
-        self._offset += sum(len(t) for t in body["tokens"])
+        body = completion_logprobs(self.texts, ids, lps, self._offsets[index])
+        self._offsets[index] += sum(len(t) for t in body["tokens"])
         return body
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.request_id, "object": obj, "created": self.created,
                 "model": self.model, "service_tier": self.tier}
 
-    def full(self, text: str, finish_reason: str, prompt_tokens: int,
-             completion_tokens: int, token_ids: list[int] | None = None,
-             logprobs: list[Any] | None = None, cached_tokens: int | None = None
-             ) -> dict[str, Any]:
+    def full(self, msgs: list[TokenMsg], finish_reason: str, prompt_tokens: int,
+             completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+        """The whole answer from every token message; each choice's finish reason is its own
+        (n > 1) or the request's."""
         reason = str(finish_reason)  # a FinishReason: OpenAI spells stop and length alike
-        lps = self._logprobs(token_ids or [], logprobs or [])
-        if self.kind == "chat":
-            body = self._base("chat.completion")
-            body["choices"] = [{"index": 0, "finish_reason": reason, "logprobs": lps,
-                                "message": {"role": "assistant", "content": text}}]
-        else:
-            body = self._base("text_completion")
-            body["choices"] = [{"index": 0, "text": text, "finish_reason": reason,
-                                "logprobs": lps}]
+        body = self._base("chat.completion" if self.kind == "chat" else "text_completion")
+        body["choices"] = [self._choice(i, [m for m in msgs if m.index == i], reason)
+                           for i in range(self.n)]
         body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         return body
+
+    def _choice(self, index: int, msgs: list[TokenMsg], reason: str) -> dict[str, Any]:
+        text = "".join(m.text for m in msgs)
+        ends = [m.finish_reason for m in msgs if m.finish_reason]
+        lps = self._logprobs([t for m in msgs for t in m.token_ids],
+                             [x for m in msgs for x in m.logprobs or ()], index)
+        if self.kind == "chat":
+            return {"index": index, "finish_reason": ends[-1] if ends else reason,
+                    "logprobs": lps, "message": {"role": "assistant", "content": text}}
+        return {"index": index, "text": text, "finish_reason": ends[-1] if ends else reason,
+                "logprobs": lps}
+
+    def first_chunks(self) -> bytes:
+        """What a stream opens with: chat's role delta, one per choice."""
+        if self.kind != "chat":
+            return b""
+        return b"".join(self.chunk("", first=True, index=i) for i in range(self.n))
+
+    def tokens(self, msgs: list[TokenMsg]) -> bytes:
+        """The chunks for the token messages of one relay batch (b"" when there is nothing
+        to say). One choice: one chunk with all their text. n > 1: a chunk per message, each
+        with its choice's index, and a finish chunk when that choice ended."""
+        if self.n == 1:
+            text = "".join(m.text for m in msgs)
+            ids = [t for m in msgs if m.logprobs for t in m.token_ids]
+            lps = [x for m in msgs for x in m.logprobs or ()]
+            return self.delta(text, ids, lps) if text or lps else b""
+        out = []
+        for m in msgs:
+            if m.text or m.logprobs:
+                out.append(self.chunk(m.text, index=m.index,
+                                      logprobs=self._logprobs(m.token_ids, m.logprobs or [],
+                                                              m.index)))
+            if m.finish_reason:
+                out.append(self.chunk(None, m.finish_reason, index=m.index))
+                self._ended.add(m.index)
+        return b"".join(out)
+
+    def finish_chunks(self, finish_reason: str) -> bytes:
+        """The request ended: a finish chunk for each choice that has not had one."""
+        return b"".join(self.chunk(None, finish_reason, index=i) for i in range(self.n)
+                        if i not in self._ended)
 
     def delta(self, text: str, token_ids: list[int], logprobs: list[Any]) -> bytes:
         """A chunk with ``text`` and, when asked for, the logprobs of ``token_ids``."""
@@ -79,7 +121,8 @@ class Formatter:
         return self.chunk(text, logprobs=self._logprobs(token_ids, logprobs))
 
     def chunk(self, text: str | None, finish_reason: str | None = None,
-              first: bool = False, logprobs: dict[str, Any] | None = None) -> bytes:
+              first: bool = False, logprobs: dict[str, Any] | None = None,
+              index: int = 0) -> bytes:
         reason = str(finish_reason) if finish_reason else None
         if self.kind == "chat":
             body = self._base("chat.completion.chunk")
@@ -88,11 +131,11 @@ class Formatter:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            body["choices"] = [{"index": 0, "delta": delta, "finish_reason": reason,
+            body["choices"] = [{"index": index, "delta": delta, "finish_reason": reason,
                                 "logprobs": logprobs}]
         else:
             body = self._base("text_completion")
-            body["choices"] = [{"index": 0, "text": text or "", "finish_reason": reason,
+            body["choices"] = [{"index": index, "text": text or "", "finish_reason": reason,
                                 "logprobs": logprobs}]
         return sse(body)
 

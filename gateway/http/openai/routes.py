@@ -116,10 +116,17 @@ def resolve_max_tokens(parsed: ParsedRequest, tenant: Tenant, svc: Services) -> 
                           f"you requested {n_prompt + max_tokens} tokens ({n_prompt} in the "
                           f"prompt, {max_tokens} for the completion)",
                           code="context_length_exceeded", param="max_tokens")
-    if q.tpm and n_prompt + max_tokens > q.tpm:
-        raise bad_request(f"this request reserves {n_prompt + max_tokens} tokens; the tenant's "
+    reserved = reserve(parsed, max_tokens)
+    if q.tpm and reserved > q.tpm:
+        raise bad_request(f"this request reserves {reserved} tokens; the tenant's "
                           f"tokens-per-minute limit is {q.tpm}", code="tpm_too_small")
     return max_tokens
+
+
+def reserve(parsed: ParsedRequest, max_tokens: int) -> int:
+    """Tokens reserved against the tenant's tpm: the prompt once, ``max_tokens`` per choice
+    (n > 1 sequences share the prompt's KV; each one's tokens are charged)."""
+    return len(parsed.prompt_token_ids) + parsed.n * max_tokens
 
 
 async def _completion(request: Request, kind: str) -> Response:
@@ -128,9 +135,11 @@ async def _completion(request: Request, kind: str) -> Response:
     body = await read_json(request, svc.config.max_body_bytes)
     check_fields(body, kind, svc.config.strict_api)
     if kind == "chat":
-        parsed = parse_chat(body, svc.model.tokenizer, svc.model.name, svc.model.vocab_size)
+        parsed = parse_chat(body, svc.model.tokenizer, svc.model.name, svc.model.vocab_size,
+                            svc.config.max_n)
     else:
-        parsed = parse_completion(body, svc.model.tokenizer, svc.model.name, svc.model.vocab_size)
+        parsed = parse_completion(body, svc.model.tokenizer, svc.model.name, svc.model.vocab_size,
+                                  svc.config.max_n)
     tier = choose_tier(tenant, parsed, request.headers.get(TIER_HEADER))
     max_tokens = resolve_max_tokens(parsed, tenant, svc)
     if parsed.min_tokens > max_tokens:
@@ -153,13 +162,13 @@ async def _completion(request: Request, kind: str) -> Response:
         repetition_penalty=parsed.repetition_penalty, presence_penalty=parsed.presence_penalty,
         frequency_penalty=parsed.frequency_penalty, logit_bias=parsed.logit_bias,
         ignore_eos=parsed.ignore_eos, logprobs=parsed.logprobs,
-        stop_token_ids=parsed.stop_token_ids,
+        stop_token_ids=parsed.stop_token_ids, n=parsed.n,
         traceparent=svc.events.request_started(
             rid, tenant.id, tier, svc.model.name, len(parsed.prompt_token_ids), max_tokens,
             parsed.stream, request.headers.get("traceparent")),
     )
     n_prompt = len(parsed.prompt_token_ids)
-    admission = await svc.quota.admit(tenant, msg, n_prompt + max_tokens)
+    admission = await svc.quota.admit(tenant, msg, reserve(parsed, max_tokens))
     if not admission.ok:
         svc.events.request_rejected(tenant.id, 429, admission.reason, request_id=rid)
         raise APIError(429, admission.message, code=admission.reason,
@@ -167,11 +176,11 @@ async def _completion(request: Request, kind: str) -> Response:
     svc.events.request_admitted(tenant.id, tier, rid, n_prompt, msg.traceparent)
     ctx = RelayContext(
         request_id=rid, tenant=tenant, tier=tier, prompt_tokens=n_prompt,
-        reserved_tokens=n_prompt + max_tokens, stream=parsed.stream,
+        reserved_tokens=reserve(parsed, max_tokens), stream=parsed.stream,
         include_usage=parsed.include_usage,
         formatter=Formatter(kind, rid, svc.model.name, int(now), tier,
                             token_text(svc.model.tokenizer) if parsed.logprobs is not None
-                            else None),
+                            else None, n=parsed.n),
         started=loop_now, deadline=loop_now + timeout,
     )
     return RelayResponse(svc, ctx)  # type: ignore[return-value]

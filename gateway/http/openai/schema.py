@@ -31,6 +31,7 @@ class ParsedRequest:
     stream: bool = False
     include_usage: bool = False
     service_tier: str | None = None
+    n: int = 1  # choices
     top_k: int = 0
     min_p: float = 0.0
     min_tokens: int = 0
@@ -54,7 +55,8 @@ def _typed(body: dict[str, Any], name: str, types: tuple[type, ...], default: An
     return value
 
 
-def _common(body: dict[str, Any], served_model: str, vocab_size: int) -> dict[str, Any]:
+def _common(body: dict[str, Any], served_model: str, vocab_size: int,
+            max_n: int) -> dict[str, Any]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required and must be a string", param="model")
@@ -62,10 +64,10 @@ def _common(body: dict[str, Any], served_model: str, vocab_size: int) -> dict[st
         raise APIError(404, f"The model '{model}' does not exist (this server serves "
                             f"'{served_model}')", code="model_not_found", param="model")
     n = _typed(body, "n", (int,), 1)
-    if n != 1:
-        raise bad_request(f"n={n} is not supported: only n=1 (one choice per request)", param="n")
-    if _typed(body, "best_of", (int,), 1) != 1:
-        raise bad_request("best_of is not supported", param="best_of")
+    if not 1 <= n <= max_n:
+        raise bad_request(f"'n' must be between 1 and {max_n} (this server's limit)", param="n")
+    if _typed(body, "best_of", (int,), n) != n:
+        raise bad_request("best_of is not supported (only best_of == n)", param="best_of")
     max_tokens = _typed(body, "max_completion_tokens", (int,), None)
     if max_tokens is None:
         max_tokens = _typed(body, "max_tokens", (int,), None)
@@ -89,7 +91,7 @@ def _common(body: dict[str, Any], served_model: str, vocab_size: int) -> dict[st
     if options is not None:
         include_usage = bool(_typed(options, "include_usage", (bool,), False))
     tier = _typed(body, "service_tier", (str,), None)
-    return {"model": model, "max_tokens": max_tokens, "temperature": temperature,
+    return {"model": model, "n": n, "max_tokens": max_tokens, "temperature": temperature,
             "top_p": top_p, "seed": seed, "stop": _stop(body.get("stop")), "stream": stream,
             "include_usage": include_usage, "service_tier": tier,
             **_sampling_extras(body, max_tokens, vocab_size)}
@@ -232,8 +234,8 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
 
 
 def parse_chat(body: dict[str, Any], tokenizer: Any, served_model: str,
-               vocab_size: int) -> ParsedRequest:
-    common = _common(body, served_model, vocab_size)
+               vocab_size: int, max_n: int = 1) -> ParsedRequest:
+    common = _common(body, served_model, vocab_size, max_n)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", param="messages")
@@ -253,8 +255,8 @@ def parse_chat(body: dict[str, Any], tokenizer: Any, served_model: str,
 
 
 def parse_completion(body: dict[str, Any], tokenizer: Any, served_model: str,
-                     vocab_size: int) -> ParsedRequest:
-    common = _common(body, served_model, vocab_size)
+                     vocab_size: int, max_n: int = 1) -> ParsedRequest:
+    common = _common(body, served_model, vocab_size, max_n)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one

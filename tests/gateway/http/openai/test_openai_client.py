@@ -71,7 +71,7 @@ def test_errors_are_client_exception_types(client: openai.OpenAI, smol: tuple[An
     model = client.models.list().data[0].id
     msgs = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=model, messages=msgs, n=2)  # type: ignore[arg-type]
+        client.chat.completions.create(model=model, messages=msgs, n=9)  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=model, messages=msgs, max_tokens=65)  # type: ignore[arg-type]
     with pytest.raises(openai.NotFoundError):

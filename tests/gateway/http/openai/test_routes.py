@@ -179,7 +179,9 @@ BAD_BODIES = [
     ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({"prompt": "x", "stream": "yes"}, 400, "stream"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
-    ({"prompt": "x", "n": 2}, 400, "n"),
+    ({"prompt": "x", "n": 9}, 400, "n"),  # over the default cap of 8
+    ({"prompt": "x", "n": 0}, 400, "n"),
+    ({"prompt": "x", "n": 2, "best_of": 3}, 400, "best_of"),
     ({"prompt": "x", "max_tokens": 65}, 400, "max_tokens"),  # tenant max_max_tokens 64
     ({"prompt": "x", "service_tier": "gold"}, 400, "service_tier"),
     ({"prompt": "x", "temperature": 10 ** 400}, 400, "temperature"),  # float() overflows
@@ -205,7 +207,7 @@ def test_bad_completion_bodies(client: httpx.Client, model: str, body: dict[str,
     ({"messages": [{"content": "no role"}]}, "messages[0]"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 30}, "n"),
 ])
 def test_bad_chat_bodies(client: httpx.Client, model: str, body: dict[str, Any], param: str) -> None:
     r = client.post("/v1/chat/completions", json={"model": model, **body})

@@ -70,6 +70,12 @@ class SamplingParams:
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
         self._check_extras()
+        # read per request per step on the hot path: computed once (not dataclass fields)
+        history = (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                   or self.frequency_penalty != 0.0)
+        object.__setattr__(self, "_needs_history", history)
+        object.__setattr__(self, "_processes_logits",
+                           history or bool(self.logit_bias) or self.min_tokens > 0)
 
     def _check_extras(self) -> None:
         if not 0 <= self.min_tokens <= self.max_tokens:
@@ -96,13 +102,12 @@ class SamplingParams:
     @property
     def needs_history(self) -> bool:
         """Whether sampling reads the tokens seen so far (the penalties do)."""
-        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
-                or self.frequency_penalty != 0.0)
+        return self._needs_history  # type: ignore[no-any-return,attr-defined]
 
     @property
     def processes_logits(self) -> bool:
         """Whether the logits change before temperature/top-k/top-p (see the module doc)."""
-        return self.needs_history or bool(self.logit_bias) or self.min_tokens > 0
+        return self._processes_logits  # type: ignore[no-any-return,attr-defined]
 
 
 def _bias_pairs(value: Mapping[int, float] | Iterable[tuple[int, float]]

@@ -49,14 +49,23 @@ class ModelShape:
 SMOLLM2_135M_FP32 = ModelShape(layers=30, kv_heads=3, head_dim=64, dtype_bytes=4)
 
 
-def fit(samples: Sequence[Sample]) -> StepCost:
+def fit(samples: Sequence[Sample], trim: float = 0.5) -> StepCost:
+    """Fit, then refit without the steps the first fit missed by more than ``trim`` (relative):
+    on a shared machine a few steps stall for another process's time slice, and those
+    outliers would drag every coefficient up."""
     if len(samples) < 4:
         raise ValueError(f"need at least 4 measured steps to fit 4 coefficients, got {len(samples)}")
     data = np.asarray(samples, dtype=float)
     if np.any(data[:, 3] <= 0):
         raise ValueError("measured step times must be > 0")
+    cost = _fit(data)
+    kept = data[np.asarray(relative_errors(cost, samples)) <= trim]
+    return _fit(kept) if len(kept) >= max(4, len(data) // 2) else cost
+
+
+def _fit(data: np.ndarray) -> StepCost:
     x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1], data[:, 2]])
-    w = 1.0 / data[:, 3]  # relative error: y/y = 1
+    w = 1.0 / data[:, 3]  # relative error: each row scaled so that its target is 1
     coef = nnls(x * w[:, None], np.ones(len(data)))
     return StepCost(*(float(v) for v in coef))
 

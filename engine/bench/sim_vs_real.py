@@ -1,0 +1,186 @@
+"""Simulator against the real engine, same workloads, side by side (issue 13's validation).
+
+    flock /tmp/carpool-bench.lock python -m engine.bench.sim_vs_real [--slots 16] [--profile P]
+
+1. Calibrate: time the engine on a small grid of batch shapes in this process, just before
+   the runs (or load ``--profile``), and fit the calibrated step-cost model.
+2. Seed workload: 100 requests alternating 20 and 200 output tokens (``ignore_eos``), short
+   prompts, all at t=0 (``engine.bench.engine``'s workload).
+3. Poisson workload: ``--poisson-n`` requests at ``--rate`` req/s (default: 60% of the
+   calibrated decode capacity), prompts 16..128 random tokens, outputs 16..64.
+
+Each runs in the real engine (SmolLM2, wall clock: requests are added at their arrival times
+between steps) and in the simulator (the same prompts and lengths, the calibrated cost).
+Printed: throughput, mean latency, p99 TTFT (targets: within 10%, 10%, 25%), and more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections.abc import Sequence
+
+from engine.bench.calibrate import calibrate, cpu_name
+from engine.bench.engine import make_workload
+from engine.core.outputs import SchedulerOutput
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
+from engine.sim.cost import CostModel, StepShape, shape_of
+from engine.sim.metrics import RequestRecord, RunResult, StepRecord, mean, percentile
+from engine.sim.profile import Profile
+from engine.sim.report import table
+from engine.sim.simulator import EngineShape, Simulator
+from engine.sim.workload import Lengths, RequestSpec
+
+TARGETS = {"throughput": 0.10, "mean latency": 0.10, "TTFT p99": 0.25}
+
+
+def run_real(engine: LLMEngine, specs: list[RequestSpec]) -> RunResult:
+    """Drive the engine on the wall clock: arrivals are added between steps when due. The
+    steps' shapes and times are kept (``StepRecord``) to score the cost model on its own."""
+    pending = sorted(specs, key=lambda s: s.arrival)
+    steps: list[StepRecord] = []
+
+    def observe(out: SchedulerOutput, seconds: float) -> None:
+        sh = shape_of(out)
+        steps.append(StepRecord(0.0, seconds, sh.rows, sh.tokens, sh.kv_tokens, 0, 0, ()))
+
+    engine.step_observers.append(observe)
+    try:
+        result = _drive(engine, pending)
+    finally:
+        engine.step_observers.remove(observe)
+    result.steps = steps
+    return result
+
+
+def _drive(engine: LLMEngine, pending: list[RequestSpec]) -> RunResult:
+    tiers = {s.request_id: s.tier for s in pending}
+    result = RunResult()
+    t0 = time.monotonic()
+    while pending or engine.has_unfinished_requests():
+        now = time.monotonic() - t0
+        while pending and pending[0].arrival <= now:
+            s = pending.pop(0)
+            engine.add_request(list(s.prompt_ids), SamplingParams(max_tokens=s.output_len,
+                                                                  ignore_eos=True),
+                               request_id=s.request_id, arrival_time=t0 + s.arrival)
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, pending[0].arrival - (time.monotonic() - t0)))
+            continue
+        for out in engine.step():
+            if out.finished:
+                result.requests.append(RequestRecord(
+                    out.request_id, tiers[out.request_id], "default", out.arrival_time - t0,
+                    None if out.first_token_time is None else out.first_token_time - t0,
+                    (out.finish_time or time.monotonic()) - t0, out.num_output_tokens,
+                    out.finish_reason, out.num_preemptions))
+    return result
+
+
+def run_sim(engine: LLMEngine, cost: CostModel, specs: list[RequestSpec]) -> RunResult:
+    c = engine.config
+    sim = Simulator(cost, c.scheduler, c.cache,
+                    EngineShape(engine.runner.num_blocks, engine.runner.num_cpu_blocks,
+                                engine.max_model_len))
+    return sim.run(specs)
+
+
+def seed_specs(engine: LLMEngine, n: int) -> list[RequestSpec]:
+    wl = make_workload(engine.tokenizer, n, 20, 200)
+    return [RequestSpec(f"s{i}", out, len(p), 0.0, prompt_ids=tuple(p))
+            for i, (p, out) in enumerate(zip(wl.prompts, wl.output_lens))]
+
+
+def poisson_specs(engine: LLMEngine, n: int, rate: float, seed: int = 0) -> list[RequestSpec]:
+    rng = random.Random(seed)
+    prompt, output = Lengths(16, 128), Lengths(16, 64)
+    vocab = engine.runner.args.vocab_size
+    t, out = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        p = prompt.draw(rng)
+        out.append(RequestSpec(f"p{i}", output.draw(rng), p, t,
+                               prompt_ids=tuple(rng.randrange(100, vocab) for _ in range(p))))
+    return out
+
+
+def figures(r: RunResult) -> dict[str, float]:
+    ttft = [x.ttft for x in r.requests if x.ttft is not None]
+    lat = [x.latency for x in r.requests]
+    return {"throughput": r.throughput, "mean latency": mean(lat),
+            "TTFT p99": percentile(ttft, 99), "TTFT mean": mean(ttft),
+            "latency p50": percentile(lat, 50), "latency p99": percentile(lat, 99),
+            "makespan": r.makespan}
+
+
+def cost_error(cost: CostModel, real: RunResult) -> str:
+    """The cost model alone, on the real run's own steps: predicted / measured busy time."""
+    measured = sum(s.seconds for s in real.steps)
+    predicted = sum(cost.step_seconds(StepShape(s.rows, s.tokens, s.kv_tokens))
+                    for s in real.steps)
+    return (f"cost model on this run's {len(real.steps)} real steps: predicted {predicted:.1f} s "
+            f"of {measured:.1f} s measured ({predicted / measured - 1:+.1%}); simulated steps: "
+            f"see makespan")
+
+
+def compare(name: str, real: RunResult, sim: RunResult) -> tuple[str, bool]:
+    fr, fs = figures(real), figures(sim)
+    rows, ok = [], True
+    for key in fr:
+        err = (fs[key] - fr[key]) / fr[key]
+        target = TARGETS.get(key)
+        verdict = "" if target is None else ("ok" if abs(err) <= target else "MISS")
+        ok = ok and verdict != "MISS"
+        unit = " tok/s" if key == "throughput" else " s"
+        rows.append([key, f"{fr[key]:.3f}{unit}", f"{fs[key]:.3f}{unit}", f"{err:+.1%}",
+                     "" if target is None else f"<= {target:.0%} {verdict}"])
+    head = f"{name}: {len(real.requests)} requests, {real.output_tokens} output tokens"
+    return head + "\n" + table(["figure", "real engine", "simulator", "error", "target"], rows), ok
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.bench.sim_vs_real", description=__doc__)
+    p.add_argument("--slots", type=int, default=16, help="max_num_seqs")
+    p.add_argument("--n", type=int, default=100, help="seed workload requests")
+    p.add_argument("--poisson-n", type=int, default=40)
+    p.add_argument("--rate", type=float, default=None, help="Poisson req/s (default: 60%% of capacity)")
+    p.add_argument("--profile", default=None, help="use this profile instead of calibrating now")
+    p.add_argument("--save-profile", default=None, help="write the profile calibrated now here")
+    args = p.parse_args(argv)
+    engine = LLMEngine.from_kwargs(dtype="float32", max_num_seqs=args.slots)
+    if args.profile:
+        profile = Profile.load(args.profile)
+    else:
+        # The shapes these workloads reach: 1..slots rows, contexts up to ~200 tokens.
+        rows = sorted({1, 4, args.slots})
+        profile = calibrate(engine, rows_grid=rows, prompt_grid=(8, 160), decode_steps=24,
+                            max_prefill_tokens=4096)
+    if args.save_profile:
+        profile.save(args.save_profile)
+    cost = profile.cost_model()
+    c, (med, p90) = profile.cost, profile.fit_error()
+    lines = [(f"machine: {cpu_name()} (shared: other jobs were running), model {engine.model_name}, "
+             f"{args.slots} slots"),
+             (f"calibrated: step s = {c.base:.4f} + {c.per_row:.2e} rows + {c.per_token:.2e} tokens"
+             f" + {c.per_kv_token:.2e} kv; fit error on {len(profile.samples)} steps: median "
+             f"{med:.1%}, p90 {p90:.1%}")]
+    seed = seed_specs(engine, args.n)
+    real = run_real(engine, seed)
+    text, ok1 = compare("seed workload (20/200 alternating, all at t=0)", real,
+                        run_sim(engine, cost, seed))
+    lines += ["", text, cost_error(cost, real)]
+    rate = args.rate or 0.6 * args.slots / cost.decode_seconds(args.slots, 96) / 40
+    pois = poisson_specs(engine, args.poisson_n, rate)
+    real = run_real(engine, pois)
+    text, ok2 = compare(f"Poisson workload ({rate:.2f} req/s, prompts 16..128, outputs 16..64)",
+                        real, run_sim(engine, cost, pois))
+    lines += ["", text, cost_error(cost, real)]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0 if ok1 and ok2 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -34,6 +34,7 @@ from gateway.bus.queues import Envelope, TierQueues
 from gateway.config import GatewayConfig
 from gateway.telemetry.events import GatewayEvents
 from gateway.worker.drainer import Drainer
+from gateway.worker.recovery import delivered_tokens, resumed_submit
 from gateway.worker.step_budget import StepBudget
 from gateway.worker.tier_status import TierStatusPublisher
 from gateway.worker.writer import Inflight, OutputWriter
@@ -176,6 +177,7 @@ class Worker:
             for rec in early.values():
                 self._resolve_claim(rec, "unclaimed")  # the entry stays pending: reclaimed
         started: list[tuple[str, int]] = []  # (request id, index of its HGET in cmds)
+        lost: list[tuple[Inflight, SubmitMsg]] = []
         for i, (env, status) in enumerate(zip(todo, statuses, strict=True)):
             msg = env.msg
             assert msg is not None
@@ -192,8 +194,8 @@ class Worker:
             elif status == "run":
                 started.append((msg.request_id, len(cmds)))
                 cmds.append(("HGET", self.keys.req(msg.request_id), "cancel"))
-            elif status == "lost":
-                self._finish_now(rec, msg, FinishReason.ERROR, LOST_ERROR)
+            elif status == "lost":  # its dead worker had streamed output: resume it
+                lost.append((rec, msg))
             elif status == "abort":
                 self._finish_now(rec, msg, FinishReason.ABORT, "cancelled")
             else:  # cancelled / finished / gone: whoever cancelled it told the reader
@@ -204,6 +206,43 @@ class Worker:
             mark = results[at]
             if mark is not None:  # a cancel raced our claim: its publish found no owner
                 self._cancel(CancelMsg(rid, reader_gone=mark in (b"gone", "gone")))
+        if lost:
+            await self._migrate(lost)
+
+    async def _migrate(self, lost: list[tuple[Inflight, SubmitMsg]]) -> None:
+        """Resume requests whose dead worker had streamed output (``recovery.py``), from
+        what their output streams hold, read in one round trip with their cancel marks; one
+        that cannot be resumed ends with the worker-lost error, as before."""
+        cmds: list[tuple[Any, ...]] = []
+        for _, msg in lost:
+            cmds += [("XRANGE", self.keys.out(msg.request_id), "-", "+"),
+                     ("HGET", self.keys.req(msg.request_id), "cancel")]
+        replies = await self.queues.execute(cmds)
+        for i, (rec, msg) in enumerate(lost):
+            entries, cancel = replies[2 * i], replies[2 * i + 1]
+            delivered = delivered_tokens(entries)
+            resumed = resumed_submit(msg, delivered) if delivered is not None else None
+            if cancel is not None:  # cancelled since our claim
+                self._finish_now(rec, msg, FinishReason.ABORT, "cancelled")
+            elif resumed is None or delivered is None:
+                self._finish_now(rec, msg, FinishReason.ERROR, LOST_ERROR)
+            else:
+                rec.offset_base, rec.first_sent = len(delivered), True
+                self._resume(rec, resumed)
+
+    def _resume(self, rec: Inflight, msg: SubmitMsg) -> None:
+        if time.time() > msg.deadline_unix > 0:
+            self._finish_now(rec, msg, FinishReason.ERROR,
+                             "deadline exceeded before the request could resume")
+        elif msg.max_tokens <= 0:  # every token was delivered: only the finish was lost
+            self.writer.submit([(rec, RequestOutput(rec.request_id, [], "", True,
+                                                    FinishReason.LENGTH,
+                                                    len(msg.prompt_token_ids), 0))])
+        elif (refused := self._run(rec, msg)) is not None:
+            self._finish_now(rec, msg, FinishReason.ERROR, refused)
+        else:
+            log.warning("resumed %s after %d delivered tokens: its worker died",
+                     rec.request_id, rec.offset_base)
 
     def _start_early(self, todo: list[Envelope], early: dict[int, Inflight]) -> None:
         """Hand fresh entries to the engine before their claim answers (it almost always says

@@ -262,7 +262,12 @@ def _by_request(items: list[tuple[Inflight, RequestOutput]]
 
 
 def _finish(rec: Inflight, out: RequestOutput) -> FinishMsg:
-    return FinishMsg(out.finish_reason or FinishReason.STOP, out.num_prompt_tokens, out.num_output_tokens,
+    # a migrated request's engine prompt holds the tokens delivered before (``offset_base``):
+    # the usage is the original prompt's and every output token's, each counted once
+    return FinishMsg(out.finish_reason or FinishReason.STOP,
+                     out.num_prompt_tokens - rec.offset_base,
+                     out.num_output_tokens + rec.offset_base,
                      out.error, queue_wait_s=rec.queue_wait_s,
                      num_preemptions=out.num_preemptions,
-                     cached_tokens=out.num_cached_tokens)
+                     cached_tokens=min(out.num_cached_tokens,
+                                       out.num_prompt_tokens - rec.offset_base))

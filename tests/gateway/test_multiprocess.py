@@ -105,10 +105,10 @@ def test_worker_killed_mid_run(redis_url: str, tiny_model_dir: Path, tmp_path: P
 
         results = asyncio.run(run_all())
     outcomes = [o for o, _ in results]
-    assert "eof" not in outcomes
-    assert outcomes.count("done") + outcomes.count("error") == 12
-    assert all(n == 60 for o, n in results if o == "done")
-    assert "error" in outcomes  # the killed worker held some of them mid-generation
+    # the killed worker's requests mid-generation resume on the other one (request
+    # migration, ``gateway/worker/recovery.py``): every stream ends whole, none with an error
+    assert outcomes == ["done"] * 12, results
+    assert all(n == 60 for _, n in results)
     r = redis_sync(redis_url)
     try:
         keys = RedisKeys(ns)

@@ -73,6 +73,8 @@ class StreamReader(threading.Thread):
         self.errors: list[Any] = []
         self.done = False
         self.status: int | None = None
+        self.request_id: str | None = None
+        self.usage: dict[str, Any] | None = None
         self.first = threading.Event()
 
     def run(self) -> None:
@@ -80,6 +82,7 @@ class StreamReader(threading.Thread):
             with httpx.stream("POST", f"{self.url}/v1/completions", json=self.body, timeout=60,
                               headers={"Authorization": f"Bearer {self.key}"}) as r:
                 self.status = r.status_code
+                self.request_id = r.headers.get("x-request-id")
                 if r.status_code != 200:
                     self.errors.append(r.read().decode())
                 for line in r.iter_lines():
@@ -92,7 +95,9 @@ class StreamReader(threading.Thread):
                     event = json.loads(data)
                     if "error" in event:
                         self.errors.append(event["error"])
-                    elif event.get("choices"):
+                    elif event.get("usage"):
+                        self.usage = event["usage"]
+                    if event.get("choices"):
                         self.text.append(event["choices"][0].get("text") or "")
                         self.first.set()
         except httpx.HTTPError as exc:

@@ -1,0 +1,59 @@
+"""Request migration: a request whose worker died after streaming output resumes here.
+
+A worker that takes over a dead worker's entry (``Worker._maintain``: XAUTOCLAIM after the
+visibility timeout) finds it ``lost`` when its reader already has output (the claim script's
+'sent' mark). Instead of ending it with a ``worker_lost`` error, the new worker reads what
+the reader has been sent, the request's output stream ``out:{id}`` (a stream entry is
+written once per engine step, atomically, so it is exactly what was delivered or will be),
+and resumes by recompute: the engine prefills the original prompt plus those tokens and
+continues for the tokens that remain. Its token messages carry offsets counted from the
+tokens delivered before (``Inflight.offset_base``), so the relay drops any overlap and the
+client's stream just continues; its finish reports the original prompt and every output
+token once. A greedy request therefore ends with the text an uninterrupted run produces.
+
+Not resumed (ended with the ``worker_lost`` error as before): several choices (``n`` > 1),
+and a request whose output stream is gone (expired, or held back past its TTL). Known gaps: a
+stop string split across the hand-over point is not seen, a seeded sampled request continues
+with another random stream, and a character whose bytes straddle it may be rendered as
+U+FFFD; a greedy request is exact otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gateway.bus.messages import MessageError, SubmitMsg, TokenMsg, decode
+
+
+def delivered_tokens(entries: Any) -> list[int] | None:
+    """The output token ids an ``XRANGE out:{id}`` reply holds, in order, each once (a
+    repeated write has the same ``offset``); None when the stream is gone or holds
+    something that can't be resumed from (an entry without offsets, another choice)."""
+    if not entries:
+        return None
+    tokens: list[int] = []
+    for _, fields in entries:
+        if isinstance(fields, list):  # a raw reply: [field, value, field, value, ...]
+            fields = dict(zip(fields[::2], fields[1::2]))
+        try:
+            msg = decode(fields)
+        except MessageError:
+            return None
+        if not isinstance(msg, TokenMsg):
+            return None  # a finish (the request ended) or a stray entry: not ours to resume
+        if msg.offset is None or msg.index != 0 or msg.offset > len(tokens):
+            return None
+        tokens += msg.token_ids[len(tokens) - msg.offset:]
+    return tokens
+
+
+def resumed_submit(msg: SubmitMsg, delivered: list[int]) -> SubmitMsg | None:
+    """The request to run so that it continues after ``delivered``: their tokens appended to
+    the prompt, the budgets reduced by as many; None when it cannot be resumed."""
+    if msg.n != 1:
+        return None
+    k = len(delivered)
+    return dataclasses.replace(
+        msg, prompt_token_ids=[*msg.prompt_token_ids, *delivered],
+        max_tokens=msg.max_tokens - k, min_tokens=max(0, msg.min_tokens - k))

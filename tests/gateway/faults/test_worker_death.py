@@ -1,0 +1,136 @@
+"""Request migration: a gateway and two worker processes (tiny real engine) on one Redis;
+greedy streams are frozen mid-generation (SIGSTOP on both workers), the worker holding
+some of them is SIGKILLed and the other resumes. Each client's stream just continues: its
+text equals an uninterrupted run's, its usage counts every token once, and the surviving
+worker says it resumed them. A request that no worker can take ends, within its deadline,
+with a clear error."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.bus.keys import RedisKeys
+from gateway.process import free_port
+from tests.gateway.faults.stack import StreamReader
+from tests.gateway.faults.table import FaultRow
+from tests.gateway.harness import make_tenant, redis_sync
+from tests.gateway.procs import Proc, spawn
+
+pytestmark = pytest.mark.timeout(240)
+ENGINE = ["--engine", "real", "--num-blocks", "256", "--block-size", "16", "--max-model-len",
+          "1024", "--max-num-seqs", "8"]
+PROMPTS = ["Once upon a time", "The capital of France", "def main():", "In 1905, Einstein"]
+MAX_TOKENS = 600
+
+
+def body(model: str, prompt: str) -> dict[str, Any]:
+    return {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+
+
+def kv_used(port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    found = re.search(r'^carpool_kv_blocks\{state="used"\} (\S+)', text, re.MULTILINE)
+    return float(found.group(1)) if found else -1.0
+
+
+@pytest.fixture
+def cluster(redis_url: str, tiny_model_dir: Path, tmp_path: Path
+            ) -> Iterator[tuple[str, Proc, list[tuple[Proc, int]]]]:
+    ns = f"mig{os.getpid()}{time.monotonic_ns() % 100000}"
+    ports = [free_port(), free_port()]
+    with spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE) as gw, \
+            spawn("worker", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE,
+                  "--metrics-port", str(ports[0])) as wa, \
+            spawn("worker", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE,
+                  "--metrics-port", str(ports[1])) as wb:
+        yield ns, gw, [(wa, ports[0]), (wb, ports[1])]
+
+
+def idle_kv_used(port: int, timeout: float = 20.0) -> int:
+    """The worker's used KV blocks once they reached 0 (or what is left after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while (used := kv_used(port)) != 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return int(used)
+
+
+def owner(redis_url: str, ns: str, request_id: str) -> str:
+    raw = redis_sync(redis_url).hget(RedisKeys(ns).req(request_id), "worker")
+    return raw.decode() if raw else ""
+
+
+def test_streams_of_a_killed_worker_resume_on_the_other(
+        cluster: tuple[str, Proc, list[tuple[Proc, int]]], redis_url: str,
+        tiny_model_dir: Path, fault_rows: list[FaultRow]) -> None:
+    ns, gw, workers = cluster
+    key = make_tenant(redis_url, ns, "mig")
+    model = httpx.get(gw.url + "/v1/models", headers={"Authorization": f"Bearer {key}"},
+                      timeout=10).json()["data"][0]["id"]
+    expected = []
+    for prompt in PROMPTS:  # uninterrupted runs, one at a time
+        ref = StreamReader(gw.url, key, body(model, prompt))
+        ref.run()
+        assert ref.done and not ref.errors, ref.errors
+        expected.append(("".join(ref.text), ref.usage))
+    streams = [StreamReader(gw.url, key, body(model, p)) for p in PROMPTS]
+    for s in streams:
+        s.start()
+    assert all(s.first.wait(60) for s in streams)
+    for proc, _ in workers:  # freeze generation mid-stream
+        os.kill(proc.popen.pid, signal.SIGSTOP)
+    owners = [owner(redis_url, ns, s.request_id or "") for s in streams]
+    victim, survivor = sorted(workers, key=lambda w: -sum(
+        str(w[0].popen.pid) in o for o in owners))
+    moved = sum(str(victim[0].popen.pid) in o and not s.done for o, s in zip(owners, streams))
+    os.kill(victim[0].popen.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    os.kill(survivor[0].popen.pid, signal.SIGCONT)
+    for s in streams:
+        s.join(120)
+    row = FaultRow(f"worker SIGKILL mid-stream (2 workers, {len(streams)} greedy streams, "
+                   f"{moved} moved)")
+    for s in streams:
+        row.record(200 if s.done and not s.errors else 503, {"error": {"code": "stream"}})
+    row.recovery_s = time.monotonic() - killed  # until the last stream ended
+    row.kv_blocks_after_idle = idle_kv_used(survivor[1])
+    fault_rows.append(row)
+    assert moved > 0, "no stream was in flight on the killed worker"
+    for s, (text, usage) in zip(streams, expected):
+        assert s.done and not s.errors, s.errors
+        assert "".join(s.text) == text  # nothing missing, nothing repeated
+        assert s.usage is not None and usage is not None
+        counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+        assert [s.usage[c] for c in counts] == [usage[c] for c in counts]  # each token once
+    assert sum("resumed" in line for line in survivor[0].lines) == moved
+
+
+def test_with_no_worker_left_the_stream_ends_with_a_clear_error_at_its_deadline(
+        redis_url: str, tiny_model_dir: Path, tmp_path: Path,
+        fault_rows: list[FaultRow]) -> None:
+    ns = f"mig0{os.getpid()}{time.monotonic_ns() % 100000}"
+    env = {"CARPOOL_REQUEST_TIMEOUT_S": "6"}
+    with spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE, env=env) as gw, \
+            spawn("worker", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE, env=env) as w:
+        key = make_tenant(redis_url, ns, "mig")
+        model = httpx.get(gw.url + "/v1/models", headers={"Authorization": f"Bearer {key}"},
+                          timeout=10).json()["data"][0]["id"]
+        stream = StreamReader(gw.url, key, body(model, PROMPTS[0]))
+        stream.start()
+        assert stream.first.wait(60)
+        os.kill(w.popen.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        stream.join(30)
+        ended = time.monotonic() - killed
+    assert stream.done and [e["code"] for e in stream.errors] == ["timeout"]
+    fault_rows.append(FaultRow("worker SIGKILL, no worker left (deadline 6 s)", requests=1,
+                               clear_errors=1, recovery_s=ended, codes={"timeout": 1}))

@@ -18,6 +18,7 @@
     {ns}:stats               hash    counters (admitted, rejected:*, completed, aborted...)
     {ns}:tier_status         hash    worker id -> its tier status JSON (worker/tier_status.py)
     {ns}:metrics             hash    process id -> its metrics samples JSON (telemetry/stats_publish.py)
+    {ns}:metrics:watch       string  set while someone reads the stats: processes publish only then
 """
 
 from __future__ import annotations
@@ -100,3 +101,7 @@ class RedisKeys:
     @property
     def metrics(self) -> str:
         return f"{self.ns}:metrics"
+
+    @property
+    def metrics_watch(self) -> str:
+        return f"{self.ns}:metrics:watch"

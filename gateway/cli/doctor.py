@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-MIN_WINDOW_S = 3.0  # a gateway that just started has no window yet: wait this much of one
+MIN_WINDOW_S = 10.0  # processes publish once someone reads: wait for this much of a window
 
 
 def add_parser(sub: Any) -> None:
@@ -29,7 +29,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--url", default=None, help="gateway base URL (default from the config)")
     p.add_argument("--admin-key", default=None, help="default CARPOOL_ADMIN_KEY")
     p.add_argument("--json", action="store_true", help="print the stats JSON's doctor part")
-    p.add_argument("--wait", type=float, default=10.0,
+    p.add_argument("--wait", type=float, default=20.0,
                    help="seconds to wait for a window of stats on a fresh gateway")
     p.set_defaults(func=run)
 

@@ -7,8 +7,12 @@ the last ``WINDOW_S`` of them (rates and percentiles are differences of cumulati
 histogram buckets across the window, as Prometheus's ``rate``/``histogram_quantile`` would
 compute them) and ``SERIES_S`` of a few gauges (queue depth, engine state) for the time series.
 
-The JSON (``build_stats``): ``ts``, ``window_s`` (0 until two samples exist: then counts are
-since each process's start and rates are null), ``processes`` (id -> role), ``tiers`` (per
+Processes publish only while someone reads (``stats_publish.watch``): a first read finds
+little, the next second has it all.
+
+The JSON (``build_stats``): ``ts``, ``window_s`` (the seconds the rates and quantiles cover:
+up to ``WINDOW_S``, less on a deployment younger than that or a history shorter than that;
+0 with nothing published yet, then rates are null), ``processes`` (id -> role), ``tiers`` (per
 tier: queue depth now and its series, TTFT/TPOT/queue-wait p50/p99, admitted/rejected by
 reason/cancelled/timed-out/completed per second), ``rejected_before_tier`` (auth and such, by
 reason, per second), ``engine`` (null without a worker: state, KV blocks, batch size and
@@ -31,7 +35,7 @@ from typing import Any
 from engine.core.finish import COMPLETED
 from gateway.bus.keys import RedisKeys
 from gateway.telemetry.stats_engine import engine_section
-from gateway.telemetry.stats_publish import Samples, read_published
+from gateway.telemetry.stats_publish import Samples, read_published, watch
 from gateway.telemetry.stats_window import (
     by_label,
     delta,
@@ -57,6 +61,12 @@ class Point:
     t: float  # unix seconds
     procs: dict[str, Samples]
     roles: dict[str, str]
+    starts: dict[str, float]  # when each process's counters were zero
+
+    def covers(self, now: Point) -> bool:
+        """Every process of ``now`` is in this point, or started after it: a delta from here
+        counts nothing twice and misses nothing."""
+        return all(p in self.procs or start >= self.t for p, start in now.starts.items())
 
 
 @dataclass(frozen=True)
@@ -91,9 +101,13 @@ class StatsHistory:
 
     async def sample(self) -> None:
         published = await read_published(self.redis, self.keys)
+        if not published:  # nobody watched for a while: nothing published, nothing to keep
+            self.points.clear()
+            return
         t = time.time()
-        procs = {p: samples for p, (_, samples) in published.items()}
-        self.points.append(Point(t, procs, {p: role for p, (role, _) in published.items()}))
+        procs = {p: pub.samples for p, pub in published.items()}
+        self.points.append(Point(t, procs, {p: pub.role for p, pub in published.items()},
+                                 {p: pub.start for p, pub in published.items()}))
         self.series.append(gauge_point(t, procs, self.tiers))
 
     async def run(self) -> None:
@@ -104,20 +118,34 @@ class StatsHistory:
                 log.debug("stats sampling failed", exc_info=True)
             await asyncio.sleep(self.interval_s)
 
-    def window(self) -> tuple[Point | None, Point | None]:
-        """(now, the oldest point at most ``window_s`` before it)."""
+    def window(self) -> tuple[Point | None, Point | None, float]:
+        """(now, then, seconds). Every process started within ``window_s``: then is None and
+        the window runs from the first start (counters were zero then: exact at once, even
+        on a first read). Otherwise the oldest point at most ``window_s`` back that covers
+        every process now (``Point.covers``); none: no window yet (seconds 0)."""
         if not self.points:
-            return None, None
+            return None, None, 0.0
         now = self.points[-1]
-        then = next((p for p in self.points if p.t >= now.t - self.window_s - 0.5), None)
-        return now, (then if then is not None and then is not now else None)
+        first = min(now.starts.values(), default=now.t)
+        if first >= now.t - self.window_s:
+            return now, None, now.t - first
+        then = next((p for p in self.points
+                     if p.t >= now.t - self.window_s - 0.5 and p.covers(now)), None)
+        if then is None or then is now:
+            return now, None, 0.0
+        return now, then, now.t - then.t
 
     async def snapshot(self) -> dict[str, Any]:
-        if not self.points:  # never sampled yet (just started): read once now
+        """The stats JSON; the read also keeps every process publishing (``watch``)."""
+        await watch(self.redis, self.keys)
+        if not self.points:  # nobody watched until now: read what there is at once
             await self.sample()
-        now, then = self.window()
-        assert now is not None
-        return build_stats(now, then, list(self.series), self.tiers)
+        now, then, seconds = self.window()
+        if now is None:
+            now = Point(time.time(), {}, {}, {})
+        # ~10 ms of Python for a busy deployment: off the event loop
+        return await asyncio.to_thread(build_stats, now, then, seconds, list(self.series),
+                                       self.tiers)
 
 
 def _rate(count: float, seconds: float) -> float | None:
@@ -180,13 +208,13 @@ def _tenants_section(d: Samples, seconds: float) -> list[dict[str, Any]]:
     return rows[:TOP_TENANTS]
 
 
-def build_stats(now: Point, then: Point | None, series: Sequence[GaugePoint],
-                tiers: Sequence[str]) -> dict[str, Any]:
-    """The JSON (module docstring) for the window ``then`` -> ``now``. Pure."""
+def build_stats(now: Point, then: Point | None, seconds: float,
+                series: Sequence[GaugePoint], tiers: Sequence[str]) -> dict[str, Any]:
+    """The JSON (module docstring) for the ``seconds`` up to ``now``, counted from ``then``
+    (None: from each process's start). Pure."""
     d = delta(now.procs, then.procs if then is not None else None)
     cur = merge(now.procs.values())
-    seconds = now.t - then.t if then is not None else 0.0
-    in_window = [p for p in series if then is None or p.t >= then.t]
+    in_window = [p for p in series if p.t >= now.t - seconds]
     tier_json, tier_windows = {}, {}
     for tier in tiers:
         tier_json[tier], tier_windows[tier] = _tier_section(d, tier, seconds, series, now.t)

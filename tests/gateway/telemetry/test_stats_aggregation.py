@@ -7,6 +7,7 @@ quantile of the raw observations."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
@@ -21,8 +22,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.bus.keys import RedisKeys
 from gateway.telemetry.metrics import Metrics
-from gateway.telemetry.stats_publish import MetricsPublisher, parse_samples, read_published
-from gateway.telemetry.stats_snapshot import StatsHistory
+from gateway.telemetry.stats_publish import (
+    MetricsPublisher,
+    parse_samples,
+    read_published,
+    watch,
+)
+from gateway.telemetry.stats_snapshot import Point, StatsHistory
 from gateway.telemetry.stats_window import buckets, delta, merge, total
 from policies.tiers import TIERS
 
@@ -92,7 +98,7 @@ async def test_two_publishers_one_picture(redis: Any) -> None:
     assert stats["engine"]["max_num_seqs"] == 24 and stats["engine"]["kv_total"] == 96
     assert stats["engine"]["kv_used"] == 13
     # merged buckets == the buckets of a registry that saw everything
-    procs = {p: s for p, (_, s) in (await read_published(redis, keys)).items()}
+    procs = {p: pub.samples for p, pub in (await read_published(redis, keys)).items()}
     assert buckets(merge(procs.values()), TTFT, tier="interactive") == reference_buckets(ref)
     # the reported quantiles sit in the bucket of the raw observations' true quantile
     everything = obs_a + obs_b
@@ -110,6 +116,8 @@ async def test_window_counts_only_what_changed(redis: Any) -> None:
     observe([a], [0.1] * 30, "acme")
     pubs = [MetricsPublisher(redis, keys, m.registry, "all", proc=p)
             for m, p in ((a, "g1"), (b, "g2"))]
+    for p in pubs:  # long-running processes: their counters' zero is older than any window
+        p.start -= 3600
     history = StatsHistory(redis, keys, TIERS)
     for p in pubs:
         await p.publish()
@@ -128,10 +136,52 @@ async def test_window_counts_only_what_changed(redis: Any) -> None:
     assert tier["completed_per_s"] == pytest.approx(10 / window, rel=0.05)  # window rounded
 
 
+async def test_young_processes_count_from_their_start(redis: Any) -> None:
+    """Every process started within the window: the window runs from the first start, whose
+    counters were zero, so a first read already has it all."""
+    keys = RedisKeys(f"t{uuid.uuid4().hex[:10]}")
+    a = Metrics()
+    pub = MetricsPublisher(redis, keys, a.registry, "all", proc="young")
+    pub.start -= 20
+    observe([a], [0.1] * 7, "acme")
+    await pub.publish()
+    stats = await StatsHistory(redis, keys, TIERS).snapshot()
+    assert stats["tiers"]["interactive"]["counts"]["finished"] == 7
+    assert 20 <= stats["window_s"] < 30
+
+
+async def test_processes_publish_only_while_watched(redis: Any) -> None:
+    keys = RedisKeys(f"t{uuid.uuid4().hex[:10]}")
+    pub = MetricsPublisher(redis, keys, Metrics().registry, "worker", proc="w",
+                           interval_s=0.05)
+    task = asyncio.create_task(pub.run())
+    try:
+        await asyncio.sleep(0.3)
+        assert await redis.hkeys(keys.metrics) == []  # nobody watches: nothing spent
+        await watch(redis, keys)
+        for _ in range(100):
+            if await redis.hkeys(keys.metrics):
+                break
+            await asyncio.sleep(0.05)
+        assert await redis.hkeys(keys.metrics) == [b"w"]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def test_a_window_starts_where_every_process_is_known() -> None:
+    now = Point(100.0, {"a": {}, "b": {}}, {}, {"a": 0.0, "b": 95.0})
+    assert Point(90.0, {"a": {}}, {}, {"a": 0.0}).covers(now)  # b started after it
+    assert not Point(96.0, {"a": {}}, {}, {"a": 0.0}).covers(now)  # b ran, unseen
+    assert not Point(90.0, {"b": {}}, {}, {"b": 95.0}).covers(now)  # a ran, unseen
+
+
 async def test_stale_process_is_left_out_and_deleted(redis: Any) -> None:
     keys = RedisKeys(f"t{uuid.uuid4().hex[:10]}")
     await MetricsPublisher(redis, keys, Metrics().registry, "worker", proc="live").publish()
-    dead = {"proc": "dead", "role": "worker", "ts": time.time() - 60, "samples": []}
+    dead = {"proc": "dead", "role": "worker", "ts": time.time() - 60, "start": 0.0,
+            "samples": []}
     await redis.hset(keys.metrics, "dead", orjson.dumps(dead))
     await redis.hset(keys.metrics, "junk", b"not json")
     assert set(await read_published(redis, keys)) == {"live"}

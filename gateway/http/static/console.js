@@ -59,9 +59,11 @@ function svgEl(tag, attrs) {
   return n;
 }
 
-// points: [[seconds before now (<= 0), value]], drawn over the last `span` seconds
-function lines(series, w = 320, h = 70, span = 300) {
+// points: [[seconds before now (<= 0), value]], drawn over what there is (1 to 5 minutes)
+function lines(series, w = 320, h = 70) {
   const s = svg(w, h);
+  const oldest = Math.min(0, ...series.flatMap(([, pts]) => pts.map((p) => p[0])));
+  const span = Math.min(300, Math.max(60, -oldest));
   const all = series.flatMap(([, pts]) => pts.map((p) => p[1]));
   const top = Math.max(1, ...all);
   s.append(svgEl("rect", { x: 0, y: 0, width: w, height: h, class: "chart-bg" }));
@@ -75,7 +77,7 @@ function lines(series, w = 320, h = 70, span = 300) {
     s.append(svgEl("path", { d, class: `line ${cls}` }));
   }
   const label = svgEl("text", { x: 4, y: 12, class: "axis" });
-  label.textContent = `max ${fmt(top, 1)} · last ${span / 60} min`;
+  label.textContent = `max ${fmt(top, 1)} · last ${Math.round(span)} s`;
   s.append(label);
   return s;
 }

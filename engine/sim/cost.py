@@ -9,6 +9,8 @@ attention reads: each row's ``start_pos + len(tokens)``).
   step, prefill counted as zero").
 - ``CalibratedCost(StepCost)``: ``base + per_row*rows + per_token*tokens + per_kv*kv_tokens``,
   the coefficients fitted from the real engine's measured steps (``engine.sim.profile``).
+- ``ReplayCost(seconds)``: the n-th step costs the n-th of a real run's measured step times
+  (validation: it takes the cost model out of a simulator-vs-engine comparison).
 
 Swap copies are not costed (no measurement covers them); a run that swaps says so in its
 preemption counts.
@@ -16,6 +18,7 @@ preemption counts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,3 +79,24 @@ class CalibratedCost:
     def decode_seconds(self, rows: int, kv_per_row: float) -> float:
         """A decode step of ``rows`` rows, one token each, ``kv_per_row`` context each."""
         return self.cost.predict(rows, rows, rows * kv_per_row)
+
+
+class ReplayCost:
+    """Replays measured step times in order (the last one repeats if the simulation runs
+    more steps than were measured)."""
+
+    name = "replayed"
+
+    def __init__(self, seconds: Sequence[float]) -> None:
+        if not seconds or min(seconds) < 0:
+            raise ValueError("need at least one measured step time, all >= 0")
+        self._seconds = list(seconds)
+        self._next = 0
+
+    def step_seconds(self, shape: StepShape) -> float:
+        i = min(self._next, len(self._seconds) - 1)
+        self._next += 1
+        return self._seconds[i]
+
+    def decode_seconds(self, rows: int, kv_per_row: float) -> float:
+        return sum(self._seconds) / len(self._seconds)

@@ -126,3 +126,30 @@ def test_percentile_matches_numpy() -> None:
     xs = [rng.random() for _ in range(37)]
     for q in (0, 50, 90, 99, 100):
         assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+
+
+def test_replayed_step_times_reproduce_a_run() -> None:
+    from engine.sim.cost import ReplayCost
+
+    specs = poisson(3.0, 60, Lengths(8, 64), Lengths(4, 24), seed=5)
+    varied = Simulator(_Varied(), SchedulerConfig(max_num_seqs=4)).run(specs)
+    replay = Simulator(ReplayCost([s.seconds for s in varied.steps]),
+                       SchedulerConfig(max_num_seqs=4)).run(specs)
+    assert [s.scheduled_ids for s in replay.steps] == [s.scheduled_ids for s in varied.steps]
+    assert replay.by_id() == varied.by_id()
+
+
+class _Varied:
+    """A cost that depends on the shape and the step count (as real steps do)."""
+
+    name = "varied"
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def step_seconds(self, shape: StepShape) -> float:
+        self.n += 1
+        return 0.01 + 0.002 * shape.rows + 0.0001 * shape.tokens + 0.005 * (self.n % 3)
+
+    def decode_seconds(self, rows: int, kv_per_row: float) -> float:
+        return 0.01 + 0.002 * rows

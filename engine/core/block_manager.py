@@ -20,6 +20,8 @@ Contract (the scheduler is the only caller; it is not thread-safe):
   (ref count + 1) but always leaves at least the last token to compute, so the block being
   written is never shared. Freed hashed blocks stay in an LRU: they count as free and keep
   their KV until a fresh block is needed (LRU evicted first; unhashed free blocks go before).
+- Fork (parallel sampling): ``fork`` starts a new table with another request's leading
+  blocks, shared by ref count; the new request writes only blocks past them.
 - Swap: ``swap_out`` moves a request's KV to the CPU pool (one CPU block per device block) and
   frees the device blocks; ``swap_in`` does the reverse into fresh device blocks. The returned
   copy lists are executed by the runner at the start of the next step: all swap-outs, then

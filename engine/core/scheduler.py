@@ -26,7 +26,8 @@ Failures never hang: a prompt that can never fit finishes in ``add_request``, an
 whose prompt + output outgrows the whole cache finishes, both with FINISHED_ERROR.
 
 The eviction mechanism (swap or recompute, victims of lower priority, ``preempt_request``)
-lives in ``engine.core.preemption``. Not thread-safe: call everything from the engine's step
+lives in ``engine.core.preemption``; an n > 1 request's sequences fork after its prompt is
+computed, sharing its blocks (``engine.core.parallel_sampling``). Not thread-safe: call everything from the engine's step
 thread, never between ``schedule()`` and the runner's execution of its output.
 """
 
@@ -240,8 +241,7 @@ class Scheduler(PreemptionMixin, ForkMixin):
         bm = self.block_manager
         for req in self.swapped:
             if self._past_row_cap(req, plan):
-                plan.blocked_priority = req.priority  # over the cap: it and all behind it wait
-                return
+                continue  # its priority's seats under the cap are taken; others may have some
             if self._fail_if_outgrown(req, req.num_tokens):
                 continue
             num_new = self._chunk(req, req.num_computed_tokens, plan.budget)
@@ -266,9 +266,10 @@ class Scheduler(PreemptionMixin, ForkMixin):
             self._start_running(req, num_new, plan)
 
     def _past_row_cap(self, req: Request, plan: StepPlan) -> bool:
-        """The urgent row cap keeps swapped or waiting ``req`` from starting this step."""
+        """The urgent row cap keeps swapped or waiting ``req`` from starting this step (asked
+        once per request about to start: a yes takes its priority's seat)."""
         cap = self._step_cap
-        return cap is not None and not cap.admits(req.priority, len(plan.scheduled))
+        return cap is not None and not cap.take_seat(req.priority)
 
     def _schedule_waiting(self, plan: StepPlan) -> None:
         limit = self._admission(self._admission_snapshot())
@@ -277,10 +278,12 @@ class Scheduler(PreemptionMixin, ForkMixin):
             if plan.blocked_priority is not None and req.priority >= plan.blocked_priority:
                 reason = "swapped"
                 break  # a blocked swapped request goes first unless this one is more urgent
-            if (req.request_id in plan.preempted or admitted >= limit
-                    or self._past_row_cap(req, plan)):
+            if req.request_id in plan.preempted or admitted >= limit:
                 reason = "limit"
                 break
+            if self._past_row_cap(req, plan):
+                reason = "limit"
+                continue  # the cap counts seats per priority: a lower one may have some
             if self._fail_if_outgrown(req, req.num_tokens):
                 continue
             reason = self._admit(req, plan)

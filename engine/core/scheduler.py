@@ -27,8 +27,9 @@ whose prompt + output outgrows the whole cache finishes, both with FINISHED_ERRO
 
 The eviction mechanism (swap or recompute, victims of lower priority, ``preempt_request``)
 lives in ``engine.core.preemption``; an n > 1 request's sequences fork after its prompt is
-computed, sharing its blocks (``engine.core.parallel_sampling``). Not thread-safe: call everything from the engine's step
-thread, never between ``schedule()`` and the runner's execution of its output.
+computed, sharing its blocks (``engine.core.parallel_sampling``). Not thread-safe: call
+everything from the engine's step thread, never between ``schedule()`` and the runner's
+execution of its output.
 """
 
 from __future__ import annotations
@@ -241,7 +242,8 @@ class Scheduler(PreemptionMixin, ForkMixin):
         bm = self.block_manager
         for req in self.swapped:
             if self._past_row_cap(req, plan):
-                continue  # its priority's seats under the cap are taken; others may have some
+                plan.blocked_priority = req.priority  # over the cap: it and all behind it wait
+                return
             if self._fail_if_outgrown(req, req.num_tokens):
                 continue
             num_new = self._chunk(req, req.num_computed_tokens, plan.budget)
@@ -266,10 +268,9 @@ class Scheduler(PreemptionMixin, ForkMixin):
             self._start_running(req, num_new, plan)
 
     def _past_row_cap(self, req: Request, plan: StepPlan) -> bool:
-        """The urgent row cap keeps swapped or waiting ``req`` from starting this step (asked
-        once per request about to start: a yes takes its priority's seat)."""
+        """The urgent row cap keeps swapped or waiting ``req`` from starting this step."""
         cap = self._step_cap
-        return cap is not None and not cap.take_seat(req.priority)
+        return cap is not None and not cap.admits(req.priority, len(plan.scheduled))
 
     def _schedule_waiting(self, plan: StepPlan) -> None:
         limit = self._admission(self._admission_snapshot())
@@ -278,12 +279,10 @@ class Scheduler(PreemptionMixin, ForkMixin):
             if plan.blocked_priority is not None and req.priority >= plan.blocked_priority:
                 reason = "swapped"
                 break  # a blocked swapped request goes first unless this one is more urgent
-            if req.request_id in plan.preempted or admitted >= limit:
+            if (req.request_id in plan.preempted or admitted >= limit
+                    or self._past_row_cap(req, plan)):
                 reason = "limit"
                 break
-            if self._past_row_cap(req, plan):
-                reason = "limit"
-                continue  # the cap counts seats per priority: a lower one may have some
             if self._fail_if_outgrown(req, req.num_tokens):
                 continue
             reason = self._admit(req, plan)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import cpu_decode
 from kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from kernels.dispatch import use_triton
 from kernels.kv_cache import write_kv_cache_ref, write_kv_cache_triton
@@ -86,4 +87,7 @@ def paged_attention(
         return paged_attention_triton(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
         )
-    return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    # CPU: decode rows read the KV blocks in place when the C++ op is built (fp32)
+    decode = cpu_decode.paged_decode if cpu_decode.usable(q, k_cache) else None
+    return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                               decode)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,10 @@ from kernels.checks import (
 )
 
 _LOG2E = math.log2(math.e)
+# (q [R, Hq, D], k_cache, v_cache, block_tables [R, M], seq_lens [R], scale) -> [R, Hq, D]
+DecodeFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
+]
 
 
 def paged_attention_ref(
@@ -44,9 +49,12 @@ def paged_attention_ref(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    decode_fn: DecodeFn | None = None,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; caches: [N, B, Hk, D]; block_tables: [R, max_blocks] int32;
-    seq_lens: [R]; query_start_loc: [R+1]. Returns [T, Hq, D]."""
+    seq_lens: [R]; query_start_loc: [R+1]. Returns [T, Hq, D]. ``decode_fn`` computes the
+    one-token rows (same arguments as ``_decode_batched``, the default): the CPU op that reads
+    blocks in place (``kernels.cpu_decode``) plugs in here."""
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
@@ -57,7 +65,7 @@ def paged_attention_ref(
     if decode:
         rows = torch.tensor(decode, dtype=torch.long, device=q.device)
         token_rows = query_start_loc.long()[rows]
-        out[token_rows] = _decode_batched(
+        out[token_rows] = (decode_fn or _decode_batched)(
             q[token_rows], k_cache, v_cache, block_tables[rows], seq_lens[rows], scale
         )
     for r, ctx in enumerate(lens):

@@ -28,10 +28,16 @@ class ModelConfig:
     device: str = "cpu"
     max_model_len: int | None = None  # None = the model's own max_position_embeddings
     cache_dir: str | None = None  # where converted checkpoints live; None = ~/.cache/carpool
+    # "int8": int8 weights in the layers' linears (dynamic quantization, CPU); None = as loaded
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"unsupported quantization {self.quantization!r} (only int8)")
+        if self.quantization and (self.device != "cpu" or self.dtype != "float32"):
+            raise ValueError("quantization int8 needs device cpu and dtype float32")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
         if self.model is not None and not Path(self.model).is_dir():

@@ -27,6 +27,7 @@ from engine.runner.loader import (
     model_name,
     resolve_model_dir,
 )
+from engine.runner.quantize import quantize_int8
 from engine.runner.sampler import Sampler
 
 DTYPES = {
@@ -77,6 +78,8 @@ class ModelRunner:
         self.model = LlamaForCausalLM.from_state_dict(
             self.args, state, self.max_model_len, use_triton
         )
+        if model_config.quantization == "int8":
+            quantize_int8(self.model)
         self.block_size = cache_config.block_size
         self.num_blocks = _pick(num_blocks, cache_config.num_blocks,
                                 cache_config.kv_cache_memory_gb, self.bytes_per_block)

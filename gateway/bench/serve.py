@@ -258,11 +258,13 @@ def ratios(rows: list[Row]) -> list[str]:
 
 def header(args: argparse.Namespace, wl: Workload) -> str:
     from gateway.bench.sla import cpu_model
+    from kernels import cpu_decode
 
     n, short, long = len(wl.output_lens), min(wl.output_lens), max(wl.output_lens)
     return (f"carpool bench serve: {n} chat requests at once, {short}/{long} output tokens "
             f"(ignore_eos, greedy); CPU: {cpu_model()}, {os.cpu_count()} cores; "
-            f"serve's OMP_WAIT_POLICY: {os.environ.get('OMP_WAIT_POLICY', 'its default')}")
+            f"OMP_WAIT_POLICY (both rows): {os.environ.get('OMP_WAIT_POLICY', 'libgomp default')}; "
+            f"decode attention: {'C++ op' if cpu_decode.available() else 'torch gather'}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -125,7 +125,9 @@ _SHARED_CORE_COMMANDS = ("serve", "loadtest", "calibrate", "plan")
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in _SHARED_CORE_COMMANDS:
+    # bench serve: its offline row runs under the policy of the server it is compared with
+    serve_bench = args.command == "bench" and args.target == "serve"
+    if args.command in _SHARED_CORE_COMMANDS or serve_bench:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return int(args.func(args) or 0)
 

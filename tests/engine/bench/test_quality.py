@@ -1,0 +1,69 @@
+"""The int8-vs-fp32 quality check: its logits are transformers' (teacher-forced, every
+position), it scores an engine against itself as identical, and the int8 engine replaces every
+decoder linear yet stays close to fp32 (its perplexity recomputed here from the logits)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.bench.quality import TEXTS, all_logits, compare
+from engine.llm_engine import LLMEngine
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir: Path) -> tuple[LLMEngine, LLMEngine]:
+    fp32 = LLMEngine.from_kwargs(model=str(tiny_model_dir), dtype="float32", num_blocks=64)
+    int8 = LLMEngine.from_kwargs(model=str(tiny_model_dir), dtype="float32", num_blocks=64,
+                                 quantization="int8")
+    return fp32, int8
+
+
+def test_all_logits_are_transformers(engines: tuple[LLMEngine, LLMEngine],
+                                     tiny_model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32,
+                                              local_files_only=True).eval()
+    ids = list(engines[0].tokenizer.encode(TEXTS[0], add_special_tokens=False))
+    with torch.inference_mode():
+        ref = hf(torch.tensor([ids])).logits[0].double()
+    torch.testing.assert_close(all_logits(engines[0], ids), ref, atol=2e-4, rtol=1e-4)
+
+
+def test_an_engine_against_itself_agrees_everywhere(engines: tuple[LLMEngine, LLMEngine]) -> None:
+    q = compare(engines[0], engines[0], TEXTS[:2])
+    assert q.agreement == 1.0 and q.ppl == q.ppl_ref and q.positions > 10
+
+
+def test_int8_replaces_every_layer_linear_and_stays_close(
+        engines: tuple[LLMEngine, LLMEngine]) -> None:
+    from torch.ao.nn.quantized.dynamic import Linear as QLinear
+
+    fp32, int8 = engines
+    layers = int8.runner.model.layers
+    assert all(isinstance(m, QLinear) for layer in layers for m in
+               (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                layer.mlp.down_proj))
+    ids = list(fp32.tokenizer.encode(TEXTS[1], add_special_tokens=False))
+    a, b = all_logits(fp32, ids), all_logits(int8, ids)
+    assert not torch.equal(a, b)  # really quantized
+    assert float((a - b).abs().mean()) < 0.1 * float(a.abs().mean())  # int8 noise, not garbage
+    q = compare(fp32, int8, TEXTS[1:2])
+    target = torch.tensor(ids[1:])
+    ppl = math.exp(float(F.cross_entropy(b[:-1], target)))
+    assert q.ppl == pytest.approx(ppl, rel=1e-9)
+    assert 0.0 <= q.agreement <= 1.0
+
+
+def test_int8_is_refused_off_cpu_fp32() -> None:
+    from engine.core.config import ModelConfig
+
+    with pytest.raises(ValueError, match="int8"):
+        ModelConfig(dtype="float64", quantization="int8")
+    with pytest.raises(ValueError, match="unsupported quantization"):
+        ModelConfig(quantization="int4")

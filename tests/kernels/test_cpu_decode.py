@@ -1,0 +1,46 @@
+"""The CPU decode op (``kernels.cpu_decode``) against the torch reference and textbook
+attention, on ragged batches with shuffled, non-contiguous blocks; and the dispatch: fp32 CPU
+takes the op, other dtypes keep the reference. Built by ``make setup``; where no compiler was
+found the op is absent and these tests are skipped with that reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels import cpu_decode
+from kernels.paged_attention import paged_attention_ref
+from tests.kernels.factories import make_paged_batch, naive_attention
+
+pytestmark = pytest.mark.skipif(not cpu_decode.available(),
+                                reason="kernels.cpu_decode not built (no C++ compiler at setup)")
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "block_size"), [(4, 2, 16), (9, 3, 16), (4, 4, 8),
+                                                               (6, 1, 32)])
+def test_matches_reference(heads: int, kv_heads: int, block_size: int) -> None:
+    ctx = [1, 17, 16, 100, 33, 64]
+    batch = make_paged_batch([1] * len(ctx), ctx, num_heads=heads, num_kv_heads=kv_heads,
+                             block_size=block_size, seed=heads + block_size)
+    b = batch
+    got = cpu_decode.paged_decode(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.scale)
+    torch.testing.assert_close(got, paged_attention_ref(*b.args()), atol=2e-6, rtol=2e-5)
+    torch.testing.assert_close(got.double(), naive_attention(b), atol=1e-5, rtol=1e-5)
+
+
+def test_dispatch_uses_the_op_for_fp32_decode_rows_and_keeps_prefill_rows() -> None:
+    batch = make_paged_batch([1, 5, 1], [40, 21, 9], num_heads=6, num_kv_heads=3, head_dim=16)
+    torch.testing.assert_close(kernels.paged_attention(*batch.args()).double(),
+                               naive_attention(batch), atol=1e-5, rtol=1e-5)
+    assert cpu_decode.usable(batch.q, batch.k_cache)
+    b64 = make_paged_batch([1, 1], [10, 20], dtype=torch.float64)
+    assert not cpu_decode.usable(b64.q, b64.k_cache)
+
+
+def test_bad_block_id_raises_instead_of_reading_outside_the_cache() -> None:
+    b = make_paged_batch([1, 1], [20, 20], block_size=16)
+    tables = b.block_tables.clone()
+    tables[1, 1] = b.k_cache.shape[0] + 5
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu_decode.paged_decode(b.q, b.k_cache, b.v_cache, tables, b.seq_lens, b.scale)

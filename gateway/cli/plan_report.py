@@ -39,7 +39,7 @@ def _batch(plan: Plan) -> str:
     first = plan.checks[0] if plan.checks else None
     if first is not None:
         lines.append(f"token budget per step: {first.token_budget} (the rows plus the largest "
-                     f"prefill chunk whose step stays within {PREFILL_STEP_FACTOR:g} x the TPOT "
+                     f"prefill chunk whose step\nstays within {PREFILL_STEP_FACTOR:g} x the TPOT "
                      f"target)")
     return "\n".join(lines)
 
@@ -79,8 +79,9 @@ def _checks(plan: Plan) -> str:
     rows = [[str(n), str(c.instances), str(c.batch), str(c.token_budget), f"{c.rps:.3f}",
              "ok" if c.ok else "; ".join(c.misses)] for n, c in enumerate(plan.checks, 1)]
     return "\n".join([
-        ("Step 6. Verification by simulation: one instance at its share of the peak (Poisson "
-        "arrivals, tiers by share; a TPOT miss shrinks the batch, a TTFT miss adds instances)"),
+        "Step 6. Verification by simulation: one instance at its share of the peak",
+        ("(Poisson arrivals, tiers by share; a TPOT miss shrinks the batch, a TTFT miss adds "
+        "instances)"),
         table(["#", "instances", "batch", "token budget", "req/s each", "result"], rows)])
 
 
@@ -100,5 +101,5 @@ def _recommendation(plan: Plan) -> str:
     margins = [f"{t.tier} TTFT p99 {s.ttft_p99:.3f}/{t.ttft_p99_s:g} s, TPOT p99 "
                f"{s.tpot_p99:.4f}/{t.tpot_p99_s:g} s"
                for t, s in zip(plan.inputs.targets, final.tiers)]
-    lines.append("Predicted p99 / target: " + "; ".join(margins))
+    lines.append("Predicted p99 / target:\n  " + "\n  ".join(margins))
     return "\n".join(lines)

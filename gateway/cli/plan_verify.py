@@ -50,9 +50,9 @@ def verify(plan: Plan, cost: CostModel, run_time: str, out_dir: str) -> str:
     measured_rps = len(records) / _seconds(run_time)
     predicted = _replay(plan, cost, records)
     return "\n".join([
-        (f"Verification: one instance served with `{plan.serve_flags()}`, {users} Locust users "
+        (f"Verification: one instance served with `{plan.serve_flags()}`,\n{users} Locust users "
         f"for {run_time}: {measured_rps:.3f} req/s completed (planned share {final.rps:.3f})"),
-        ("predicted = the simulator replaying the observed arrivals, lengths and tiers; "
+        ("predicted = the simulator replaying the observed arrivals, lengths and tiers;\n"
         "measured = the load test (HTTP streaming)"),
         _compare(predicted, rows), f"report: {out}/report.md"])
 

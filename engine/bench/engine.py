@@ -228,6 +228,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--short", type=int, default=20)
     ap.add_argument("--long", type=int, default=200)
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument("--steady-n", type=int, default=400,
+                    help="requests queued for the steady-state 4-slot rows (0: skip them)")
+    ap.add_argument("--steady-s", type=float, default=60.0,
+                    help="the steady-state window ends here if the queue has not emptied")
+    ap.add_argument("--quantization", choices=("int8",), default=None,
+                    help="add a row with int8 weights, and its quality against fp32")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--decode-kernels", action="store_true",
                     help="instead: decode throughput on the Triton kernels vs the torch "
@@ -264,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
             "Carpool static, 4 slots", slots, args.model, max_num_seqs=4, batching="static"
         ),
     ]
+    if args.quantization:
+        plan.append(lambda: run_carpool(f"Carpool continuous, {args.quantization} weights", wl,
+                                        args.model, quantization=args.quantization))
     if not args.skip_transformers:
         hf = load_hf(str(model_dir))
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -274,12 +283,33 @@ def main(argv: list[str] | None = None) -> int:
     for step in plan:
         rows.append(step())
         print(f"  done: {rows[-1].name} ({rows[-1].wall_s:.1f} s)", flush=True)
-    _report(rows, cfg)
+    finite_ratio = _report(rows, cfg)
+    _extras(args, tok, finite_ratio)
     return 0
 
 
-def _report(rows: list[Row], cfg: Any) -> None:
-    """The table, then the ceilings and ratios measured in this run."""
+def _extras(args: argparse.Namespace, tok: Any, finite_ratio: float) -> None:
+    """The steady-state 4-slot rows and the quantized engine's quality, after the table."""
+    if args.steady_n:
+        from engine.bench.steady import run_steady, steady_lines
+
+        wl = make_workload(tok, args.steady_n, args.short, args.long)
+        steady = [run_steady(f"steady {mode}, 4 slots", wl.prompts, wl.output_lens, args.model,
+                             args.steady_s, max_num_seqs=4, batching=mode)
+                  for mode in ("continuous", "static")]
+        print("\n" + "\n".join(steady_lines(steady, finite_ratio)))
+    if args.quantization:
+        from engine.bench.quality import compare
+
+        ref = LLMEngine.from_kwargs(model=args.model, dtype="float32", num_blocks=64)
+        other = LLMEngine.from_kwargs(model=args.model, dtype="float32", num_blocks=64,
+                                      quantization=args.quantization)
+        print(compare(ref, other).line(args.quantization))
+
+
+def _report(rows: list[Row], cfg: Any) -> float:
+    """The table, then the ceilings and ratios measured in this run; returns the finite
+    continuous/static 4-slot ratio."""
     gflops, gflop_tok, bound = compute_bound(cfg)
     print()
     print(f"compute bound: {gflops:.1f} GFLOP/s fp32 on the model's shapes / {gflop_tok:.3f} "
@@ -299,6 +329,7 @@ def _report(rows: list[Row], cfg: Any) -> None:
 
     print(f"scheduler CPU time per step at 256 running (schedule + update, fake runner): "
           f"{measure_scheduler_step_ms(256):.3f} ms")
+    return cont4 / stat4
 
 
 if __name__ == "__main__":

@@ -54,11 +54,14 @@ def _add_serve(sub: Any) -> None:
     g.add_argument("--kv-cache-memory-gb", type=float, default=None)
     g.add_argument("--preemption-mode", choices=("recompute", "swap"), default=None)
     g.add_argument("--device", default=None)
+    g.add_argument("--quantization", choices=("int8",), default=None,
+                   help="int8 weights in the decoder's linears (CPU, fp32; lossy, opt-in)")
     p.set_defaults(func=_run_serve)
 
 
 ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                "num_blocks", "block_size", "kv_cache_memory_gb", "preemption_mode", "device")
+                "num_blocks", "block_size", "kv_cache_memory_gb", "preemption_mode", "device",
+                "quantization")
 CONFIG_FLAGS = ("host", "port", "role", "engine", "model", "tenants_file", "namespace",
                 "create_demo_tenant", "echo_step_ms", "trace_console", "metrics_port",
                 "access_log", "tier_slos", "strict_api")

@@ -1,0 +1,32 @@
+"""Steady-state rows: counted until the waiting queue first empties. With 4 seats and equal
+requests of L tokens the queue empties when the third group is admitted: two groups done
+(8 L tokens) plus the third group's first tokens (4), in both modes; a budget ends the window
+earlier with the queue still fed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.bench.steady import run_steady, steady_lines
+
+
+@pytest.mark.parametrize("mode", ["continuous", "static"])
+def test_window_ends_when_the_queue_first_empties(tiny_model_dir: Path, mode: str) -> None:
+    length = 5
+    prompts = [[5 + i, 6, 7] for i in range(12)]
+    row = run_steady(mode, prompts, [length] * 12, str(tiny_model_dir), budget_s=600,
+                     max_num_seqs=4, batching=mode)
+    assert row.queue_emptied
+    assert row.tokens == 8 * length + 4
+    assert row.steps == 2 * length + 1
+
+
+def test_budget_ends_the_window_with_the_queue_still_fed(tiny_model_dir: Path) -> None:
+    prompts = [[5 + i, 6, 7] for i in range(12)]
+    row = run_steady("c", prompts, [50] * 12, str(tiny_model_dir), budget_s=0.0,
+                     max_num_seqs=4)
+    assert not row.queue_emptied and row.steps == 1 and row.tokens == 4
+    lines = steady_lines([row, row], 1.5)
+    assert "= 1.00" in lines[-1] and "1.50" in lines[-1]

@@ -1,17 +1,25 @@
-"""The urgent row cap: which running rows sit out a step so that urgent work stays fast.
-Torch-free.
+"""The urgent row cap: which running rows sit out a step so that urgent work stays fast, and
+which queued requests may start. Torch-free.
 
 A runtime knob (``Scheduler.set_urgent_row_cap``; it changes while the engine runs, so it is
 not in ``SchedulerConfig``). While a request of priority <= ``urgent_priority`` is running,
-waiting or swapped, a step schedules at most ``cap`` rows in total: every urgent row first,
-then lower-priority rows up to the cap: the lower seats go to the lower priorities by smooth
-weighted round-robin over ``weights`` (priority -> weight, the tiers' drain weights; scores
-carried from step to step so the shares hold over time; strict priority order without
-weights), and within a priority to the rows that ran least recently (so they take turns),
-then by arrival. The running rows left
-over are *held back*: skipped for this step, keeping their KV blocks (paused, no recompute
-cost; only the usual memory rules preempt them), and no lower-priority request is swapped in
-or admitted past the cap. With no urgent request present no cap applies.
+waiting or swapped, a step schedules at most ``cap`` rows in total: every urgent row first
+(urgent work always jumps the queue), then lower-priority rows up to the cap. The lower seats
+go to the lower priorities by smooth weighted round-robin over ``weights`` (priority ->
+weight, the tiers' drain weights; scores carried from step to step so the shares hold over
+time; strict priority order without weights) among those with demand (running rows and queued
+requests), and within a priority to the running rows that ran least recently (so they take
+turns), then by arrival; a priority's seats its running rows leave unused let that many of its
+queued requests start. The running rows left over are *held back*: skipped for this step,
+keeping their KV blocks (paused, no recompute cost; only the usual memory rules preempt them).
+With no urgent request present no cap applies.
+
+Interactive may not starve the others when it alone overloads the engine: when ``weights``
+also weighs the urgent priority, the lower priorities with demand are owed seats in proportion
+to the urgent rows, ``urgent * sum(their weights) / urgent weight`` (floored), even past
+``cap``. So with every tier backlogged the rows follow the weights, while urgent work under its
+share still runs at once and the cap still bounds what the lower tiers add to a small urgent
+batch.
 
 Why: a step's cost grows with its rows, so every lower-tier row slows every urgent one; the
 cap (set by the worker from a step-cost model and a TPOT target) bounds the urgent rows'
@@ -32,7 +40,8 @@ from policies.wrr import smooth_wrr_pick
 class RowCap:
     cap: int
     urgent_priority: int
-    # priority -> weight for the lower priorities' seats; empty: strict priority order
+    # priority -> weight for the seats; empty: strict priority order. The urgent priority's
+    # own weight (optional) turns on the proportional seats owed to the lower priorities.
     weights: Mapping[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -42,36 +51,41 @@ class RowCap:
             raise ValueError(f"row cap weights must be >= 0, got {dict(self.weights)}")
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepRowCap:
     """The cap as it applies to one step."""
 
-    cap: int
+    cap: int  # the rows this step may run (the cap, or more when lower seats are owed)
     urgent_priority: int
     held: frozenset[str]  # running rows that sit this step out
+    starts: dict[int, int]  # lower priority -> queued requests it may still start this step
 
-    def admits(self, priority: int, rows_scheduled: int) -> bool:
-        """May a swapped or waiting request of ``priority`` start, ``rows_scheduled`` rows in?"""
-        return priority <= self.urgent_priority or rows_scheduled < self.cap
+    def take_seat(self, priority: int) -> bool:
+        """May a swapped or waiting request of ``priority`` start? Yes takes the seat (the
+        scheduler asks once per request it then starts)."""
+        if priority <= self.urgent_priority:
+            return True
+        left = self.starts.get(priority, 0)
+        if left <= 0:
+            return False
+        self.starts[priority] = left - 1
+        return True
 
 
-def _queued_urgent(queue: RequestQueue, urgent_priority: int) -> int:
-    head = queue.peek()
-    if head is None or head.priority > urgent_priority:
-        return 0  # the common case, without copying the queue
-    n = 0
-    for req in queue:  # (priority, arrival) order: the urgent ones come first
-        if req.priority > urgent_priority:
-            break
-        n += 1
-    return n
+def _queued(queue: RequestQueue, counts: dict[int, int]) -> None:
+    """Add ``queue``'s requests per priority to ``counts``."""
+    if queue:
+        for req in queue:
+            counts[req.priority] = counts.get(req.priority, 0) + 1
 
 
 def plan_step(cap: RowCap, running: Iterable[Request], waiting: RequestQueue,
               swapped: RequestQueue, scores: dict[int, int]) -> StepRowCap | None:
-    """The rows held back this step, or None when no urgent request is present. ``scores``
-    are the weighted round-robin's, carried between steps (updated in place)."""
+    """The rows held back and the starts allowed this step, or None when no urgent request
+    is present. ``scores`` are the weighted round-robin's, carried between steps (updated
+    in place)."""
     up = cap.urgent_priority
+    head = [q.peek() for q in (waiting, swapped)]
     lower: dict[int, list[Request]] = {}
     urgent = 0
     for req in running:
@@ -79,34 +93,56 @@ def plan_step(cap: RowCap, running: Iterable[Request], waiting: RequestQueue,
             urgent += 1
         else:
             lower.setdefault(req.priority, []).append(req)
+    if not urgent and not any(r is not None and r.priority <= up for r in head):
+        return None  # the common case, without walking the queues
+    queued: dict[int, int] = {}
+    _queued(waiting, queued)
+    _queued(swapped, queued)
     # Urgent requests still queued may start this step: their seats are reserved up front.
-    urgent += _queued_urgent(waiting, up) + _queued_urgent(swapped, up)
-    if not urgent:
-        return None
+    urgent += sum(n for p, n in queued.items() if p <= up)
+    demand = {p: len(lower.get(p, ())) + queued.get(p, 0)
+              for p in set(lower) | set(queued) if p > up}
+    seats = max(cap.cap - urgent, _owed(urgent, up, demand, cap.weights))
     for rows in lower.values():
         rows.sort(key=lambda r: (r.last_scheduled_step, r.arrival_time))
-    kept = _seat_rows(max(0, cap.cap - urgent), lower, cap.weights, scores)
+    alloc = _share_seats(seats, demand, cap.weights, scores)
+    kept: set[str] = set()
+    starts: dict[int, int] = {}
+    for p, n in alloc.items():
+        rows = lower.get(p, [])
+        kept.update(r.request_id for r in rows[:n])
+        starts[p] = max(0, n - len(rows))
     held = frozenset(r.request_id for rows in lower.values() for r in rows
                      if r.request_id not in kept)
-    return StepRowCap(cap.cap, up, held)
+    return StepRowCap(urgent + sum(alloc.values()), up, held, starts)
 
 
-def _seat_rows(seats: int, lower: dict[int, list[Request]], weights: Mapping[int, int],
-               scores: dict[int, int]) -> set[str]:
-    """The ids of the lower rows that run: ``seats`` of them, spread over the priorities."""
-    order = sorted(lower)
-    if not weights:  # strict priority: the most urgent lower rows first
-        ranked = [r for p in order for r in lower[p]]
-        return {r.request_id for r in ranked[:seats]}
-    w = {p: weights.get(p, 1) for p in order}
+def _owed(urgent: int, up: int, demand: Mapping[int, int], weights: Mapping[int, int]) -> int:
+    """Lower seats owed beside ``urgent`` rows by the weights (0 when the urgent priority is
+    not weighted): each lower priority with demand is owed ``urgent * its weight / the
+    urgent weight``, at most its demand."""
+    w_urgent = weights.get(up, 0)
+    if w_urgent <= 0:
+        return 0
+    return sum(min(n, urgent * weights.get(p, 1) // w_urgent) for p, n in demand.items())
+
+
+def _share_seats(seats: int, demand: Mapping[int, int], weights: Mapping[int, int],
+                 scores: dict[int, int]) -> dict[int, int]:
+    """``seats`` spread over the lower priorities, none past its demand: by smooth WRR over
+    ``weights`` (strict priority order without weights)."""
+    order = sorted(p for p, n in demand.items() if n > 0)
     taken = dict.fromkeys(order, 0)
-    kept: set[str] = set()
-    while len(kept) < seats:
-        left = [p for p in order if taken[p] < len(lower[p])]
+    if not weights:  # strict priority: the most urgent lower demand first
+        for p in order:
+            taken[p] = min(demand[p], seats - sum(taken.values()))
+        return taken
+    w = {p: weights.get(p, 1) for p in order}
+    for _ in range(min(seats, sum(demand[p] for p in order))):
+        left = [p for p in order if taken[p] < demand[p]]
         pick, new = smooth_wrr_pick(w, scores, left)
         if pick is None:
             break
         scores.update(new)
-        kept.add(lower[pick][taken[pick]].request_id)
         taken[pick] += 1
-    return kept
+    return taken

@@ -242,8 +242,7 @@ class Scheduler(PreemptionMixin, ForkMixin):
         bm = self.block_manager
         for req in self.swapped:
             if self._past_row_cap(req, plan):
-                plan.blocked_priority = req.priority  # over the cap: it and all behind it wait
-                return
+                continue  # its priority's seats under the cap are taken; others may have some
             if self._fail_if_outgrown(req, req.num_tokens):
                 continue
             num_new = self._chunk(req, req.num_computed_tokens, plan.budget)
@@ -268,9 +267,10 @@ class Scheduler(PreemptionMixin, ForkMixin):
             self._start_running(req, num_new, plan)
 
     def _past_row_cap(self, req: Request, plan: StepPlan) -> bool:
-        """The urgent row cap keeps swapped or waiting ``req`` from starting this step."""
+        """The urgent row cap keeps swapped or waiting ``req`` from starting this step (asked
+        once per request about to start: a yes takes its priority's seat)."""
         cap = self._step_cap
-        return cap is not None and not cap.admits(req.priority, len(plan.scheduled))
+        return cap is not None and not cap.take_seat(req.priority)
 
     def _schedule_waiting(self, plan: StepPlan) -> None:
         limit = self._admission(self._admission_snapshot())
@@ -279,10 +279,12 @@ class Scheduler(PreemptionMixin, ForkMixin):
             if plan.blocked_priority is not None and req.priority >= plan.blocked_priority:
                 reason = "swapped"
                 break  # a blocked swapped request goes first unless this one is more urgent
-            if (req.request_id in plan.preempted or admitted >= limit
-                    or self._past_row_cap(req, plan)):
+            if req.request_id in plan.preempted or admitted >= limit:
                 reason = "limit"
                 break
+            if self._past_row_cap(req, plan):
+                reason = "limit"
+                continue  # the cap counts seats per priority: a lower one may have some
             if self._fail_if_outgrown(req, req.num_tokens):
                 continue
             reason = self._admit(req, plan)

@@ -45,11 +45,12 @@ class StepBudget:
         self.engine = engine
         self.slo = slo
         self.urgent_priority = urgent_priority
-        # The lower tiers share the seats left under the cap by their drain weights (by
-        # priority), so best-effort keeps its share while interactive work is present.
+        # Seats under the cap follow the drain weights (by priority): the lower tiers share
+        # theirs by weight, and with interactive's own weight they are owed seats in
+        # proportion to its rows (``engine.core.row_cap``), so best-effort keeps its share
+        # even when interactive alone would fill the cap.
         weights = DEFAULT_TIER_WEIGHTS if tier_weights is None else tier_weights
-        self.lower_weights = {tier_priority(t): w for t, w in weights.items()
-                              if tier_priority(t) > urgent_priority}
+        self.seat_weights = {tier_priority(t): w for t, w in weights.items()}
         self.model = model or StepCostModel()
         self.refit_interval_s = refit_interval_s
         # Steps seen on the step thread, not yet fed to the model (deque: thread-safe ends).
@@ -122,7 +123,7 @@ class StepBudget:
 
     def _set(self, cap: int | None) -> int | None:
         if cap != self.cap:
-            self.engine.set_urgent_row_cap(cap, self.urgent_priority, self.lower_weights)
+            self.engine.set_urgent_row_cap(cap, self.urgent_priority, self.seat_weights)
             log.debug("urgent row cap %s (target %s s)", cap, self.target_s)
             self.cap = cap
         return cap

@@ -189,3 +189,94 @@ def test_cap_must_not_be_negative() -> None:
     assert sched.urgent_row_cap is not None and sched.urgent_row_cap.cap == 3
     sched.set_urgent_row_cap(None)
     assert sched.urgent_row_cap is None
+
+
+# ---- every tier backlogged: the seats follow the weights, interactive included ----------
+
+WEIGHTS = {0: 6, 1: 3, 2: 1}  # interactive, batch, best-effort (the default drain weights)
+
+
+def _reference_seats(cap: int, urgent: int, steps: int) -> dict[int, int]:
+    """Row-steps per priority when every priority has more demand than seats: the urgent
+    rows all run; the lower tiers get the cap's rest or, when more, what the weights owe
+    them beside the urgent rows (floored per tier), spread 3:1 by smooth WRR."""
+    owed = sum(urgent * WEIGHTS[p] // WEIGHTS[0] for p in (1, 2))
+    lower = max(cap - urgent, owed)
+    picks = wrr_sequence({"1": WEIGHTS[1], "2": WEIGHTS[2]}, lower * steps)
+    return {0: urgent * steps, 1: picks.count("1"), 2: picks.count("2")}
+
+
+def test_interactive_alone_past_the_cap_does_not_starve_the_other_tiers() -> None:
+    """Interactive alone fills the cap (12 rows, cap 5): batch and best-effort still get
+    seats in proportion to the weights, so best-effort's share of the rows is its WRR
+    share; the old rule (urgent first, lower only under the cap) gave them none."""
+    sched = make_scheduler(num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=256)
+    runner = FakeRunner(sched)
+    urgent = make_requests(12, prompt_len=4, max_tokens=300, priority=0)
+    batch = make_requests(8, prompt_len=4, max_tokens=300, priority=1, start_time=1.0)
+    best_effort = make_requests(8, prompt_len=4, max_tokens=300, priority=2, start_time=2.0)
+    decoding(sched, runner, urgent + batch + best_effort)
+    sched.set_urgent_row_cap(5, urgent_priority=0, weights=WEIGHTS)
+    seats = {0: 0, 1: 0, 2: 0}
+    steps = 30
+    for _ in range(steps):
+        out, _ = step(sched, runner)
+        for s in out.scheduled:
+            req = sched.get_request(s.request_id)
+            assert req is not None
+            seats[req.priority] += 1
+    assert seats == _reference_seats(5, 12, steps)
+    share = seats[2] / sum(seats.values())
+    assert share >= 0.5 * WEIGHTS[2] / sum(WEIGHTS.values())
+    assert sched.stats.preemptions == 0
+    run_to_completion(sched, runner)
+    for r in urgent + batch + best_effort:
+        assert r.output_token_ids == reference_tokens(r)
+
+
+def test_interactive_under_its_share_still_jumps_the_queue() -> None:
+    """Two interactive rows beside a backlog of batch and best-effort: the cap bounds the
+    step (5 rows: the weights owe the lower tiers only 1 beside 2 urgent rows), and a new
+    interactive request starts in the very next step."""
+    sched = make_scheduler(num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=256)
+    runner = FakeRunner(sched)
+    urgent = make_requests(2, prompt_len=4, max_tokens=300, priority=0)
+    bulk = make_requests(12, prompt_len=4, max_tokens=300, priority=[1, 2], start_time=1.0)
+    decoding(sched, runner, urgent + bulk)
+    sched.set_urgent_row_cap(5, urgent_priority=0, weights=WEIGHTS)
+    for _ in range(3):
+        out, _ = step(sched, runner)
+        assert len(out.scheduled) == 5
+    (late,) = make_requests(1, prompt_len=4, max_tokens=10, priority=0, start_time=9.0)
+    sched.add_request(late)
+    out, _ = step(sched, runner)
+    ran = {s.request_id for s in out.scheduled}
+    assert {r.request_id for r in urgent + [late]} <= ran and len(ran) == 5
+    run_to_completion(sched, runner)
+    for r in urgent + bulk + [late]:
+        assert r.output_token_ids == reference_tokens(r)
+
+
+def test_a_tier_with_only_queued_work_gets_its_seats_under_the_cap() -> None:
+    """Batch rows fill the cap and best-effort has only waiting requests: best-effort's share
+    of the seats lets one of them start (the old rule admitted no lower request while the
+    running rows filled the cap, so a tier with nothing running never got in)."""
+    sched = make_scheduler(num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=256)
+    runner = FakeRunner(sched)
+    (inter,) = make_requests(1, prompt_len=4, max_tokens=300, priority=0)
+    batch = make_requests(6, prompt_len=4, max_tokens=300, priority=1, start_time=1.0)
+    decoding(sched, runner, [inter] + batch)
+    sched.set_urgent_row_cap(5, urgent_priority=0, weights={1: 3, 2: 1})
+    best_effort = make_requests(3, prompt_len=4, max_tokens=300, priority=2, start_time=5.0)
+    for r in best_effort:
+        sched.add_request(r)
+    out, _ = step(sched, runner)
+    # 4 lower seats, 3:1 by smooth WRR: 3 batch rows run, 1 best-effort request starts
+    want = wrr_sequence({"1": 3, "2": 1}, 4)
+    ran = [sched.get_request(s.request_id) for s in out.scheduled]
+    assert sorted(r.priority for r in ran if r is not None) == sorted(
+        [0] + [int(p) for p in want])
+    assert len(sched.waiting) == 2
+    run_to_completion(sched, runner)
+    for r in [inter] + batch + best_effort:
+        assert r.output_token_ids == reference_tokens(r)

@@ -89,8 +89,8 @@ def test_derived_target_gives_the_cap_the_cost_law_implies() -> None:
     expected = max(r for r in range(MAX_SEQS + 1) if true_cost(r, r, 0) + D * r * kv
                    <= budget.target_s * (1 + 1e-9))
     assert cap == expected and engine.caps == [(cap, 0)]
-    # the lower tiers share the seats under the cap by their drain weights, by priority
-    assert engine.weights == [{1: 3, 2: 1}]
+    # the seats under the cap follow the drain weights, by priority (interactive's included)
+    assert engine.weights == [{0: 6, 1: 3, 2: 1}]
     assert SMALL_BATCH_ROWS <= cap < MAX_SEQS
     assert budget.update() == cap and len(engine.caps) == 1  # set again only when it changes
 

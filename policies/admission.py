@@ -5,9 +5,13 @@ decisions are made (the real engine, the FAKE echo engine and the drainer all ca
 Imports nothing from ``engine/``: an engine builds an ``EngineLoad`` from its own state.
 
 Only work at least as urgent as the newcomer stands in its way: a waiting or swapped request of
-a lower priority (e.g. best-effort work evicted by a preemption) starts after it, so it counts
-neither toward ``MAX_ENGINE_WAITING`` nor toward the seats taken (no priority inversion
-between the drainer and the engine's own queue).
+a lower priority (e.g. best-effort work evicted by a preemption) starts after it, so it does not
+count toward the seats taken (no priority inversion between the drainer and the engine's own
+queue). The short queue (``MAX_ENGINE_WAITING``) is kept per priority: the engine's urgent row
+cap gives each priority its own seats by weight (``engine.core.row_cap``), so more urgent
+queued work must not keep a tier's requests out of the engine (it did: batch's queue of four
+kept best-effort from ever being pulled while every tier was backlogged). Requests the engine
+has not placed yet count toward every priority's queue.
 """
 
 from __future__ import annotations
@@ -59,6 +63,12 @@ def waiting_ahead(load: EngineLoad, priority: int) -> int:
     return _at_least_as_urgent(load.num_waiting, load.waiting_by_priority, priority)
 
 
+def waiting_at(load: EngineLoad, priority: int) -> int:
+    """Waiting requests of ``priority`` itself, plus those of no known priority yet."""
+    known = sum(n for _, n in load.waiting_by_priority)
+    return load.num_waiting - known + dict(load.waiting_by_priority).get(priority, 0)
+
+
 def free_seats(load: EngineLoad, priority: int | None = None) -> int:
     """Seats left once everything already inside the engine runs (may be negative); with
     ``priority``, once everything at least as urgent runs (lower-priority queued work
@@ -71,10 +81,10 @@ def free_seats(load: EngineLoad, priority: int | None = None) -> int:
 
 def engine_has_capacity(load: EngineLoad, priority: int) -> bool:
     """Room for one more request of ``priority``: a free seat with blocks to spare and
-    only a short queue of work at least as urgent inside the engine, or lower-priority
-    running work it may preempt."""
+    only a short queue of its own priority inside the engine, or lower-priority running
+    work it may preempt."""
     free_fraction = load.num_free_blocks / max(1, load.num_total_blocks)
-    if waiting_ahead(load, priority) >= MAX_ENGINE_WAITING:
+    if waiting_at(load, priority) >= MAX_ENGINE_WAITING:
         return False
     if free_seats(load, priority) > 0 and free_fraction > MIN_FREE_BLOCK_FRACTION:
         return True

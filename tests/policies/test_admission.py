@@ -80,16 +80,28 @@ def test_requests_of_unknown_priority_count_as_urgent() -> None:
     assert waiting_ahead(load, 0) == 3 and waiting_ahead(load, 2) == 5
 
 
-def test_by_priority_rule_equals_old_rule_on_the_urgent_part_only() -> None:
-    """Reference: the rule without a breakdown, on a load from which every queued request
-    less urgent than the newcomer was removed."""
+def _reference_room(running: int, waiting: list[int], unknown: int, swapped: list[int],
+                    max_seqs: int, free_blocks: int, total_blocks: int, lowest: int | None,
+                    p: int) -> bool:
+    """The room rule written out over the queued requests' priorities: its own priority's
+    queue (plus the not yet placed) short, and a seat left once everything at least as
+    urgent runs with blocks to spare, or less urgent running work to preempt."""
+    if sum(w == p for w in waiting) + unknown >= MAX_ENGINE_WAITING:
+        return False
+    ahead = running + sum(w <= p for w in waiting) + unknown + sum(s <= p for s in swapped)
+    if max_seqs - ahead > 0 and free_blocks / total_blocks > 0.05:
+        return True
+    return lowest is not None and lowest > p
+
+
+def test_room_rule_equals_a_straightforward_one() -> None:
     import random
 
     from policies.admission import by_priority, free_seats
 
     rng = random.Random(7)
     for _ in range(2000):
-        waiting = [rng.randrange(3) for _ in range(rng.randrange(8))]
+        waiting = [rng.randrange(3) for _ in range(rng.randrange(10))]
         swapped = [rng.randrange(3) for _ in range(rng.randrange(4))]
         unknown = rng.randrange(3)  # posted, not applied yet
         max_seqs = rng.randrange(1, 12)
@@ -101,10 +113,23 @@ def test_by_priority_rule_equals_old_rule_on_the_urgent_part_only() -> None:
                          lowest_running_priority=lowest, waiting_by_priority=by_priority(waiting),
                          swapped_by_priority=by_priority(swapped))
         for p in range(3):
+            want = _reference_room(running, waiting, unknown, swapped, max_seqs, free, 100,
+                                   lowest, p)
+            assert engine_has_capacity(load, p) == want, (load, p)
             urgent = make_load(
                 num_running=running, num_waiting=sum(w <= p for w in waiting) + unknown,
                 num_swapped=sum(s <= p for s in swapped), num_free_blocks=free,
                 max_num_seqs=max_seqs, lowest_running_priority=lowest)
-            assert engine_has_capacity(load, p) == engine_has_capacity(urgent, p), (load, p)
             assert free_seats(load, p) == free_seats(urgent)
         assert free_seats(load) == max_seqs - running - len(waiting) - unknown - len(swapped)
+
+
+def test_a_full_batch_queue_does_not_keep_best_effort_out() -> None:
+    """Every tier backlogged: four batch requests wait in the engine (its queue is full), a
+    best-effort one may still be pulled (the engine's row cap gives it its own seats)."""
+    load = make_load(num_running=20, num_waiting=MAX_ENGINE_WAITING, max_num_seqs=64,
+                     lowest_running_priority=2,
+                     waiting_by_priority=((1, MAX_ENGINE_WAITING),))
+    assert not engine_has_capacity(load, priority=1)
+    assert engine_has_capacity(load, priority=2)
+    assert engine_has_capacity(load, priority=0)

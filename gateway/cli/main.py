@@ -4,7 +4,7 @@ imports what it needs lazily, so ``carpool tenants ...`` never imports torch.
     carpool serve     [--role all|gateway|worker] [--engine real|echo] [--model DIR] ...
     carpool tenants   list | create | set-quota | issue-key | keys | revoke-key
     carpool generate  "prompt" [--max-tokens N] [--model DIR]      (gateway/cli/generate.py)
-    carpool bench     engine | kernels | gateway | sla | serve [ARGS...]
+    carpool bench     engine | kernels | gateway | sla | serve | gpu [ARGS...]
     carpool doctor    [--url URL] [--admin-key KEY]   batching symptoms now (gateway/cli/doctor.py)
     carpool simulate  seed000 | poisson | at-once | trace FILE     (gateway/cli/simulate.py)
     carpool plan      --tier ... --peak-rps R [--verify]           (gateway/cli/plan.py)
@@ -78,8 +78,8 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _add_bench(sub: Any) -> None:
-    p = sub.add_parser("bench", help="benchmarks: engine, kernels, gateway, sla, serve")
-    p.add_argument("target", choices=("engine", "kernels", "gateway", "sla", "serve"))
+    p = sub.add_parser("bench", help="benchmarks: engine, kernels, gateway, sla, serve, gpu")
+    p.add_argument("target", choices=("engine", "kernels", "gateway", "sla", "serve", "gpu"))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for that benchmark")
     p.set_defaults(func=_run_bench)
 
@@ -90,7 +90,8 @@ def _run_bench(args: argparse.Namespace) -> int:
     module = importlib.import_module({"engine": "engine.bench.engine", "kernels": "kernels.bench",
                                       "gateway": "gateway.bench.gateway",
                                       "sla": "gateway.bench.sla",
-                                      "serve": "gateway.bench.serve"}[args.target])
+                                      "serve": "gateway.bench.serve",
+                                      "gpu": "engine.bench.gpu"}[args.target])
     return int(module.main(list(args.rest)) or 0)
 
 

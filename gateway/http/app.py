@@ -100,7 +100,7 @@ def create_app(config: GatewayConfig, redis_url: str, secret: bytes, *,
             engine=eng if config.role == "all" else None, worker_type=worker_type)
         await restore(svc.store, config)  # the tenants file and the admin key
         # reloaded by the watch too, whenever Redis comes back without its data
-        watch = DataLossWatch(redis, svc.keys, svc.store, config)
+        watch = DataLossWatch(redis, svc.keys, svc.store, config, svc.shutdown.open_relays)
         await svc.start()
         await watch.start()
         app.state.services = svc

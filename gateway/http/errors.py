@@ -74,3 +74,10 @@ BACKEND_RETRY_AFTER_S = 2
 def backend_unavailable() -> APIError:
     return APIError(503, "the server's backend (Redis) is unreachable; retry the request",
                     code="backend_unavailable", retry_after=BACKEND_RETRY_AFTER_S)
+
+
+def request_lost() -> APIError:
+    """A request Redis lost with its data before any output was written (``recovery.py``)."""
+    return APIError(503, "the request was lost: the server's backend (Redis) lost its data; "
+                         "retry the request", code="backend_unavailable",
+                    retry_after=BACKEND_RETRY_AFTER_S)

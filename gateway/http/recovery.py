@@ -6,7 +6,10 @@ every ``CHECK_S`` that it is still there (one EXISTS). A missing marker means Re
 data (restarted without persistence, flushed, failed over to an empty replica): the gateway
 loads the tenants file and registers the admin key it was given again, sets the marker, and
 says once in the log what it could not restore: tenants and keys made at run time (through
-``carpool tenants`` or the admin API) are gone and must be made again by an operator.
+``carpool tenants`` or the admin API) are gone and must be made again by an operator. The
+requests it relays that have had no output yet lost their queue entries with the data: each
+is answered at once (503 ``backend_unavailable``, retry) instead of waiting to its deadline;
+one with output goes on, its worker still writes the rest.
 Workers need nothing from here: a queue stream and its group are made again by the next
 admission, and a pick or reclaim that finds a stream without its group
 (``NOGROUP``) makes the group again (``bus/queues.py``).
@@ -17,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gateway.bus.keys import RedisKeys
 from gateway.bus.outage import UNREACHABLE, ErrorOnce
 from gateway.config import GatewayConfig
+from gateway.http.shutdown import Endable
 from gateway.tenancy.tenants import TenantStore, load_tenants_file
 
 log = logging.getLogger("carpool.gateway")
@@ -42,8 +47,10 @@ async def restore(store: TenantStore, config: GatewayConfig) -> int:
 
 class DataLossWatch:
     def __init__(self, redis: Any, keys: RedisKeys, store: TenantStore,
-                 config: GatewayConfig, check_s: float = CHECK_S) -> None:
+                 config: GatewayConfig, relays: Callable[[], list[Endable]] = list,
+                 check_s: float = CHECK_S) -> None:
         self.redis, self.keys, self.store, self.config = redis, keys, store, config
+        self.relays = relays  # the open relays (``Shutdown.open_relays``)
         self.check_s = check_s
         self.recoveries = 0  # data losses seen (and restored) since start
         self._task: asyncio.Task[None] | None = None
@@ -68,9 +75,11 @@ class DataLossWatch:
         n = await restore(self.store, self.config)
         await self.mark()  # after the restore: a restore cut short is tried again
         self.recoveries += 1
+        ended = sum(relay.end_if_waiting() for relay in self.relays())
         log.warning("Redis lost its data: reloaded %d tenant(s) from the tenants file%s; "
-                    "tenants and keys made at run time are gone and must be made again", n,
-                    " and the admin key" if self.config.admin_key else "")
+                    "tenants and keys made at run time are gone and must be made again; "
+                    "%d request(s) still queued were lost (answered 503)", n,
+                    " and the admin key" if self.config.admin_key else "", ended)
         return True
 
     async def _run(self) -> None:

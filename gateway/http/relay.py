@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 from engine.core.finish import FinishReason
 from gateway.bus.messages import FinishMsg, Message, TokenMsg, outcome
 from gateway.http.cancel import wait_for_disconnect
-from gateway.http.errors import APIError, error_bytes, server_shutting_down
+from gateway.http.errors import APIError, error_bytes, request_lost, server_shutting_down
 from gateway.http.openai.format import SSE_DONE, Formatter, sse
 from gateway.tenancy.tenants import Tenant
 
@@ -121,6 +121,8 @@ class RelayResponse:
             if cancel_source == "shutdown":
                 await self._send_error_end(send, server_shutting_down(),
                                            timeout_s=SHUTDOWN_SEND_TIMEOUT_S)
+            elif cancel_source == "lost":
+                await self._send_error_end(send, request_lost())
         except Exception:
             cancel_source = "error"  # nobody reads this output any more: stop generating
             raise  # the clean-up below still cancels and settles
@@ -147,6 +149,17 @@ class RelayResponse:
         if self.relaying and self._task is not None and self.ended_by is None:
             self.ended_by = "shutdown"
             self._task.cancel()
+
+    def end_if_waiting(self) -> bool:
+        """End the relay with a 503 if no output has reached it yet: Redis lost its data, and
+        with it this request's queue entry (``http/recovery.py``), so none ever will. One
+        with output goes on: its worker still writes the rest."""
+        if (self.relaying and self._task is not None and self.ended_by is None
+                and self.state.first_token_at is None and self.state.finish is None):
+            self.ended_by = "lost"
+            self._task.cancel()
+            return True
+        return False
 
     async def _finish(self, cancel_source: str | None, watcher: asyncio.Task[Any]) -> None:
         await asyncio.wait({watcher}, timeout=CLEANUP_TIMEOUT_S)

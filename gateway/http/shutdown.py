@@ -48,6 +48,9 @@ class Endable(Protocol):
     def end_for_shutdown(self) -> None:
         """Stop relaying and answer the client that the server is shutting down."""
 
+    def end_if_waiting(self) -> bool:
+        """End with a 503 if no output has come yet (a data loss, ``recovery.py``)."""
+
 
 class Shutdown:
     """The process's shutdown state and its open relays (one per process, on ``Services``)."""
@@ -67,6 +70,10 @@ class Shutdown:
 
     def untrack(self, relay: Endable) -> None:
         self._open.discard(relay)
+
+    def open_relays(self) -> list[Endable]:
+        """The relays open now (``http/recovery.py`` ends those a data loss stranded)."""
+        return list(self._open)
 
     def end_inflight(self) -> int:
         """End every open relay (each finishes on its own task); returns how many. Again

@@ -9,6 +9,7 @@ is gone (401), and a key issued then works."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ from tests.gateway.faults.stack import (
     restartable_stack,
     wait_for,
 )
-from tests.gateway.faults.table import FaultRow, Load
+from tests.gateway.faults.table import FaultRow, Load, post
+from tests.gateway.harness import make_tenant, redis_sync
+from tests.gateway.worker.drainer_hold import drainer_held
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -144,3 +147,37 @@ def test_restart_without_data_recovers_without_restarts(
     assert fresh.server_errors == 0 and fresh.completed > 0
     assert row.kv_blocks_after_idle == 0
     check_logs(caplog)
+
+
+def test_requests_queued_when_the_data_is_lost_are_answered_at_once(
+        echo_gateway: Any, redis_url: str) -> None:
+    """A namespace's keys deleted under a running gateway (a data loss, without the restart):
+    the requests it relays that were still queued get a 503 ``backend_unavailable`` within
+    the watch's period instead of waiting to their deadline (60 s here)."""
+    ns = echo_gateway.config.namespace
+    key = make_tenant(redis_url, ns, "lost")
+    body = {"model": "echo", "prompt": "hello", "max_tokens": 4}
+    answers: list[tuple[int | None, Any]] = []
+
+    def plain() -> None:
+        with httpx.Client(base_url=echo_gateway.url, timeout=30,
+                          headers={"Authorization": f"Bearer {key}"}) as client:
+            answers.append(post(client, "/v1/completions", body))
+
+    with drainer_held(echo_gateway):
+        waiting = [StreamReader(echo_gateway.url, key, body) for _ in range(2)]
+        threads = [*waiting, threading.Thread(target=plain, daemon=True)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # all admitted and queued: the drainer is held
+        r = redis_sync(redis_url)
+        r.delete(*r.keys(f"{ns}:*"))  # the data is gone
+        lost = time.monotonic()
+        for t in threads:
+            t.join(20)
+        answered_s = time.monotonic() - lost
+    assert answered_s < 20  # not their 60 s deadline
+    for reader in waiting:  # a stream: the error event, then [DONE]
+        assert reader.done and [e["code"] for e in reader.errors] == ["backend_unavailable"]
+    assert answers[0][0] == 503 and answers[0][1]["error"]["code"] == "backend_unavailable"
+    assert echo_gateway.app.state.data_loss_watch.recoveries == 1

@@ -27,6 +27,12 @@ MIN_FREE_BLOCK_FRACTION = 0.05
 MAX_ENGINE_WAITING = 4
 # Entries the drainer reads per round trip, at most (bounded further by the free seats).
 MAX_PULL = 8
+# Seats kept free for the most urgent priority (0, interactive): a lower-priority request
+# may not take the last max_num_seqs // URGENT_RESERVE_DIVISOR of them (none below 8), so an
+# interactive arrival finds a seat instead of preempting lower work it waited behind (with
+# --max-num-seqs 32: 4 seats; the row cap runs far fewer lower rows than the rest anyway).
+URGENT_PRIORITY = 0
+URGENT_RESERVE_DIVISOR = 8
 
 
 @dataclass(frozen=True)
@@ -79,14 +85,22 @@ def free_seats(load: EngineLoad, priority: int | None = None) -> int:
     return load.max_num_seqs - load.num_running - swapped - waiting_ahead(load, priority)
 
 
+def reserved_seats(load: EngineLoad, priority: int) -> int:
+    """Free seats a request of ``priority`` must leave to the urgent priority."""
+    if priority <= URGENT_PRIORITY:
+        return 0
+    return load.max_num_seqs // URGENT_RESERVE_DIVISOR
+
+
 def engine_has_capacity(load: EngineLoad, priority: int) -> bool:
-    """Room for one more request of ``priority``: a free seat with blocks to spare and
-    only a short queue of its own priority inside the engine, or lower-priority running
-    work it may preempt."""
+    """Room for one more request of ``priority``: a free seat (past the urgent reserve)
+    with blocks to spare and only a short queue of its own priority inside the engine, or
+    lower-priority running work it may preempt."""
     free_fraction = load.num_free_blocks / max(1, load.num_total_blocks)
     if waiting_at(load, priority) >= MAX_ENGINE_WAITING:
         return False
-    if free_seats(load, priority) > 0 and free_fraction > MIN_FREE_BLOCK_FRACTION:
+    if free_seats(load, priority) > reserved_seats(load, priority) and (
+            free_fraction > MIN_FREE_BLOCK_FRACTION):
         return True
     lowest = load.lowest_running_priority
     return lowest is not None and lowest > priority

@@ -49,7 +49,17 @@ def test_pull_count_is_the_free_seats_within_one_and_max_pull() -> None:
 def test_an_engine_that_never_preempts_has_no_room_when_full() -> None:
     full = make_load(num_running=8, lowest_running_priority=None)
     assert not any(engine_has_capacity(full, p) for p in range(3))
-    assert engine_has_capacity(make_load(num_running=7), priority=2)
+    assert engine_has_capacity(make_load(num_running=7), priority=0)
+    assert engine_has_capacity(make_load(num_running=6), priority=2)
+
+
+def test_lower_tiers_leave_the_last_seats_to_interactive() -> None:
+    """With 32 seats, batch may not take the last 4: an interactive arrival then finds a
+    seat instead of preempting (issue 11, the small-seat row)."""
+    for running in range(32):
+        load = make_load(num_running=running, max_num_seqs=32, lowest_running_priority=1)
+        assert engine_has_capacity(load, priority=1) == (32 - running > 4), running
+        assert engine_has_capacity(load, priority=0)
 
 
 # ---- priority inversion: lower-priority queued work does not block more urgent work ----
@@ -89,7 +99,8 @@ def _reference_room(running: int, waiting: list[int], unknown: int, swapped: lis
     if sum(w == p for w in waiting) + unknown >= MAX_ENGINE_WAITING:
         return False
     ahead = running + sum(w <= p for w in waiting) + unknown + sum(s <= p for s in swapped)
-    if max_seqs - ahead > 0 and free_blocks / total_blocks > 0.05:
+    reserve = 0 if p == 0 else max_seqs // 8  # seats kept for interactive
+    if max_seqs - ahead > reserve and free_blocks / total_blocks > 0.05:
         return True
     return lowest is not None and lowest > p
 

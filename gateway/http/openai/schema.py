@@ -7,6 +7,7 @@ anything else on bad input (wrong types, missing fields, out-of-range values).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,8 +119,9 @@ def _sampling_extras(body: dict[str, Any], max_tokens: int | None,
         penalties[name] = _number(body, name, 0.0)
         if not -2.0 <= penalties[name] <= 2.0:
             raise bad_request(f"'{name}' must be between -2 and 2", param=name)
-    return {"top_k": max(top_k, 0), "min_p": min_p, "min_tokens": min_tokens,
-            "repetition_penalty": repetition, **penalties,
+    # top_k >= the vocabulary keeps every token: off (and a 10**30 would not fit the message)
+    return {"top_k": top_k if 0 < top_k < vocab_size else 0, "min_p": min_p,
+            "min_tokens": min_tokens, "repetition_penalty": repetition, **penalties,
             "logit_bias": _logit_bias(body.get("logit_bias"), vocab_size),
             "ignore_eos": _typed(body, "ignore_eos", (bool,), False),
             "stop_token_ids": _token_ids(body, "stop_token_ids", vocab_size)}
@@ -135,6 +137,7 @@ def _token_ids(body: dict[str, Any], name: str, vocab_size: int) -> list[int]:
 
 
 MAX_LOGIT_BIAS = 300  # entries (OpenAI allows up to 300)
+_TOKEN_KEY = re.compile(r"-?[0-9]+")  # ASCII only: str.isdigit() passes "²", which int() refuses
 
 
 def _logit_bias(value: Any, vocab_size: int) -> list[list[float]]:
@@ -147,7 +150,7 @@ def _logit_bias(value: Any, vocab_size: int) -> list[list[float]]:
                           param="logit_bias")
     pairs = []
     for key, bias in value.items():
-        token = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else None
+        token = int(key) if isinstance(key, str) and _TOKEN_KEY.fullmatch(key.strip()) else None
         if token is None or not 0 <= token < vocab_size:
             raise bad_request(f"'logit_bias' key {key!r} is not a token id in [0, {vocab_size})",
                               param="logit_bias")

@@ -126,6 +126,17 @@ def test_top_k_one_and_min_p_one_are_greedy(client: openai.OpenAI, model: str,
         assert got == greedy
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_top_k_past_the_vocabulary_is_off(client: openai.OpenAI, model: str,
+                                          stream: bool) -> None:
+    """A top_k past the vocabulary (even past 64 bits) keeps every token, as no top_k does."""
+    plain = complete(client, model, stream, temperature=1.5, seed=7,
+                     extra_body={"ignore_eos": True})
+    for top_k in (49152, 2**64):
+        assert complete(client, model, stream, temperature=1.5, seed=7,
+                        extra_body={"ignore_eos": True, "top_k": top_k}) == plain
+
+
 @pytest.mark.parametrize("field", [{"extra_body": {"repetition_penalty": 2.0}},
                                    {"presence_penalty": 2.0}, {"frequency_penalty": 2.0}])
 @pytest.mark.parametrize("call", CALLS)
@@ -153,6 +164,7 @@ BAD = [
     ({"frequency_penalty": -3}, "frequency_penalty"),
     ({"logit_bias": {"49152": 1}}, "logit_bias"),  # past the vocabulary
     ({"logit_bias": {"-1": 1}}, "logit_bias"), ({"logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"logit_bias": {"\u00b2": 1}}, "logit_bias"),  # "²".isdigit(), but int("²") raises
     ({"logit_bias": {"5": 101}}, "logit_bias"), ({"logit_bias": {"5": "1"}}, "logit_bias"),
     ({"logit_bias": [5, 1]}, "logit_bias"),
     ({"ignore_eos": "yes"}, "ignore_eos"), ({"ignore_eos": 1}, "ignore_eos"),

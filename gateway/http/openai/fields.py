@@ -8,6 +8,8 @@
   silently ignored what it asked for.
 - Anything else is unknown: ignored, as OpenAI does, unless the server runs with
   ``--strict-api`` (``GatewayConfig.strict_api``), which refuses it with a 400 naming it.
+- The FAKE echo engine (``--engine echo``) echoes the prompt: ``n > 1`` and ``logprobs`` are
+  a 400 there (``check_engine``), not an answer with empty choices or no logprobs.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.http.errors import bad_request
+from gateway.http.openai.schema import ParsedRequest
 
 _COMMON = frozenset({
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
@@ -95,3 +98,15 @@ def check_fields(body: dict[str, Any], kind: str, strict: bool) -> None:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_engine(parsed: ParsedRequest, engine: str) -> None:
+    """400 naming what the configured engine cannot produce (the echo engine: one echoed
+    choice, no logprobs)."""
+    if engine != "echo":
+        return
+    for name, asked in (("n", parsed.n > 1), ("logprobs", parsed.logprobs is not None)):
+        if asked:
+            raise bad_request(f"'{name}' is not supported by the echo engine (a stand-in "
+                              f"that echoes the prompt)", param=name,
+                              code="unsupported_parameter")

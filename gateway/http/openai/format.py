@@ -75,7 +75,9 @@ class Formatter:
     def _choice(self, index: int, msgs: list[TokenMsg], reason: str) -> dict[str, Any]:
         text = "".join(m.text for m in msgs)
         ends = [m.finish_reason for m in msgs if m.finish_reason]
-        lps = self._logprobs([t for m in msgs for t in m.token_ids],
+        # as in ``tokens``: only the ids of the messages that carry logprobs (an engine that
+        # makes none sends none: an empty list, not a misaligned zip)
+        lps = self._logprobs([t for m in msgs if m.logprobs for t in m.token_ids],
                              [x for m in msgs for x in m.logprobs or ()], index)
         if self.kind == "chat":
             return {"index": index, "finish_reason": ends[-1] if ends else reason,

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.bus.client import text
 from gateway.bus.messages import SubmitMsg
 from gateway.http.errors import APIError, bad_request
-from gateway.http.openai.fields import check_fields
+from gateway.http.openai.fields import check_engine, check_fields
 from gateway.http.openai.format import Formatter
 from gateway.http.openai.logprobs import token_text
 from gateway.http.openai.schema import ParsedRequest, parse_chat, parse_completion
@@ -140,6 +140,7 @@ async def _completion(request: Request, kind: str) -> Response:
     else:
         parsed = parse_completion(body, svc.model.tokenizer, svc.model.name, svc.model.vocab_size,
                                   svc.config.max_n)
+    check_engine(parsed, svc.config.engine)
     tier = choose_tier(tenant, parsed, request.headers.get(TIER_HEADER))
     max_tokens = resolve_max_tokens(parsed, tenant, svc)
     if parsed.min_tokens > max_tokens:

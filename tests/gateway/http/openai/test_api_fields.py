@@ -117,6 +117,29 @@ def test_fields_that_cannot_be_honoured_are_400(client: openai.OpenAI, model: st
     assert isinstance(err, dict) and err.get("param") == param, err
 
 
+ECHO_UNHONOURABLE = [
+    ("chat", {"n": 2}, "n"), ("completion", {"n": 3}, "n"),
+    ("chat", {"logprobs": True}, "logprobs"), ("completion", {"logprobs": 0}, "logprobs"),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("kind,extra,param", ECHO_UNHONOURABLE)
+def test_the_echo_engine_refuses_n_and_logprobs(echo_gateway: Any, redis_url: str, kind: str,
+                                               extra: dict[str, Any], param: str,
+                                               stream: bool) -> None:
+    """The echo engine makes one choice and no logprobs: asking for more is a 400 naming the
+    field (it was empty choices, or a 500), and the same request without it is served."""
+    key = make_tenant(redis_url, echo_gateway.config.namespace, "echo-fields")
+    with openai.OpenAI(base_url=echo_gateway.url + "/v1", api_key=key, max_retries=0,
+                       timeout=30) as c:
+        with pytest.raises(openai.BadRequestError) as info:
+            _call(c, "echo", kind, {**extra, "stream": stream})
+        err = info.value.body
+        assert isinstance(err, dict) and err.get("param") == param, err
+        assert _call(c, "echo", kind, {}).usage.completion_tokens >= 1
+
+
 @pytest.mark.parametrize("kind,extra", HARMLESS)
 def test_harmless_values_of_those_fields_pass(client: openai.OpenAI, model: str, kind: str,
                                               extra: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from gateway.telemetry.stats_window import (
     by_label,
     distribution,
     histogram_summary,
+    rate,
     served_by_label,
     total,
 )
@@ -49,10 +50,6 @@ def _dist(d: Samples, name: str) -> dict[str, Any]:
                         for b, n in distribution(d, name)]}
 
 
-def _rate(count: float, seconds: float) -> float | None:
-    return round(count / seconds, 4) if seconds > 0 else None
-
-
 def engine_section(d: Samples, cur: Samples, seconds: float, in_window: Sequence[GaugePoint],
                    series: Sequence[GaugePoint], now: float,
                    ) -> tuple[dict[str, Any] | None, EngineWindow | None]:
@@ -81,11 +78,11 @@ def engine_section(d: Samples, cur: Samples, seconds: float, in_window: Sequence
         "kv_used": kv.get("used", 0.0), "kv_free": kv.get("free", 0.0), "kv_total": kv_total,
         "batch_size": batch, "step_tokens": step_tokens,
         "step_seconds": histogram_summary(d, "carpool_engine_step_seconds"),
-        "steps_per_s": _rate(batch["count"] or 0.0, seconds),
-        "tokens_per_s": _rate(total(d, "carpool_tokens_total", type="completion"), seconds),
-        "preemptions_per_s": {m: _rate(preempt.get(m, 0.0), seconds) for m in ("recompute", "swap")},
+        "steps_per_s": rate(batch["count"] or 0.0, seconds),
+        "tokens_per_s": rate(total(d, "carpool_tokens_total", type="completion"), seconds),
+        "preemptions_per_s": {m: rate(preempt.get(m, 0.0), seconds) for m in ("recompute", "swap")},
         "preemptions": {m: preempt.get(m, 0.0) for m in ("recompute", "swap")},
-        "swap_blocks_per_s": {k: _rate(swap.get(k, 0.0), seconds) for k in ("in", "out")},
+        "swap_blocks_per_s": {k: rate(swap.get(k, 0.0), seconds) for k in ("in", "out")},
         "series": {k: [[round(p.t - now, 1), p.values.get(k, 0.0)] for p in series]
                    for k in (*STATES, "kv_used")},
     }

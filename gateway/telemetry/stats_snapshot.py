@@ -41,6 +41,7 @@ from gateway.telemetry.stats_window import (
     delta,
     histogram_summary,
     merge,
+    rate,
     served_by_label,
     total,
 )
@@ -148,12 +149,8 @@ class StatsHistory:
                                        self.tiers)
 
 
-def _rate(count: float, seconds: float) -> float | None:
-    return round(count / seconds, 4) if seconds > 0 else None
-
-
 def _rates(counts: dict[str, float], seconds: float) -> dict[str, float | None]:
-    return {k: _rate(v, seconds) for k, v in sorted(counts.items()) if v > 0}
+    return {k: rate(v, seconds) for k, v in sorted(counts.items()) if v > 0}
 
 
 def _tier_section(d: Samples, tier: str, seconds: float,
@@ -170,13 +167,13 @@ def _tier_section(d: Samples, tier: str, seconds: float,
         "queue_depth": series[-1].values.get(key, 0.0) if series else 0.0,
         "queue_series": [[round(p.t - now, 1), p.values.get(key, 0.0)] for p in series],
         "ttft_s": ttft, "tpot_s": tpot, "queue_wait_s": wait,
-        "admitted_per_s": _rate(total(d, "carpool_admissions_total", tier=tier), seconds),
+        "admitted_per_s": rate(total(d, "carpool_admissions_total", tier=tier), seconds),
         "rejected_per_s": _rates(
             by_label(d, "carpool_request_rejections_total", "reason", tier=tier), seconds),
-        "cancelled_per_s": _rate(sum(aborts.values()) - timed_out, seconds),
-        "timed_out_per_s": _rate(timed_out, seconds),
-        "completed_per_s": _rate(completed, seconds),
-        "tokens_per_s": _rate(total(d, "carpool_tokens_total", tier=tier, type="completion"),
+        "cancelled_per_s": rate(sum(aborts.values()) - timed_out, seconds),
+        "timed_out_per_s": rate(timed_out, seconds),
+        "completed_per_s": rate(completed, seconds),
+        "tokens_per_s": rate(total(d, "carpool_tokens_total", tier=tier, type="completion"),
                               seconds),
         "counts": {"admitted": total(d, "carpool_admissions_total", tier=tier),
                    "completed": completed, "finished": sum(finished.values())},
@@ -199,7 +196,7 @@ def _tenants_section(d: Samples, seconds: float) -> list[dict[str, Any]]:
         ttft = histogram_summary(d, "carpool_tenant_time_to_first_token_seconds", tenant=tenant)
         rows.append({
             "tenant": tenant, "requests": requests.get(tenant, 0.0),
-            "requests_per_s": _rate(requests.get(tenant, 0.0), seconds),
+            "requests_per_s": rate(requests.get(tenant, 0.0), seconds),
             "tokens": tokens.get(tenant, 0.0),
             "share": round(completion.get(tenant, 0.0) / all_completion, 4)
             if all_completion else 0.0,

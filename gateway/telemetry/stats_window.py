@@ -126,3 +126,8 @@ def distribution(s: Samples, histogram: str, **match: str) -> list[tuple[float, 
         out.append((bound, count - prev))
         prev = count
     return out
+
+
+def rate(count: float, seconds: float) -> float | None:
+    """``count`` per second over a window of ``seconds``; None without a window yet."""
+    return round(count / seconds, 4) if seconds > 0 else None

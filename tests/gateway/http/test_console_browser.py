@@ -120,7 +120,9 @@ def check_console(browser: Any, url: str, tenant_key: str) -> None:
     try:
         wait_until(page, lambda: number(metric(page, "engine.tokens_per_s")) > 0)
         before = number(metric(page, "counters.admitted"))
-        time.sleep(2.5)
+        # the numbers change under load: wait for a redraw that shows more (no fixed sleep:
+        # on a crowded machine a redraw can take longer than any one guess)
+        wait_until(page, lambda: number(metric(page, "counters.admitted")) > before, 30.0)
         after = number(metric(page, "counters.admitted"))
         tokens = number(metric(page, "engine.tokens_per_s"))
         admitted = number(metric(page, "tier.interactive.admitted_per_s"))

@@ -132,7 +132,9 @@ def test_n_over_the_cap_and_tpm_charges_every_choice(gw: tuple[Any, openai.OpenA
 def test_cancel_frees_every_sequence(gw: tuple[Any, openai.OpenAI]) -> None:
     g, client = gw
     steps_before = g.engine.engine.step_count
-    body = {"model": g.engine.model_name, "prompt": PROMPT, "n": 4, "max_tokens": 250,
+    # 60 prompt tokens: 3 full blocks of 16 shared by the 4 sequences, each with its own
+    # copy of the 4th, so the cancel must drop shared references as well as own blocks
+    body = {"model": g.engine.model_name, "prompt": PROMPT * 12, "n": 4, "max_tokens": 250,
             "stream": True, "ignore_eos": True}
     seen: set[int] = set()
     with httpx.stream("POST", g.url + "/v1/completions", json=body, timeout=30,
@@ -144,4 +146,5 @@ def test_cancel_frees_every_sequence(gw: tuple[Any, openai.OpenAI]) -> None:
             if len(seen) == 4:
                 break  # every sequence is running: leave
     wait_engine_idle(g)  # nothing running, every block free
+    g.engine.engine.scheduler.block_manager.check_integrity()  # no reference count left over
     assert g.engine.engine.step_count - steps_before < 250, "ran to the end instead"

@@ -221,6 +221,9 @@ def _verify(plan: Plan, cost: CostModel) -> None:
     inputs = plan.inputs
     batch, instances = plan.batch, plan.instances_estimate
     for _ in range(MAX_ITERATIONS):
+        if instances > inputs.max_instances:
+            plan.reason = f"more than {inputs.max_instances} instances would be needed"
+            return
         check = simulate_instance(plan, cost, batch, instances, inputs.peak_rps / instances)
         plan.checks.append(check)
         if check.ok:
@@ -236,9 +239,6 @@ def _verify(plan: Plan, cost: CostModel) -> None:
             instances = max(instances, math.ceil(need))
         else:
             instances += max(1, instances // 10)
-        if instances > inputs.max_instances:
-            plan.reason = f"more than {inputs.max_instances} instances would be needed"
-            return
     plan.reason = f"no configuration met the targets within {MAX_ITERATIONS} simulations"
 
 

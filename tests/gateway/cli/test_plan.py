@@ -96,3 +96,29 @@ def test_missing_profile_says_to_calibrate(tmp_path: Path, capsys: pytest.Captur
     code, _, err = _plan(capsys, "--profile", str(tmp_path / "none.json"), "--peak-rps", "1",
                          "--tier", "interactive=ttft:1,tpot:0.1")
     assert code == 2 and "carpool calibrate" in err
+
+
+def test_a_plan_that_runs_out_of_instances_says_so(profile: Path) -> None:
+    from engine.sim.planner import PlanInputs, TierTarget, make_plan
+    from engine.sim.workload import Lengths
+    from gateway.cli.plan_report import render
+
+    # One instance decodes at most 40 rows / 50 ms = 800 tok/s; 100 req/s x 32 tokens is 4x.
+    inputs = PlanInputs((TierTarget("interactive", 1.0, 0.05),), 100.0, Lengths(32, 32),
+                        Lengths(32, 32), 0.01, SHAPE, max_instances=2)
+    plan = make_plan(inputs, Profile.load(profile).cost_model())
+    assert not plan.feasible and "more than 2 instances" in plan.reason
+    assert plan.instances_estimate == 4 and not plan.checks  # refused before simulating
+    assert "No plan meets the targets: more than 2 instances" in render(plan, "test")
+
+
+def test_an_overloaded_instance_misses_even_when_p99s_look_fine(profile: Path) -> None:
+    from engine.sim.planner import PlanInputs, TierTarget, make_plan, simulate_instance
+    from engine.sim.workload import Lengths
+
+    inputs = PlanInputs((TierTarget("batch", 1e6, 1.0),), 10.0, Lengths(32, 32),
+                        Lengths(32, 32), 0.01, SHAPE)
+    plan = make_plan(inputs, Profile.load(profile).cost_model())
+    assert plan.final is not None
+    check = simulate_instance(plan, Profile.load(profile).cost_model(), 40, 1, 30.0)
+    assert not check.ok and check.misses[0].startswith("overloaded: 960.0 tok/s offered > 800.0")

@@ -22,6 +22,7 @@ from tests.gateway.harness import make_config, make_tenant, redis_sync, run_gate
 
 pytestmark = pytest.mark.timeout(120)
 STALL_S = 2.0
+CLIENT_RCVBUF = 128 * 1024
 ENGINE = {"num_blocks": 160, "block_size": 16, "max_num_seqs": 8, "max_model_len": 2048}
 
 
@@ -39,7 +40,11 @@ def stalled_stream(gw: Any, key: str, max_tokens: int) -> socket.socket:
     body = json.dumps({"model": str(gw.engine.model_name), "prompt": "Once upon a time",
                        "max_tokens": max_tokens, "temperature": 0, "stream": True,
                        "ignore_eos": True}).encode()
-    sock = socket.create_connection(("127.0.0.1", gw.config.port))
+    sock = socket.socket()
+    # a receive buffer of a common default size, set so that the test does not depend on
+    # this machine's tcp_rmem (the output must outgrow it and the server's bounded buffers)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CLIENT_RCVBUF)
+    sock.connect(("127.0.0.1", gw.config.port))
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                  b"authorization: Bearer " + key.encode() + b"\r\ncontent-length: "
                  + str(len(body)).encode() + b"\r\n\r\n" + body)

@@ -290,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _extras(args: argparse.Namespace, tok: Any, finite_ratio: float) -> None:
     """The steady-state 4-slot rows and the quantized engine's quality, after the table."""
+    from engine.bench.cpu_attention import decode_attention_line
+
+    print(decode_attention_line())
     if args.steady_n:
         from engine.bench.steady import run_steady, steady_lines
 

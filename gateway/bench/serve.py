@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.bench.serve_cpu import find_pid, snapshot, split_line
 from gateway.bench.serve_rows import Row, Trace, table
 from gateway.bench.sla_client import Call, ChatTarget
 
@@ -176,10 +177,14 @@ def served_row(wl: Workload, args: argparse.Namespace) -> Row:
             url = f"http://127.0.0.1:{port}"
             _wait_http(url, proc, "/readyz", 300)
             target = ChatTarget("127.0.0.1", port, _served_model(url, key))
-            wall, traces = run_loop(_warm_and_run(target, key, wl))
+            run_loop(stream_all(target, key, Workload(wl.messages[:2], [4, 4])))  # warm-up
+            redis_pid = find_pid("valkey-server", f":{redis.url.rsplit(':', 1)[1].split('/')[0]}")
+            before = snapshot(proc.pid, redis_pid)
+            wall, traces = run_loop(stream_all(target, key, wl))
+            cpu = split_line(proc.pid, before, snapshot(proc.pid, redis_pid), wall)
     name = "Carpool serve (HTTP streaming)" + (f" {' '.join(args.serve_arg)}"
                                                if args.serve_arg else "")
-    return Row(name, wall, traces)
+    return Row(name, wall, traces, note=cpu)
 
 
 def _served_model(url: str, key: str) -> str:

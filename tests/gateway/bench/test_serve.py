@@ -33,6 +33,7 @@ def test_quick_run_has_both_rows_with_every_request(quick_rows: list[Row]) -> No
     # the engine honours ignore_eos: offline, every request gets exactly what it asked for
     assert [t.tokens for t in offline.traces] == [t.asked for t in offline.traces]
     assert offline.short_ended == 0
+    assert served.note.startswith("CPU during the served row")
 
 
 def test_table_figures_are_the_traces(quick_rows: list[Row]) -> None:

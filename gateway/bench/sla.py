@@ -40,6 +40,7 @@ from gateway.bench.sla_load import Prompts, Stream, calibrate, run_row, tokens_p
 from gateway.bench.sla_report import (
     COLUMNS,
     Row,
+    frontier_lines,
     row_cells,
     shares_line,
     table,
@@ -299,6 +300,8 @@ def report(args: argparse.Namespace, rows: list[Row], capacity: float, took_s: f
             print(shares_line(row, weights) + "\n")
     goals = targets({r.name: r for r in rows}, be_wrr_share(weights))
     print(targets_table(goals))
+    for line in frontier_lines({r.name: r for r in rows}):
+        print("\n" + line)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "capacity_rps": capacity, "columns": list(COLUMNS),

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.bench.sla_client import Call
+from gateway.bench.sla_frontier import Point, bulk_reach, light_reach
 from gateway.bench.sla_load import RowRun
 
 BULK = ("batch", "best-effort")
@@ -186,3 +187,39 @@ def targets_table(items: Sequence[Target]) -> str:
         lines.append(f"| {t.what} | {_f(t.value, 2)} | {'<=' if t.at_most else '>='} "
                      f"{t.limit:g} | {'met' if t.met else 'MISSED'} |")
     return "\n".join(lines)
+
+
+def _point(row: Row, stream: str) -> Point:
+    names = {c.tenant for c in row.run.calls}
+    return Point(row.tpot_ms(stream, 0.5) / 1000,
+                 row.run.window_tokens(*names) / (row.run.end - row.run.start))
+
+
+def frontier_lines(rows: dict[str, Row]) -> list[str]:
+    """What the step-cost law of this run lets the bulk and light targets reach
+    (``sla_frontier``); empty without the rows it needs."""
+    alone, over, fcfs = rows.get("alone"), rows.get("overload"), rows.get("fcfs")
+    if alone is None or over is None or fcfs is None:
+        return []
+    inter_s = over.run.window_tokens("interactive") / (over.run.end - over.run.start)
+    reach = bulk_reach(_point(alone, "interactive"), _point(fcfs, "interactive"), inter_s,
+                       fcfs.bulk_goodput)
+    if reach is None:
+        return []
+    law = reach.law
+    lines = [(f"cost law from the alone and fcfs rows: step ~ {law.base_s * 1000:.0f} ms + "
+             f"{law.per_row_s * 1000:.1f} ms/row; with interactive TPOT <= 1.3x alone, bulk "
+             f"can reach {reach.bulk_tokens_s:.1f} tok/s beside interactive's {inter_s:.1f} "
+             f"= {reach.of_fcfs:.2f} of FCFS; bulk >= 0.8x FCFS needs interactive TPOT "
+             f"{reach.tpot_ratio_needed:.2f}x alone")]
+    light, heavy = rows.get("light"), rows.get("heavy")
+    if light is not None and heavy is not None:
+        step = light.tpot_ms("light", 0.5) / 1000
+        heavy_s = heavy.run.window_tokens("light", "heavy") / (heavy.run.end - heavy.run.start)
+        if not math.isnan(step):
+            tokens, frac = light_reach(law, step, heavy_s)
+            lines.append(f"light TTFT <= 1.2x alone needs the tier's step <= 1.2x light's "
+                         f"alone ({step * 1000:.0f} ms): {law.rows_within(1.2 * step):.1f} "
+                         f"rows, {tokens:.1f} tok/s = {frac:.2f} of the heavy row's "
+                         f"{heavy_s:.1f}")
+    return lines

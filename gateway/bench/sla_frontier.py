@@ -1,0 +1,93 @@
+"""What the machine's step-cost law lets ``carpool bench sla``'s targets reach (pure functions).
+
+A decode step costs about ``a + b * rows`` seconds (on a CPU b is large next to a: every row
+slows every other one), and each running row yields one token a step, so a row's measured
+TPOT p50 is the step time and tokens/s times it is the rows a step held (Little's law). Two
+rows of the run give the law: ``alone`` (interactive only, a small batch) and ``fcfs`` (the
+whole offered load in one batch). From it:
+
+- the bulk goodput reachable while interactive's TPOT stays within ``limit`` x alone: a step
+  may then hold ``(limit * s_alone - a) / b`` rows, which yield that many tokens a step; what
+  interactive takes (its tokens/s in the overload row) is not bulk's;
+- the interactive TPOT ratio that bulk goodput >= ``share`` x FCFS's would need;
+- for a tier with a heavy tenant: the tier's tokens/s if its batch were held to the step that
+  keeps a light tenant's TTFT within ``limit`` x alone (a first token waits for at least one
+  step of the batch it joins, so the TTFT ratio is at least the step ratio).
+
+Estimates from two points of a noisy machine, printed beside the measured figures, not targets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Point:
+    """One row's operating point: the step time (TPOT p50, s) and output tokens/s."""
+
+    step_s: float
+    tokens_s: float
+
+    @property
+    def rows(self) -> float:
+        return self.step_s * self.tokens_s
+
+
+@dataclass(frozen=True)
+class CostLaw:
+    base_s: float  # a
+    per_row_s: float  # b
+
+    def step(self, rows: float) -> float:
+        return self.base_s + self.per_row_s * rows
+
+    def rows_within(self, step_s: float) -> float:
+        return max(0.0, (step_s - self.base_s) / self.per_row_s)
+
+    def tokens_s(self, step_s: float) -> float:
+        """Tokens/s of a batch whose step takes ``step_s``."""
+        return self.rows_within(step_s) / step_s
+
+    def step_for_tokens(self, tokens_s: float) -> float:
+        """The step time of the batch that yields ``tokens_s`` (inf: beyond 1 / b)."""
+        if tokens_s * self.per_row_s >= 1:
+            return math.inf
+        rows = tokens_s * self.base_s / (1 - tokens_s * self.per_row_s)
+        return self.step(rows)
+
+
+def fit(small: Point, large: Point) -> CostLaw | None:
+    """The law through two operating points (None when they cannot give a rising one)."""
+    d_rows = large.rows - small.rows
+    if not (d_rows > 0 and large.step_s > small.step_s):
+        return None
+    b = (large.step_s - small.step_s) / d_rows
+    return CostLaw(max(0.0, small.step_s - b * small.rows), b)
+
+
+@dataclass(frozen=True)
+class BulkReach:
+    law: CostLaw
+    bulk_tokens_s: float  # the most bulk goodput within the TPOT limit
+    of_fcfs: float  # that, over the FCFS row's bulk goodput
+    tpot_ratio_needed: float  # interactive TPOT / alone that bulk >= share x FCFS needs
+
+
+def bulk_reach(alone: Point, fcfs: Point, interactive_tokens_s: float, fcfs_bulk_s: float,
+               tpot_limit: float = 1.3, share: float = 0.8) -> BulkReach | None:
+    law = fit(alone, fcfs)
+    if law is None or fcfs_bulk_s <= 0:
+        return None
+    bulk = max(0.0, law.tokens_s(tpot_limit * alone.step_s) - interactive_tokens_s)
+    need = law.step_for_tokens(share * fcfs_bulk_s + interactive_tokens_s) / alone.step_s
+    return BulkReach(law, bulk, bulk / fcfs_bulk_s, need)
+
+
+def light_reach(law: CostLaw, light_step_s: float, heavy_tokens_s: float,
+                ttft_limit: float = 1.2) -> tuple[float, float]:
+    """(The tier's tokens/s with its batch held to ``ttft_limit`` x the light tenant's alone
+    step, that over the heavy row's measured tokens/s)."""
+    tokens = law.tokens_s(ttft_limit * light_step_s)
+    return tokens, tokens / heavy_tokens_s if heavy_tokens_s > 0 else math.nan

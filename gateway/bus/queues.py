@@ -156,6 +156,39 @@ class TierQueues:
             out += [self._envelope(key, eid, fields) for eid, fields in (res[1] if res else [])]
         return out
 
+    async def pending_consumers(self, tier: str) -> set[str]:
+        """The consumers that hold pending entries of ``tier`` (any tenant stream)."""
+        out: set[str] = set()
+        for raw in await self.redis.smembers(self.keys.queue_tenants(tier)):
+            try:
+                summary = await self.redis.xpending(self.keys.queue(tier, text(raw)), GROUP)
+            except ResponseError as exc:
+                if not _nogroup(exc):
+                    raise
+                continue
+            out |= {text(c["name"]) for c in summary.get("consumers") or ()}
+        return out
+
+    async def claim_from(self, tier: str, dead: str, consumer: str, min_idle_ms: int,
+                         count: int = 100) -> list[Envelope]:
+        """Take over ``dead``'s pending entries of ``tier`` idle for ``min_idle_ms`` (a
+        worker known dead before the visibility timeout: ``recovery.DeadWorkers``)."""
+        out: list[Envelope] = []
+        for raw in await self.redis.smembers(self.keys.queue_tenants(tier)):
+            key = self.keys.queue(tier, text(raw))
+            try:
+                rows = await self.redis.xpending_range(key, GROUP, "-", "+", count,
+                                                       consumername=dead, idle=min_idle_ms)
+                ids = [r["message_id"] for r in rows]
+                claimed = await self.redis.xclaim(key, GROUP, consumer, min_idle_ms,
+                                                  ids) if ids else []
+            except ResponseError as exc:
+                if not _nogroup(exc):
+                    raise
+                continue
+            out += [self._envelope(key, eid, fields) for eid, fields in claimed]
+        return out
+
     async def _recreate_group(self, key: str) -> None:
         with contextlib.suppress(ResponseError):  # BUSYGROUP: another worker was first
             await self.redis.xgroup_create(key, GROUP, id="0", mkstream=True)

@@ -11,6 +11,10 @@ tokens delivered before (``Inflight.offset_base``), so the relay drops any overl
 client's stream just continues; its finish reports the original prompt and every output
 token once. A greedy request therefore ends with the text an uninterrupted run produces.
 
+A dead worker is known two ways: its entries went idle past the visibility timeout (every
+worker's XAUTOCLAIM), or, sooner, ``DeadWorkers``: it holds pending entries but has published
+no tier status (``tier_status.py``, every second) for ``STALE_AFTER_S``.
+
 Not resumed (ended with the ``worker_lost`` error as before): several choices (``n`` > 1),
 and a request whose output stream is gone (expired, or held back past its TTL). Known gaps: a
 stop string split across the hand-over point is not seen, a seeded sampled request continues
@@ -23,7 +27,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import orjson
+
+from gateway.bus.client import text
 from gateway.bus.messages import MessageError, SubmitMsg, TokenMsg, decode
+from gateway.worker.tier_status import STALE_AFTER_S
 
 
 def delivered_tokens(entries: Any) -> list[int] | None:
@@ -57,3 +65,33 @@ def resumed_submit(msg: SubmitMsg, delivered: list[int]) -> SubmitMsg | None:
     return dataclasses.replace(
         msg, prompt_token_ids=[*msg.prompt_token_ids, *delivered],
         max_tokens=msg.max_tokens - k, min_tokens=max(0, msg.min_tokens - k))
+
+
+
+class DeadWorkers:
+    """Which consumers holding pending entries are dead: no fresh tier status, seen so in two
+    rounds in a row (after a Redis outage every status is stale until its worker publishes
+    again, within a second), and only while this worker's own status is fresh (statuses are
+    being published at all)."""
+
+    def __init__(self, me: str) -> None:
+        self.me = me
+        self._suspects: set[str] = set()
+
+    def update(self, statuses: dict[Any, Any], holders: set[str], now: float) -> set[str]:
+        """``statuses``: the tier status hash (worker id -> JSON with ``ts``); ``holders``:
+        the consumers with pending entries. Returns the ones to take over now."""
+        live = {text(k) for k, v in statuses.items() if _ts(v) >= now - STALE_AFTER_S}
+        if self.me not in live:
+            self._suspects = set()
+            return set()
+        suspects = holders - live - {self.me}
+        dead, self._suspects = suspects & self._suspects, suspects
+        return dead
+
+
+def _ts(raw: Any) -> float:
+    try:
+        return float(orjson.loads(raw).get("ts", 0.0))
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return 0.0

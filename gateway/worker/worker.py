@@ -6,6 +6,8 @@ One worker per engine (per GPU). Tasks on the event loop:
   writer       one pipelined write per engine step (``writer.py``)
   cancels      CancelMsg from any gateway -> ``engine.abort(id)`` (KV freed at the next step)
   maintenance  heartbeat our pending entries; XAUTOCLAIM entries of dead workers
+  dead check   take over the entries of a worker that stopped publishing its status, sooner
+               than the visibility timeout (``recovery.py``)
   step budget  caps the rows of a step while interactive work runs (``step_budget.py``)
   tier status  publishes each tier's depth, service rate and targets (``tier_status.py``)
 ``stop`` (SIGTERM, the app's shutdown) ends what the worker runs, see ``_end_inflight``.
@@ -34,9 +36,9 @@ from gateway.bus.queues import Envelope, TierQueues
 from gateway.config import GatewayConfig
 from gateway.telemetry.events import GatewayEvents
 from gateway.worker.drainer import Drainer
-from gateway.worker.recovery import delivered_tokens, resumed_submit
+from gateway.worker.recovery import DeadWorkers, delivered_tokens, resumed_submit
 from gateway.worker.step_budget import StepBudget
-from gateway.worker.tier_status import TierStatusPublisher
+from gateway.worker.tier_status import STALE_AFTER_S, TierStatusPublisher
 from gateway.worker.writer import Inflight, OutputWriter
 from policies.tiers import INTERACTIVE, TIERS
 
@@ -45,6 +47,7 @@ log = logging.getLogger("carpool.worker")
 LOST_ERROR = "worker lost mid-generation; partial output was already streamed"
 STOPPED_ERROR = "worker lost: it shut down mid-generation; partial output was already streamed"
 STOP_TIMEOUT_S = 5.0  # for the ends of the requests in flight to be written at stop
+DEAD_CHECK_S = 2.0  # how often a worker looks for dead workers' requests to take over
 
 
 def default_worker_id() -> str:
@@ -68,6 +71,7 @@ class Worker:
                                       tier_weights=config.tier_weights)
         self.tier_status = TierStatusPublisher(redis, self.keys, self.queues, config,
                                                self.consumer, self.step_budget)
+        self.dead_workers = DeadWorkers(self.consumer)
         self._tasks: list[asyncio.Task[None]] = []
         self._pubsub: Any = None
 
@@ -80,6 +84,7 @@ class Worker:
         for coro, name in ((self.writer.run(), "writer"), (self.drainer.run(), "drainer"),
                            (run_forever(self._cancel_step, "cancel listener", log), "cancels"),
                            (run_forever(self._maintain, "maintenance", log), "maintenance"),
+                           (run_forever(self._claim_dead, "dead-worker check", log), "dead"),
                            (self.step_budget.run(), "step-budget"),
                            (self.tier_status.run(), "tier-status")):
             task = asyncio.create_task(coro, name=f"worker-{name}")
@@ -335,6 +340,26 @@ class Worker:
             reclaimed = await self.queues.autoclaim(tier, self.consumer, min_idle_ms)
             if reclaimed:
                 await self._start(reclaimed, reclaim=True)
+
+
+    async def _claim_dead(self) -> None:
+        """One check for dead workers (``recovery.DeadWorkers``) every ``DEAD_CHECK_S``: their
+        requests are taken over without waiting for the visibility timeout."""
+        await asyncio.sleep(DEAD_CHECK_S)
+        holders: set[str] = set()
+        for tier in self.queues.tiers:
+            holders |= await self.queues.pending_consumers(tier)
+        if not holders - {self.consumer}:
+            return
+        statuses = await self.redis.hgetall(self.keys.tier_status)
+        for dead in self.dead_workers.update(statuses, holders, time.time()):
+            log.warning("worker %s published no status for %.0f s: taking over its requests",
+                        dead, STALE_AFTER_S)
+            for tier in self.queues.tiers:
+                envs = await self.queues.claim_from(tier, dead, self.consumer,
+                                                    int(STALE_AFTER_S * 1000))
+                if envs:
+                    await self._start(envs, reclaim=True)
 
 
 def _inflight(env: Envelope, msg: SubmitMsg, claim: asyncio.Future[str] | None = None

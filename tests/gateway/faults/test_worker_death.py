@@ -48,11 +48,13 @@ def cluster(redis_url: str, tiny_model_dir: Path, tmp_path: Path
             ) -> Iterator[tuple[str, Proc, list[tuple[Proc, int]]]]:
     ns = f"mig{os.getpid()}{time.monotonic_ns() % 100000}"
     ports = [free_port(), free_port()]
-    with spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE) as gw, \
+    # the visibility timeout is long: the dead worker is found by its missing status
+    env = {"CARPOOL_VISIBILITY_TIMEOUT_S": "60"}
+    with spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE, env=env) as gw, \
             spawn("worker", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE,
-                  "--metrics-port", str(ports[0])) as wa, \
+                  "--metrics-port", str(ports[0]), env=env) as wa, \
             spawn("worker", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE,
-                  "--metrics-port", str(ports[1])) as wb:
+                  "--metrics-port", str(ports[1]), env=env) as wb:
         yield ns, gw, [(wa, ports[0]), (wb, ports[1])]
 
 

@@ -4,10 +4,11 @@ after it; checked against streams written by the real encoder."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gateway.bus.messages import FinishMsg, SubmitMsg, TokenMsg, encode
-from gateway.worker.recovery import delivered_tokens, resumed_submit
+from gateway.worker.recovery import DeadWorkers, delivered_tokens, resumed_submit
 
 
 def entries(*msgs: Any) -> list[Any]:
@@ -51,3 +52,27 @@ def test_the_resumed_request_continues_after_the_delivered_tokens() -> None:
     assert len(resumed.prompt_token_ids) + resumed.max_tokens == 3 + 10  # same context
     assert resumed_submit(SubmitMsg("r", "t", "interactive", 0, [1], max_tokens=5, n=2),
                           [7]) is None
+
+
+def status(ts: float) -> bytes:
+    return json.dumps({"ts": ts}).encode()
+
+
+def test_a_worker_is_dead_after_two_rounds_without_a_fresh_status() -> None:
+    dead = DeadWorkers("me")
+    now = 1000.0
+    statuses = {b"me": status(now), b"live": status(now - 1), b"old": status(now - 60)}
+    holders = {"me", "live", "old", "never"}
+    assert dead.update(statuses, holders, now) == set()  # suspected only
+    assert dead.update(statuses, holders, now + 2) == {"old", "never"}
+    assert dead.update(statuses, {"live"}, now + 4) == set()
+
+
+def test_nobody_is_dead_while_our_own_status_is_stale() -> None:
+    dead = DeadWorkers("me")
+    stale = {b"me": status(0.0)}  # e.g. right after a Redis outage
+    assert dead.update(stale, {"other"}, 1000.0) == set()
+    assert dead.update(stale, {"other"}, 1002.0) == set()
+    fresh = {b"me": status(1003.0)}
+    assert dead.update(fresh, {"other"}, 1003.0) == set()  # a round to publish first
+    assert dead.update(fresh, {"other"}, 1005.0) == {"other"}

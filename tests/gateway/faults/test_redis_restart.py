@@ -169,7 +169,10 @@ def test_requests_queued_when_the_data_is_lost_are_answered_at_once(
         threads = [*waiting, threading.Thread(target=plain, daemon=True)]
         for t in threads:
             t.start()
-        time.sleep(0.5)  # all admitted and queued: the drainer is held
+        # all admitted and queued (the drainer is held): each has its relay open. A fixed
+        # sleep let a crowded machine delete the keys before an admission (a 401, not a 503)
+        shutdown = echo_gateway.services.shutdown
+        wait_for(lambda: len(shutdown.open_relays()) == len(threads), 20, step=0.02)
         r = redis_sync(redis_url)
         r.delete(*r.keys(f"{ns}:*"))  # the data is gone
         lost = time.monotonic()

@@ -2,8 +2,9 @@
 
     flock /tmp/carpool-bench.lock python -m engine.bench.sim_vs_real [--slots 16] [--profile P]
 
-1. Calibrate: time the engine on a small grid of batch shapes in this process, just before
-   the runs (or load ``--profile``), and fit the calibrated step-cost model.
+1. Calibrate: time the engine on a small grid of batch shapes and a short served run (random
+   lengths arriving into the full batch) in this process, just before the runs (or load
+   ``--profile``), and fit the calibrated step-cost model.
 2. Seed workload: 100 requests alternating 20 and 200 output tokens (``ignore_eos``), short
    prompts, all at t=0 (``engine.bench.engine``'s workload).
 3. Poisson workload: ``--poisson-n`` requests at ``--rate`` req/s (default: 60% of the
@@ -13,7 +14,8 @@ Each runs in the real engine (SmolLM2, wall clock: requests are added at their a
 between steps) and in the simulator (the same prompts and lengths, the calibrated cost).
 Printed: throughput, mean latency, p99 TTFT (targets: within 10%, 10%, 25%), and more; beside
 them the simulator replaying the real run's own step times (the scheduler model without the
-cost model's error) and the cost model scored on the real steps (its error alone).
+cost model's error), the cost model scored on the real steps (its error alone), and the law
+refitted on one run's real steps and scored on the other's (the functional form, held out).
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from engine.bench.engine import make_workload
 from engine.core.outputs import SchedulerOutput
 from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
-from engine.sim.cost import CostModel, ReplayCost, StepShape, shape_of
+from engine.sim.cost import CalibratedCost, CostModel, ReplayCost, StepShape, shape_of
 from engine.sim.metrics import RequestRecord, RunResult, StepRecord, mean, percentile
-from engine.sim.profile import Profile
+from engine.sim.profile import Profile, Sample, fit
 from engine.sim.report import table
 from engine.sim.simulator import EngineShape, Simulator
 from engine.sim.workload import Lengths, RequestSpec
@@ -39,23 +41,24 @@ from engine.sim.workload import Lengths, RequestSpec
 TARGETS = {"throughput": 0.10, "mean latency": 0.10, "TTFT p99": 0.25}
 
 
-def run_real(engine: LLMEngine, specs: list[RequestSpec]) -> RunResult:
+def run_real(engine: LLMEngine, specs: list[RequestSpec]) -> tuple[RunResult, list[Sample]]:
     """Drive the engine on the wall clock: arrivals are added between steps when due. The
-    steps' shapes and times are kept (``StepRecord``) to score the cost model on its own."""
+    steps' shapes and times are kept (``StepRecord``, and as profile samples) to score the
+    cost model on its own."""
     pending = sorted(specs, key=lambda s: s.arrival)
-    steps: list[StepRecord] = []
+    samples: list[Sample] = []
 
     def observe(out: SchedulerOutput, seconds: float) -> None:
         sh = shape_of(out)
-        steps.append(StepRecord(0.0, seconds, sh.rows, sh.tokens, sh.kv_tokens, 0, 0, ()))
+        samples.append((sh.rows, sh.tokens, sh.kv_tokens, sh.prefill_rows, seconds))
 
     engine.step_observers.append(observe)
     try:
         result = _drive(engine, pending)
     finally:
         engine.step_observers.remove(observe)
-    result.steps = steps
-    return result
+    result.steps = [StepRecord(0.0, s, r, t, kv, 0, 0, ()) for r, t, kv, _, s in samples]
+    return result, samples
 
 
 def _drive(engine: LLMEngine, pending: list[RequestSpec]) -> RunResult:
@@ -118,13 +121,31 @@ def figures(r: RunResult) -> dict[str, float]:
             "makespan": r.makespan}
 
 
-def cost_error(cost: CostModel, real: RunResult) -> str:
-    """The cost model alone, on the real run's own steps: predicted / measured busy time."""
-    measured = sum(s.seconds for s in real.steps)
-    predicted = sum(cost.step_seconds(StepShape(s.rows, s.tokens, s.kv_tokens))
-                    for s in real.steps)
-    return (f"cost model on this run's {len(real.steps)} real steps: predicted {predicted:.1f} s "
+def busy_error(cost: CostModel, steps: Sequence[Sample]) -> tuple[float, float]:
+    """The cost model alone on measured steps: (predicted, measured) busy seconds."""
+    return (sum(cost.step_seconds(StepShape(r, t, kv, p)) for r, t, kv, p, _ in steps),
+            sum(s for *_, s in steps))
+
+
+def cost_error(cost: CostModel, steps: Sequence[Sample]) -> str:
+    predicted, measured = busy_error(cost, steps)
+    return (f"cost model on this run's {len(steps)} real steps: predicted {predicted:.1f} s "
             f"of {measured:.1f} s measured ({predicted / measured - 1:+.1%})")
+
+
+def held_out(runs: dict[str, list[Sample]]) -> list[str]:
+    """The law fitted on one run's real steps, scored on the other's (no engine time): does
+    the functional form carry from one workload to another on this machine?"""
+    lines = []
+    for fit_on, steps in runs.items():
+        law = fit(steps)
+        for score_on, other in runs.items():
+            if score_on != fit_on:
+                predicted, measured = busy_error(CalibratedCost(law), other)
+                lines.append(f"law fitted on the {fit_on} run's steps, scored on the {score_on} "
+                             f"run's: {predicted:.1f} s of {measured:.1f} s "
+                             f"({predicted / measured - 1:+.1%})")
+    return lines
 
 
 def compare(name: str, real: RunResult, sim: RunResult, replay: RunResult) -> tuple[str, bool]:
@@ -147,12 +168,12 @@ def compare(name: str, real: RunResult, sim: RunResult, replay: RunResult) -> tu
 
 
 def validate(name: str, engine: LLMEngine, cost: CostModel,
-             specs: list[RequestSpec]) -> tuple[list[str], bool]:
-    real = run_real(engine, specs)
+             specs: list[RequestSpec]) -> tuple[list[str], bool, list[Sample]]:
+    real, steps = run_real(engine, specs)
     sim = run_sim(engine, cost, specs)
     replay = run_sim(engine, ReplayCost([s.seconds for s in real.steps]), specs)
     text, ok = compare(name, real, sim, replay)
-    return ["", text, cost_error(cost, real)], ok
+    return ["", text, cost_error(cost, steps)], ok, steps
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -163,15 +184,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=None, help="Poisson req/s (default: 60%% of capacity)")
     p.add_argument("--profile", default=None, help="use this profile instead of calibrating now")
     p.add_argument("--save-profile", default=None, help="write the profile calibrated now here")
+    p.add_argument("--mixed-requests", type=int, default=32, help="the calibration's served run")
     args = p.parse_args(argv)
     engine = LLMEngine.from_kwargs(dtype="float32", max_num_seqs=args.slots)
     if args.profile:
         profile = Profile.load(args.profile)
     else:
-        # The shapes these workloads reach: 1..slots rows, contexts up to ~200 tokens.
+        # The shapes these workloads reach: 1..slots rows, contexts up to ~230 tokens.
         rows = sorted({1, 4, args.slots})
-        profile = calibrate(engine, rows_grid=rows, prompt_grid=(8, 160), decode_steps=24,
-                            max_prefill_tokens=4096)
+        profile = calibrate(engine, mixed_requests=args.mixed_requests, rows_grid=rows,
+                            prompt_grid=(8, 160), decode_steps=8, max_prefill_tokens=4096)
     if args.save_profile:
         profile.save(args.save_profile)
     cost = profile.cost_model()
@@ -179,16 +201,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = [(f"machine: {cpu_name()} (shared: other jobs were running), model {engine.model_name}, "
              f"{args.slots} slots"),
              (f"calibrated: step s = {c.base:.4f} + {c.per_row:.2e} rows + {c.per_token:.2e} tokens"
-             f" + {c.per_kv_token:.2e} kv; fit error on {len(profile.samples)} steps: median "
-             f"{med:.1%}, p90 {p90:.1%}")]
+             f" + {c.per_kv_token:.2e} kv + {c.per_prefill_row:.2e} prefill rows; fit error on "
+             f"{len(profile.samples)} steps: median {med:.1%}, p90 {p90:.1%}")]
     seed = seed_specs(engine, args.n)
-    text, ok1 = validate("seed workload (20/200 alternating, all at t=0)", engine, cost, seed)
+    text, ok1, seed_steps = validate("seed workload (20/200 alternating, all at t=0)", engine,
+                                     cost, seed)
     lines += text
     rate = args.rate or 0.6 * args.slots / cost.decode_seconds(args.slots, 96) / 40
     pois = poisson_specs(engine, args.poisson_n, rate)
-    text, ok2 = validate(f"Poisson workload ({rate:.2f} req/s, prompts 16..128, outputs 16..64)",
-                         engine, cost, pois)
-    lines += text
+    text, ok2, pois_steps = validate(
+        f"Poisson workload ({rate:.2f} req/s, prompts 16..128, outputs 16..64)", engine, cost, pois)
+    lines += [*text, "", *held_out({"seed": seed_steps, "Poisson": pois_steps})]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0 if ok1 and ok2 else 1
 

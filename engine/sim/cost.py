@@ -3,12 +3,16 @@
 A step's shape is what ``policies.step_cost`` models: ``rows`` (requests in the forward pass,
 padding rows of a fixed-shape batch included: they are computed too), ``tokens`` (tokens
 computed: one per decode row, a chunk per prefill row) and ``kv_tokens`` (the context the
-attention reads: each row's ``start_pos + len(tokens)``).
+attention reads: each row's ``start_pos + len(tokens)``), plus ``prefill_rows`` (rows computing
+more than one token: the engine attends those one request at a time, a fixed cost per row
+and layer that a decode row, batched with the others, does not pay).
 
 - ``FixedCost(seconds)``: every step costs the same, whatever it holds (seed 000's "50 ms a
   step, prefill counted as zero").
-- ``CalibratedCost(StepCost)``: ``base + per_row*rows + per_token*tokens + per_kv*kv_tokens``,
-  the coefficients fitted from the real engine's measured steps (``engine.sim.profile``).
+- ``CalibratedCost(StepLaw)``: ``base + per_row*rows + per_token*tokens + per_kv*kv_tokens
+  + per_prefill_row*prefill_rows``, the coefficients fitted from the real engine's measured
+  steps (``engine.sim.profile``); a plain ``policies.step_cost.StepCost`` is the same law
+  with ``per_prefill_row = 0``.
 - ``ReplayCost(seconds)``: the n-th step costs the n-th of a real run's measured step times
   (validation: it takes the cost model out of a simulator-vs-engine comparison).
 
@@ -19,7 +23,7 @@ preemption counts.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from engine.core.outputs import SchedulerOutput
@@ -31,12 +35,33 @@ class StepShape:
     rows: int
     tokens: int
     kv_tokens: int
+    prefill_rows: int = 0
 
 
 def shape_of(out: SchedulerOutput) -> StepShape:
     pad = out.num_padding_rows  # a padding row is one dummy decode token on a 1-token context
     kv = sum(s.start_pos + len(s.token_ids) for s in out.scheduled)
-    return StepShape(len(out.scheduled) + pad, out.num_batched_tokens + pad, kv + pad)
+    prefill = sum(1 for s in out.scheduled if len(s.token_ids) > 1)
+    return StepShape(len(out.scheduled) + pad, out.num_batched_tokens + pad, kv + pad, prefill)
+
+
+@dataclass(frozen=True)
+class StepLaw(StepCost):
+    """``StepCost`` plus a cost per prefill row (all coefficients >= 0)."""
+
+    per_prefill_row: float = 0.0
+
+    @classmethod
+    def of(cls, cost: StepCost) -> StepLaw:
+        return cost if isinstance(cost, StepLaw) else cls(**asdict(cost))
+
+    def predict(self, rows: float, tokens: float, kv_tokens: float,
+                prefill_rows: float = 0) -> float:
+        return (StepCost.predict(self, rows, tokens, kv_tokens)
+                + self.per_prefill_row * prefill_rows)
+
+    def seconds(self, shape: StepShape) -> float:
+        return self.predict(shape.rows, shape.tokens, shape.kv_tokens, shape.prefill_rows)
 
 
 class CostModel(Protocol):
@@ -66,15 +91,16 @@ class FixedCost:
 
 @dataclass(frozen=True)
 class CalibratedCost:
-    cost: StepCost
+    cost: StepLaw
     name: str = "calibrated"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "cost", StepLaw.of(self.cost))  # a plain StepCost is accepted
         if self.decode_seconds(1, 1) <= 0:
             raise ValueError(f"a calibrated step cost must predict > 0 seconds: {self.cost}")
 
     def step_seconds(self, shape: StepShape) -> float:
-        return self.cost.predict(shape.rows, shape.tokens, shape.kv_tokens)
+        return self.cost.seconds(shape)
 
     def decode_seconds(self, rows: int, kv_per_row: float) -> float:
         """A decode step of ``rows`` rows, one token each, ``kv_per_row`` context each."""

@@ -1,13 +1,13 @@
 """The calibrated step-cost profile: measured engine steps, the fit, and its JSON file.
 
-``carpool calibrate`` runs the real engine over a grid of batch shapes and hands every step
-it timed here as ``(rows, tokens, kv_tokens, seconds)``; ``fit`` returns the coefficients of
-``policies.step_cost.StepCost`` (``base + per_row*rows + per_token*tokens +
-per_kv_token*kv_tokens``, all >= 0), least squares on the *relative* error (each sample
-weighted by 1/seconds) so that the many short decode steps, which dominate a serving run,
-are fitted as well as the few long prefill steps. The file also records what was measured
-(model, its KV shape for the planner, device, CPU) so that a profile is never applied to a
-different model unnoticed.
+``carpool calibrate`` runs the real engine and hands every step it timed here as
+``(rows, tokens, kv_tokens, prefill_rows, seconds)``; ``fit`` returns the coefficients of
+``engine.sim.cost.StepLaw`` (``base + per_row*rows + per_token*tokens + per_kv_token*kv_tokens
++ per_prefill_row*prefill_rows``, all >= 0), least squares on the *relative* error (each sample
+weighted by 1/seconds) so that the many short decode steps, which dominate a serving run, are
+fitted as well as the few long prefill steps. The file also records what was measured (model,
+its KV shape for the planner, device, CPU) so that a profile is never applied to a different
+model unnoticed. Version-1 files (four-field samples, no prefill-row term) still load.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from engine.sim.cost import CalibratedCost
+from engine.sim.cost import CalibratedCost, StepLaw, StepShape
 from policies.step_cost import StepCost, nnls
 
-VERSION = 1
-Sample = tuple[int, int, int, float]
+VERSION = 2
+Sample = tuple[int, int, int, int, float]  # rows, tokens, kv_tokens, prefill_rows, seconds
 
 
 @dataclass(frozen=True)
@@ -49,34 +49,35 @@ class ModelShape:
 SMOLLM2_135M_FP32 = ModelShape(layers=30, kv_heads=3, head_dim=64, dtype_bytes=4)
 
 
-def fit(samples: Sequence[Sample], trim: float = 0.5) -> StepCost:
+def fit(samples: Sequence[Sample], trim: float = 0.5) -> StepLaw:
     """Fit, then refit without the steps the first fit missed by more than ``trim`` (relative):
     on a shared machine a few steps stall for another process's time slice, and those
     outliers would drag every coefficient up."""
-    if len(samples) < 4:
-        raise ValueError(f"need at least 4 measured steps to fit 4 coefficients, got {len(samples)}")
+    if len(samples) < 5:
+        raise ValueError(f"need at least 5 measured steps to fit 5 coefficients, got {len(samples)}")
     data = np.asarray(samples, dtype=float)
-    if np.any(data[:, 3] <= 0):
+    if np.any(data[:, 4] <= 0):
         raise ValueError("measured step times must be > 0")
     cost = _fit(data)
     kept = data[np.asarray(relative_errors(cost, samples)) <= trim]
-    return _fit(kept) if len(kept) >= max(4, len(data) // 2) else cost
+    return _fit(kept) if len(kept) >= max(5, len(data) // 2) else cost
 
 
-def _fit(data: np.ndarray) -> StepCost:
-    x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1], data[:, 2]])
-    w = 1.0 / data[:, 3]  # relative error: each row scaled so that its target is 1
+def _fit(data: np.ndarray) -> StepLaw:
+    x = np.column_stack([np.ones(len(data)), data[:, :4]])
+    w = 1.0 / data[:, 4]  # relative error: each row scaled so that its target is 1
     coef = nnls(x * w[:, None], np.ones(len(data)))
-    return StepCost(*(float(v) for v in coef))
+    return StepLaw(*(float(v) for v in coef))
 
 
 def relative_errors(cost: StepCost, samples: Sequence[Sample]) -> list[float]:
-    return [abs(cost.predict(r, t, kv) - s) / s for r, t, kv, s in samples]
+    law = StepLaw.of(cost)
+    return [abs(law.seconds(StepShape(r, t, kv, p)) - s) / s for r, t, kv, p, s in samples]
 
 
 @dataclass(frozen=True)
 class Profile:
-    cost: StepCost
+    cost: StepLaw
     model: str
     shape: ModelShape
     block_size: int
@@ -84,6 +85,9 @@ class Profile:
     cpu: str = ""
     created: str = ""
     samples: list[Sample] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cost", StepLaw.of(self.cost))  # a plain StepCost is accepted
 
     @classmethod
     def from_samples(cls, samples: Sequence[Sample], **meta: Any) -> Profile:
@@ -119,16 +123,23 @@ class Profile:
             raise ValueError(f"profile {path} not found (run `carpool calibrate` first)") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"profile {path} is not JSON: {e}") from None
-        if not isinstance(doc, dict) or doc.get("version") != VERSION:
+        if not isinstance(doc, dict) or doc.get("version") not in (1, VERSION):
             raise ValueError(f"profile {path}: not a version-{VERSION} carpool profile")
         try:
-            return cls(StepCost(**doc["coefficients"]), str(doc["model"]),
+            return cls(StepLaw(**doc["coefficients"]), str(doc["model"]),
                        ModelShape(**doc["model_shape"]), int(doc["block_size"]),
                        str(doc.get("device", "")), str(doc.get("cpu", "")),
-                       str(doc.get("created", "")),
-                       [(int(r), int(t), int(k), float(s)) for r, t, k, s in doc.get("samples", [])])
+                       str(doc.get("created", "")), [_sample(s) for s in doc.get("samples", [])])
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"profile {path}: malformed ({e})") from None
+
+
+def _sample(raw: Sequence[float]) -> Sample:
+    """A version-1 sample has no prefill-row count: 0 (the term it was fitted without)."""
+    r, t, k, *p, s = raw
+    if len(p) > 1:
+        raise ValueError(f"a sample has 4 or 5 fields, got {len(raw)}")
+    return int(r), int(t), int(k), int(p[0]) if p else 0, float(s)
 
 
 def default_profile_path(model: str = "SmolLM2-135M-Instruct-Q4_1", device: str = "cpu") -> Path:

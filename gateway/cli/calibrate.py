@@ -1,8 +1,11 @@
-"""`carpool calibrate`: time the real engine on a grid of batch shapes and write the step-cost
-profile the simulator and planner use (``engine.bench.calibrate``, ``engine.sim.profile``).
+"""`carpool calibrate`: time the real engine on a grid of batch shapes and on a short served
+run (requests arriving into a full batch: mixed prefill and decode steps on unequal contexts),
+and write the step-cost profile the simulator and planner use (``engine.bench.calibrate``,
+``engine.sim.profile``).
 
     carpool calibrate [--model DIR] [--device cpu|cuda] [--out FILE] [--rows 1,4,16,32]
-                      [--prompts 16,256] [--decode-steps 6]
+                      [--prompts 16,256] [--decode-steps 6] [--mixed-requests 32]
+                      [--max-num-seqs 32]
 
 Prints the fitted coefficients and the fit's relative error on its own samples. Timings on a
 shared machine are noisy: calibrate when the machine is as loaded as it will be in service.
@@ -32,6 +35,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-steps", type=int, default=6)
     p.add_argument("--max-prefill-tokens", type=int, default=2048,
                    help="skip grid points whose prefill is larger (keeps the run short)")
+    p.add_argument("--mixed-requests", type=int, default=32,
+                   help="requests in the served run (0: the grid only)")
+    p.add_argument("--max-num-seqs", type=int, default=32,
+                   help="batch seats (the served run fills them; the grid's largest rows)")
 
 
 def _ints(raw: str, what: str) -> list[int]:
@@ -53,12 +60,16 @@ def run(args: argparse.Namespace) -> int:
         rows, prompts = _ints(args.rows, "rows"), _ints(args.prompts, "prompts")
         if args.decode_steps < 1:
             raise ValueError("--decode-steps must be >= 1")
-        engine = LLMEngine.from_kwargs(model=args.model, device=args.device, dtype=args.dtype)
+        if args.mixed_requests < 0 or args.max_num_seqs < 1:
+            raise ValueError("--mixed-requests must be >= 0 and --max-num-seqs >= 1")
+        engine = LLMEngine.from_kwargs(model=args.model, device=args.device, dtype=args.dtype,
+                                       max_num_seqs=args.max_num_seqs)
     except ValueError as e:
         sys.stderr.write(f"carpool calibrate: {e}\n")
         return 2
-    profile = calibrate(engine, rows_grid=rows, prompt_grid=prompts,
-                        decode_steps=args.decode_steps, max_prefill_tokens=args.max_prefill_tokens)
+    profile = calibrate(engine, mixed_requests=args.mixed_requests, rows_grid=rows,
+                        prompt_grid=prompts, decode_steps=args.decode_steps,
+                        max_prefill_tokens=args.max_prefill_tokens)
     out = args.out or default_profile_path(engine.model_name, profile.device)
     profile.save(out)
     c = profile.cost
@@ -66,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(
         f"{len(profile.samples)} steps of {profile.model} on {profile.device} ({profile.cpu})\n"
         f"step seconds = {c.base:.5f} + {c.per_row:.3e}*rows + {c.per_token:.3e}*tokens + "
-        f"{c.per_kv_token:.3e}*kv_tokens\n"
+        f"{c.per_kv_token:.3e}*kv_tokens + {c.per_prefill_row:.3e}*prefill_rows\n"
         f"fit relative error on its samples: median {med:.1%}, p90 {p90:.1%}\n"
         f"wrote {out}\n")
     return 0

@@ -107,7 +107,7 @@ def test_shape_of_counts_context() -> None:
     p = SamplingParams()
     out = SchedulerOutput([ScheduledRequest("a", [1, 2, 3], 0, [], True, p, 0),
                            ScheduledRequest("b", [9], 10, [], True, p, 0)], num_padding_rows=1)
-    assert shape_of(out) == StepShape(rows=3, tokens=5, kv_tokens=3 + 11 + 1)
+    assert shape_of(out) == StepShape(rows=3, tokens=5, kv_tokens=3 + 11 + 1, prefill_rows=1)
 
 
 def test_poisson_workload_is_seeded_and_shares_tiers() -> None:

@@ -120,7 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Commands whose engine shares the cores with an event loop and Redis. OpenMP's default
 # busy-wait between parallel regions starves those threads (measured: a 4-request decode step
-# went from 67 to 975 ms with one competing busy core; 109 ms with PASSIVE). Must be set
+# went from 67 to 975 ms with one competing busy core; 109 ms with PASSIVE). Issue 12 measured
+# the alternatives on 2 cores (decode step ms, batch 1 / 16, quiet | one busy neighbour):
+# PASSIVE 51-52 / 119-150 | 50-52 / 188-190; default spin 49-59 / 102-119 | 118-195 / 407-441;
+# GOMP_SPINCOUNT=1000 52-53 / 120-128 | 59-114 / 202-297; 1 thread 51-58 / 135-176 | 51-67 /
+# 132-259. No batch-1 cost of PASSIVE showed there, and only PASSIVE held under the
+# neighbour: it stays. Must be set
 # before torch loads libgomp, i.e. before any subcommand imports the engine. Written at run time
 # in main(), for those commands only, not when this module is imported (tests import it), and
 # the one environment write in the gateway: gateway/config.py only reads.

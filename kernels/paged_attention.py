@@ -62,6 +62,8 @@ def paged_attention_ref(
     # Decode rows (one query token) go through one batched gather + matmul: a per-request
     # loop costs ~30 small kernels per layer per request on CPU.
     decode = [r for r, n in enumerate(q_lens) if n == 1]
+    if len(decode) == len(lens) == q.shape[0]:  # a pure decode step: no row gather/scatter
+        return (decode_fn or _decode_batched)(q, k_cache, v_cache, block_tables, seq_lens, scale)
     if decode:
         rows = torch.tensor(decode, dtype=torch.long, device=q.device)
         token_rows = query_start_loc.long()[rows]

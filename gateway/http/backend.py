@@ -3,7 +3,9 @@
 Any Redis error that escapes a request's handling (the API-key lookup, admission, the admin
 API, a request's status) becomes ``503`` with ``Retry-After`` and the OpenAI-style body
 ``code: "backend_unavailable"``, if the response has not started yet (a started stream ends
-through its relay). The outage is said once in the log (``bus/outage.py``), not per request.
+through its relay). The outage is said once in the log (``bus/outage.py``), not per request;
+any other Redis error (a script's, a key of the wrong type: a fault to look into, not an
+outage) is logged with its traceback once per distinct message.
 While it lasts, each request first pings Redis: a failed ping answers 503 at once, and the
 first ping that succeeds logs that Redis is back.
 """
@@ -16,10 +18,11 @@ from typing import Any
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.bus.outage import UNREACHABLE, OutageLog
+from gateway.bus.outage import UNREACHABLE, ErrorOnce, OutageLog
 from gateway.http.errors import backend_unavailable, error_response
 
 log = logging.getLogger("carpool.gateway")
+_errors = ErrorOnce(log)  # never cleared: each distinct error once per process
 
 
 class BackendErrors:
@@ -48,6 +51,8 @@ class BackendErrors:
         except RedisError as exc:
             if isinstance(exc, UNREACHABLE):
                 outage.failed("request", exc)
+            else:  # answered 503 all the same, but it must not go unseen
+                _errors.failed("a request's Redis call", exc)
             if started:
                 raise
             services.events.request_rejected(None, 503, "backend_unavailable")

@@ -31,7 +31,7 @@ import orjson
 
 from gateway.bus.client import text
 from gateway.bus.keys import RedisKeys
-from gateway.bus.outage import UNREACHABLE, OutageLog
+from gateway.bus.outage import UNREACHABLE, ErrorOnce, OutageLog
 from gateway.bus.queues import TierQueues
 from gateway.config import GatewayConfig
 from policies.shedding import predicted_wait
@@ -80,14 +80,17 @@ class TierStatusPublisher:
         """Publish every ``interval_s`` (a worker task); a failed round is logged, not fatal.
         The first publish comes one interval after start-up, once the drainer has had time to
         start what was queued: a rate measured before any start would predict a long wait."""
+        errors = ErrorOnce(log)  # another error: its traceback once, not every second
         while True:
             await asyncio.sleep(self.interval_s)
             try:
                 await self.publish()
             except UNREACHABLE as exc:  # Redis away: readers see the status go stale, never
                 OutageLog.of(log).failed("tier status", exc)  # shed; said once per outage
-            except Exception:
-                log.warning("tier status publish failed", exc_info=True)
+            except Exception as exc:  # noqa: BLE001  (the publisher must go on)
+                errors.failed("tier status publish", exc)
+            else:
+                errors.ok()
 
     async def publish(self) -> dict[str, Any]:
         status = await self.collect()

@@ -5,6 +5,7 @@ removed, its own withdrawn at stop; the HTTP edge's reader merges live statuses.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from pathlib import Path
@@ -93,3 +94,32 @@ def test_reader_adds_live_rates_and_takes_the_freshest_depth() -> None:
     assert (load.depth, load.rate_rps, dict(load.tenant_depth)) == (6, 3.0, {"a": 6})
     assert load.predicted_wait_s == pytest.approx(6 / 3.0)
     assert merge_loads(live_statuses({b"old": raw[b"old"]}, now)) == {}
+
+
+async def test_a_publish_that_keeps_failing_logs_its_traceback_once(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Not an outage (the status hash has the wrong type): the loop goes on, and says so once
+    with its traceback, not every second."""
+    client: Any = aioredis.Redis.from_url(redis_url)
+    pub = publisher(client)
+    pub.interval_s = 0.01
+    tries = 0
+    real_publish = pub.publish
+
+    async def counted() -> dict[str, Any]:
+        nonlocal tries
+        tries += 1
+        return await real_publish()
+
+    pub.publish = counted  # type: ignore[method-assign]
+    await client.set(pub.keys.tier_status, "not a hash")
+    task = asyncio.create_task(pub.run())
+    try:
+        while tries < 5 and not task.done():
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        await client.delete(pub.keys.tier_status)
+        await client.aclose()
+    tracebacks = [r for r in caplog.records if r.name == "carpool.worker" and r.exc_info]
+    assert tries >= 5 and len(tracebacks) == 1 and "WRONGTYPE" in tracebacks[0].getMessage()

@@ -21,10 +21,12 @@ refitted on one run's real steps and scored on the other's (the functional form,
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from engine.bench.calibrate import calibrate, cpu_name
 from engine.bench.engine import make_workload
@@ -185,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profile", default=None, help="use this profile instead of calibrating now")
     p.add_argument("--save-profile", default=None, help="write the profile calibrated now here")
     p.add_argument("--mixed-requests", type=int, default=32, help="the calibration's served run")
+    p.add_argument("--save-steps", default=None,
+                   help="write the real runs' steps (rows, tokens, kv, prefill rows, s) as JSON")
     args = p.parse_args(argv)
     engine = LLMEngine.from_kwargs(dtype="float32", max_num_seqs=args.slots)
     if args.profile:
@@ -212,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     text, ok2, pois_steps = validate(
         f"Poisson workload ({rate:.2f} req/s, prompts 16..128, outputs 16..64)", engine, cost, pois)
     lines += [*text, "", *held_out({"seed": seed_steps, "Poisson": pois_steps})]
+    if args.save_steps:
+        Path(args.save_steps).write_text(json.dumps({"calibration": profile.samples,
+                                                     "seed": seed_steps, "Poisson": pois_steps}))
     sys.stdout.write("\n".join(lines) + "\n")
     return 0 if ok1 and ok2 else 1
 

@@ -160,7 +160,7 @@ def token_budget(cost: CostModel, batch: int, kv_per_row: float, tpot_target: fl
 
     def fits(chunk: int) -> bool:
         kv = batch * kv_per_row + chunk
-        return cost.step_seconds(StepShape(batch, batch + chunk, int(kv))) <= limit
+        return cost.step_seconds(StepShape(batch, batch + chunk, int(kv), 1)) <= limit
 
     lo, hi = block_size, MAX_TOKEN_BUDGET - batch
     if hi <= lo or not fits(lo):
@@ -180,7 +180,7 @@ def check_feasible(inputs: PlanInputs, cost: CostModel) -> None:
                         f"decode step alone ({one:.4f} s on the {cost.name} cost model)")
     ttft = min(t.ttft_p99_s for t in inputs.targets)
     p = inputs.prompt.high
-    prefill = cost.step_seconds(StepShape(1, p, p))
+    prefill = cost.step_seconds(StepShape(1, p, p, prefill_rows=1))
     if prefill > ttft:
         raise PlanError(f"impossible TTFT target: {ttft:g} s is below the prefill of one "
                         f"{p}-token prompt alone ({prefill:.3f} s on the {cost.name} cost model)")

@@ -84,7 +84,7 @@ def build(args: argparse.Namespace) -> tuple[PlanInputs, Any, str]:
         c = profile.cost
         about = (f"calibrated ({path}: {profile.model} on {profile.device}, {profile.cpu}): step s = "
                  f"{c.base:.4f} + {c.per_row:.2e} rows + {c.per_token:.2e} tokens + "
-                 f"{c.per_kv_token:.2e} kv_tokens")
+                 f"{c.per_kv_token:.2e} kv_tokens + {c.per_prefill_row:.2e} prefill rows")
     overrides = {k: getattr(args, k) for k in ("layers", "kv_heads", "head_dim", "dtype_bytes")
                  if getattr(args, k) is not None}
     if overrides:

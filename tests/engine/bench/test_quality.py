@@ -1,6 +1,6 @@
 """The int8-vs-fp32 quality check: its logits are transformers' (teacher-forced, every
-position), it scores an engine against itself as identical, and the int8 engine replaces every
-decoder linear yet stays close to fp32 (its perplexity recomputed here from the logits)."""
+position), it scores an engine against itself as identical, and the int8 engine replaces the
+decoder linears (but the MLP's down projection) yet stays close to fp32 (its perplexity recomputed here from the logits)."""
 
 from __future__ import annotations
 
@@ -40,15 +40,15 @@ def test_an_engine_against_itself_agrees_everywhere(engines: tuple[LLMEngine, LL
     assert q.agreement == 1.0 and q.ppl == q.ppl_ref and q.positions > 10
 
 
-def test_int8_replaces_every_layer_linear_and_stays_close(
+def test_int8_replaces_the_layer_linears_and_stays_close(
         engines: tuple[LLMEngine, LLMEngine]) -> None:
     from torch.ao.nn.quantized.dynamic import Linear as QLinear
 
     fp32, int8 = engines
     layers = int8.runner.model.layers
     assert all(isinstance(m, QLinear) for layer in layers for m in
-               (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                layer.mlp.down_proj))
+               (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj))
+    assert all(type(layer.mlp.down_proj) is torch.nn.Linear for layer in layers)  # KEEP_FP32
     ids = list(fp32.tokenizer.encode(TEXTS[1], add_special_tokens=False))
     a, b = all_logits(fp32, ids), all_logits(int8, ids)
     assert not torch.equal(a, b)  # really quantized

@@ -10,9 +10,10 @@ whole offered load in one batch). From it:
   may then hold ``(limit * s_alone - a) / b`` rows, which yield that many tokens a step; what
   interactive takes (its tokens/s in the overload row) is not bulk's;
 - the interactive TPOT ratio that bulk goodput >= ``share`` x FCFS's would need;
-- for a tier with a heavy tenant: the tier's tokens/s if its batch were held to the step that
-  keeps a light tenant's TTFT within ``limit`` x alone (a first token waits for at least one
-  step of the batch it joins, so the TTFT ratio is at least the step ratio).
+- for a tier with a heavy tenant, from that tier's own two rows (``light`` alone, ``heavy``
+  beside it): the tier's tokens/s if its batch were held to the step that keeps the light
+  tenant's TTFT within ``limit`` x alone (a first token waits for at least one step of the
+  batch it joins, so the TTFT ratio is at least the step ratio).
 
 Estimates from two points of a noisy machine, printed beside the measured figures, not targets.
 """
@@ -85,9 +86,18 @@ def bulk_reach(alone: Point, fcfs: Point, interactive_tokens_s: float, fcfs_bulk
     return BulkReach(law, bulk, bulk / fcfs_bulk_s, need)
 
 
-def light_reach(law: CostLaw, light_step_s: float, heavy_tokens_s: float,
-                ttft_limit: float = 1.2) -> tuple[float, float]:
-    """(The tier's tokens/s with its batch held to ``ttft_limit`` x the light tenant's alone
-    step, that over the heavy row's measured tokens/s)."""
-    tokens = law.tokens_s(ttft_limit * light_step_s)
-    return tokens, tokens / heavy_tokens_s if heavy_tokens_s > 0 else math.nan
+@dataclass(frozen=True)
+class LightReach:
+    law: CostLaw
+    rows: float  # the tier's rows a step within ``ttft_limit`` x light's alone step
+    tokens_s: float  # what such a batch yields
+    of_heavy: float  # that, over the heavy row's measured tokens/s
+
+
+def light_reach(light: Point, heavy: Point, ttft_limit: float = 1.2) -> LightReach | None:
+    law = fit(light, heavy)
+    if law is None or heavy.tokens_s <= 0:
+        return None
+    step = ttft_limit * light.step_s
+    tokens = law.tokens_s(step)
+    return LightReach(law, law.rows_within(step), tokens, tokens / heavy.tokens_s)

@@ -214,12 +214,11 @@ def frontier_lines(rows: dict[str, Row]) -> list[str]:
              f"{reach.tpot_ratio_needed:.2f}x alone")]
     light, heavy = rows.get("light"), rows.get("heavy")
     if light is not None and heavy is not None:
-        step = light.tpot_ms("light", 0.5) / 1000
-        heavy_s = heavy.run.window_tokens("light", "heavy") / (heavy.run.end - heavy.run.start)
-        if not math.isnan(step):
-            tokens, frac = light_reach(law, step, heavy_s)
-            lines.append(f"light TTFT <= 1.2x alone needs the tier's step <= 1.2x light's "
-                         f"alone ({step * 1000:.0f} ms): {law.rows_within(1.2 * step):.1f} "
-                         f"rows, {tokens:.1f} tok/s = {frac:.2f} of the heavy row's "
-                         f"{heavy_s:.1f}")
+        fair = light_reach(_point(light, "light"), _point(heavy, "light"))
+        if fair is not None:
+            lines.append(
+                f"tier law from the light and heavy rows: step ~ {fair.law.base_s * 1000:.0f} ms"
+                f" + {fair.law.per_row_s * 1000:.1f} ms/row; light TTFT <= 1.2x alone needs the "
+                f"tier's batch held to {fair.rows:.1f} rows: {fair.tokens_s:.1f} tok/s = "
+                f"{fair.of_heavy:.2f} of the heavy row's {_point(heavy, 'light').tokens_s:.1f}")
     return lines

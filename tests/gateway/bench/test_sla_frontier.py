@@ -47,9 +47,12 @@ def test_fit_gives_the_law_back_and_the_reach_equals_a_scan(a: float, b: float) 
     assert reach.of_fcfs == pytest.approx(want / fcfs_bulk, rel=1e-3)
     need = scan_step_for(a, b, 0.8 * fcfs_bulk + inter) / alone.step_s
     assert reach.tpot_ratio_needed == pytest.approx(need, rel=1e-3)
-    tokens, frac = light_reach(law, alone.step_s, fcfs.tokens_s)
-    assert tokens == pytest.approx(scan_tokens(a, b, 1.2 * alone.step_s), rel=1e-3)
-    assert frac == pytest.approx(tokens / fcfs.tokens_s)
+    light, heavy = point_of(a, b, 3), point_of(a, b, 80)
+    fair = light_reach(light, heavy)
+    assert fair is not None
+    assert fair.tokens_s == pytest.approx(scan_tokens(a, b, 1.2 * light.step_s), rel=1e-3)
+    assert fair.of_heavy == pytest.approx(fair.tokens_s / heavy.tokens_s)
+    assert a + b * fair.rows == pytest.approx(1.2 * light.step_s)
 
 
 def test_no_law_from_points_that_do_not_rise() -> None:
@@ -57,6 +60,7 @@ def test_no_law_from_points_that_do_not_rise() -> None:
     assert fit(Point(0.3, 50), Point(0.2, 40)) is None  # fewer rows in the larger row
     alone, fcfs = point_of(0.1, 0.01, 5), point_of(0.1, 0.01, 50)
     assert bulk_reach(alone, fcfs, 10, 0.0) is None
+    assert light_reach(Point(0.3, 50), Point(0.2, 40)) is None
 
 
 def test_tokens_past_the_law_s_ceiling_need_an_endless_step() -> None:

@@ -129,10 +129,18 @@ def busy_error(cost: CostModel, steps: Sequence[Sample]) -> tuple[float, float]:
             sum(s for *_, s in steps))
 
 
-def cost_error(cost: CostModel, steps: Sequence[Sample]) -> str:
+def cost_error(cost: CostModel, steps: Sequence[Sample], window: int = 80) -> str:
+    """Busy time, then measured/predicted per step: the median is the law's error on a
+    typical step; the spread over windows of consecutive steps is the machine's load
+    changing under the run (the same shapes, slower or faster for a minute)."""
     predicted, measured = busy_error(cost, steps)
+    ratios = [s / cost.step_seconds(StepShape(r, t, kv, p)) for r, t, kv, p, s in steps]
+    spans = [sum(x[-1] for x in steps[i:i + window])
+             / busy_error(cost, steps[i:i + window])[0] for i in range(0, len(steps), window)]
     return (f"cost model on this run's {len(steps)} real steps: predicted {predicted:.1f} s "
-            f"of {measured:.1f} s measured ({predicted / measured - 1:+.1%})")
+            f"of {measured:.1f} s measured ({predicted / measured - 1:+.1%}); measured/predicted"
+            f" per step: median {percentile(ratios, 50):.2f}, over {window}-step windows "
+            f"{min(spans):.2f}..{max(spans):.2f}")
 
 
 def held_out(runs: dict[str, list[Sample]]) -> list[str]:

@@ -271,12 +271,13 @@ def ratios(rows: list[Row]) -> list[str]:
 
 def header(args: argparse.Namespace, wl: Workload) -> str:
     from gateway.bench.sla import cpu_model
+    from gateway.process import child_env  # the environment a server it starts gets
     from kernels import cpu_decode
 
     n, short, long = len(wl.output_lens), min(wl.output_lens), max(wl.output_lens)
     return (f"carpool bench serve: {n} chat requests at once, {short}/{long} output tokens "
             f"(ignore_eos, greedy); CPU: {cpu_model()}, {os.cpu_count()} cores; "
-            f"OMP_WAIT_POLICY (both rows): {os.environ.get('OMP_WAIT_POLICY', 'libgomp default')}; "
+            f"OMP_WAIT_POLICY (both rows): {child_env().get('OMP_WAIT_POLICY', 'libgomp default')}; "
             f"decode attention: {'C++ op' if cpu_decode.available() else 'torch gather'}")
 
 

@@ -12,8 +12,10 @@ client's stream just continues; its finish reports the original prompt and every
 token once. A greedy request therefore ends with the text an uninterrupted run produces.
 
 A dead worker is known two ways: its entries went idle past the visibility timeout (every
-worker's XAUTOCLAIM), or, sooner, ``DeadWorkers``: it holds pending entries but has published
-no tier status (``tier_status.py``, every second) for ``STALE_AFTER_S``.
+worker's XAUTOCLAIM), or, sooner, ``DeadWorkers``: it holds pending entries but its tier
+status (``tier_status.py``, republished every second) has not changed for ``STALE_AFTER_S``
+on the checker's own clock (``liveness.py``: another host's time stamp is never compared
+with ours, so a worker whose clock runs ahead cannot declare live workers dead).
 
 Not resumed (ended with the ``worker_lost`` error as before): several choices (``n`` > 1),
 and a request whose output stream is gone (expired, or held back past its TTL). Known gaps: a
@@ -27,10 +29,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import orjson
-
-from gateway.bus.client import text
 from gateway.bus.messages import MessageError, SubmitMsg, TokenMsg, decode
+from gateway.worker.liveness import StatusAges
 from gateway.worker.tier_status import STALE_AFTER_S
 
 
@@ -69,29 +69,26 @@ def resumed_submit(msg: SubmitMsg, delivered: list[int]) -> SubmitMsg | None:
 
 
 class DeadWorkers:
-    """Which consumers holding pending entries are dead: no fresh tier status, seen so in two
-    rounds in a row (after a Redis outage every status is stale until its worker publishes
-    again, within a second), and only while this worker's own status is fresh (statuses are
-    being published at all)."""
+    """Which consumers holding pending entries are dead: their status unchanged (or absent)
+    for ``STALE_AFTER_S`` on this worker's monotonic clock, seen so in two rounds in a row
+    (after a Redis outage no status changes until its worker publishes again, within a
+    second), and only while this worker's own status is changing (statuses are being
+    published at all)."""
 
     def __init__(self, me: str) -> None:
         self.me = me
+        self._ages = StatusAges()
         self._suspects: set[str] = set()
 
     def update(self, statuses: dict[Any, Any], holders: set[str], now: float) -> set[str]:
-        """``statuses``: the tier status hash (worker id -> JSON with ``ts``); ``holders``:
-        the consumers with pending entries. Returns the ones to take over now."""
-        live = {text(k) for k, v in statuses.items() if _ts(v) >= now - STALE_AFTER_S}
+        """``statuses``: the tier status hash (worker id -> its JSON status) as read now;
+        ``holders``: the consumers with pending entries; ``now``: this process's
+        ``time.monotonic()``. Returns the ones to take over now."""
+        self._ages.observe(statuses, now)
+        live = self._ages.fresh(now, STALE_AFTER_S)
         if self.me not in live:
             self._suspects = set()
             return set()
         suspects = holders - live - {self.me}
         dead, self._suspects = suspects & self._suspects, suspects
         return dead
-
-
-def _ts(raw: Any) -> float:
-    try:
-        return float(orjson.loads(raw).get("ts", 0.0))
-    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
-        return 0.0

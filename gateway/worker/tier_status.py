@@ -14,7 +14,10 @@ a JSON object::
                       "tenants": {tenant: entries waiting}}}}
 
 A reader ignores a field older than ``STALE_AFTER_S`` (a dead worker's); each publish also
-deletes such fields, and the hash expires when no worker publishes. Queue depth is the
+deletes the fields it has seen unchanged for ``2 * STALE_AFTER_S`` on its own monotonic clock
+(``liveness.py``: never by comparing another host's stamp with its own clock, which would
+delete live workers' statuses when its clock runs ahead), and the hash expires when no worker
+publishes. Queue depth is the
 queues' (shared by every worker), the rate this worker's own: readers add the workers' rates.
 Per-tenant depth is the queues' index of backlogged tenants (``RedisKeys.backlogged``).
 """
@@ -34,6 +37,7 @@ from gateway.bus.keys import RedisKeys
 from gateway.bus.outage import UNREACHABLE, ErrorOnce, OutageLog
 from gateway.bus.queues import TierQueues
 from gateway.config import GatewayConfig
+from gateway.worker.liveness import StatusAges
 from policies.shedding import predicted_wait
 from policies.tiers import INTERACTIVE
 
@@ -61,6 +65,7 @@ class TierStatusPublisher:
         self.window_s = window_s
         self._starts: dict[str, deque[float]] = {t: deque() for t in queues.tiers}
         self._since = time.monotonic()
+        self._ages = StatusAges()  # the other workers' fields, by when they last changed
 
     def record_start(self, tier: str, now: float | None = None) -> None:
         """A request of ``tier`` was handed to the engine (called by the worker)."""
@@ -92,11 +97,14 @@ class TierStatusPublisher:
             else:
                 errors.ok()
 
-    async def publish(self) -> dict[str, Any]:
+    async def publish(self, now: float | None = None) -> dict[str, Any]:
+        """Write this worker's status (``now``: the monotonic clock, for the staleness of
+        the other fields)."""
         status = await self.collect()
-        now = status["ts"]
         raw = await self.redis.hgetall(self.keys.tier_status)
-        stale = [f for f, v in raw.items() if _ts(v) < now - STALE_AFTER_S]
+        now = time.monotonic() if now is None else now
+        self._ages.observe(raw, now)
+        stale = sorted(self._ages.unchanged(now, 2 * STALE_AFTER_S) - {self.worker_id})
         pipe = self.redis.pipeline(transaction=False)
         if stale:
             pipe.hdel(self.keys.tier_status, *stale)
@@ -140,10 +148,3 @@ class TierStatusPublisher:
         queue scripts, ``bus/queues.py``)."""
         raw = await self.redis.hgetall(self.keys.backlogged(tier))
         return {text(k): n for k, v in raw.items() if (n := int(v)) > 0}
-
-
-def _ts(raw: bytes | str) -> float:
-    try:
-        return float(orjson.loads(raw).get("ts", 0.0))
-    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
-        return 0.0

@@ -5,6 +5,7 @@ after it; checked against streams written by the real encoder."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from gateway.bus.messages import FinishMsg, SubmitMsg, TokenMsg, encode
@@ -58,21 +59,41 @@ def status(ts: float) -> bytes:
     return json.dumps({"ts": ts}).encode()
 
 
-def test_a_worker_is_dead_after_two_rounds_without_a_fresh_status() -> None:
+def test_a_worker_is_dead_once_its_status_stops_changing_for_two_rounds() -> None:
+    """Rounds every 2 s on the checker's monotonic clock; "live" republishes each round,
+    "old" never changes after the first sighting, "never" has no status at all."""
     dead = DeadWorkers("me")
-    now = 1000.0
-    statuses = {b"me": status(now), b"live": status(now - 1), b"old": status(now - 60)}
     holders = {"me", "live", "old", "never"}
-    assert dead.update(statuses, holders, now) == set()  # suspected only
-    assert dead.update(statuses, holders, now + 2) == {"old", "never"}
-    assert dead.update(statuses, {"live"}, now + 4) == set()
+    got = {}
+    for t in (0.0, 2.0, 4.0, 6.0, 8.0):
+        statuses = {b"me": status(1000 + t), b"live": status(1000 + t), b"old": status(1000.0)}
+        got[t] = dead.update(statuses, holders, t)
+        holders -= got[t]  # taken over: no longer holds entries
+    # "old" is unchanged past STALE_AFTER_S (5 s) first at t=6 (suspect), dead at t=8
+    assert got == {0.0: set(), 2.0: {"never"}, 4.0: set(), 6.0: set(), 8.0: {"old"}}
 
 
-def test_nobody_is_dead_while_our_own_status_is_stale() -> None:
+def test_skewed_clocks_do_not_make_live_workers_dead() -> None:
+    """Stamps a minute ahead and a minute behind the checker's clock, either way: only
+    whether a status changes counts (the old check took "behind" for dead, and a checker
+    ahead took everyone for dead)."""
+    wall = time.time()
+    for me_skew, other_skew in ((60.0, 0.0), (0.0, -60.0), (0.0, 60.0), (-60.0, 60.0)):
+        dead = DeadWorkers("me")
+        for t in (0.0, 2.0, 4.0, 6.0, 8.0, 10.0):
+            statuses = {b"me": status(wall + me_skew + t), b"other": status(wall + other_skew + t)}
+            assert dead.update(statuses, {"me", "other"}, t) == set(), (me_skew, other_skew, t)
+        frozen = {b"me": status(wall + me_skew + 12), b"other": status(wall + other_skew + 10)}
+        outcomes = [dead.update({**frozen, b"me": status(wall + me_skew + t)}, {"other"}, t)
+                    for t in (12.0, 14.0, 16.0, 18.0)]
+        assert outcomes == [set(), set(), set(), {"other"}], (me_skew, other_skew)
+
+
+def test_nobody_is_dead_while_our_own_status_is_not_changing() -> None:
     dead = DeadWorkers("me")
-    stale = {b"me": status(0.0)}  # e.g. right after a Redis outage
-    assert dead.update(stale, {"other"}, 1000.0) == set()
-    assert dead.update(stale, {"other"}, 1002.0) == set()
-    fresh = {b"me": status(1003.0)}
-    assert dead.update(fresh, {"other"}, 1003.0) == set()  # a round to publish first
-    assert dead.update(fresh, {"other"}, 1005.0) == {"other"}
+    stale = {b"me": status(0.0)}  # e.g. a Redis outage: our own publish fails too
+    assert dead.update(stale, {"other"}, 0.0) == set()  # first sighting: "other" suspected
+    assert dead.update(stale, {"other"}, 6.0) == set()  # ours unchanged 6 s: no verdicts
+    assert dead.update(stale, {"other"}, 8.0) == set()
+    assert dead.update({b"me": status(9.0)}, {"other"}, 9.0) == set()  # a round first
+    assert dead.update({b"me": status(11.0)}, {"other"}, 11.0) == {"other"}

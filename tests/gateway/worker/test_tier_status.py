@@ -1,7 +1,7 @@
 """The worker's tier status publisher against real Redis: the start rate over its window (vs
 counting the starts in the window), what one publish writes (objectives as configured, the
-TPOT target the step budget derived, depth 0 on empty queues), stale statuses of dead workers
-removed, its own withdrawn at stop; the HTTP edge's reader merges live statuses."""
+TPOT target the step budget derived, depth 0 on empty queues), dead workers' statuses
+(unchanged for long, whatever their clocks) removed, its own withdrawn at stop; the HTTP edge's reader merges live statuses."""
 
 from __future__ import annotations
 
@@ -62,11 +62,19 @@ async def test_publish_writes_objectives_and_drops_dead_workers(
     pub = publisher(client, budget, tier_slos={INTERACTIVE: TierSLO(2.0, None, "shed"),
                                                BATCH: TierSLO(60.0, 0.5)})
     key = pub.keys.tier_status
-    dead = {"worker": "dead", "ts": time.time() - STALE_AFTER_S - 1, "tiers": {}}
+    # "dead" stops changing; "ahead" keeps republishing with a clock a minute ahead (the
+    # old wall-clock check deleted what looked stale: neither, or a live worker's status)
+    dead = {"worker": "dead", "ts": time.time(), "tiers": {}}
     await client.hset(key, "dead", orjson.dumps(dead))
-    status = await pub.publish()
-    stored = await client.hgetall(key)
-    assert set(stored) == {b"w1"} and orjson.loads(stored[b"w1"]) == status
+    for t in (0.0, STALE_AFTER_S, 2 * STALE_AFTER_S + 1):
+        ahead = {"worker": "ahead", "ts": time.time() + 60 + t, "tiers": {}}
+        await client.hset(key, "ahead", orjson.dumps(ahead))
+        status = await pub.publish(now=t)
+        stored = await client.hgetall(key)
+        kept = {b"w1", b"ahead"} | ({b"dead"} if t <= 2 * STALE_AFTER_S else set())
+        assert set(stored) == kept, t
+    assert orjson.loads(stored[b"w1"]) == status
+    await client.hdel(key, "ahead")
     inter, batch = status["tiers"][INTERACTIVE], status["tiers"][BATCH]
     assert (inter["ttft_p99_s"], inter["tpot_p99_s"], inter["tpot_source"], inter["action"]) \
         == (2.0, 0.123, "derived", "shed")

@@ -199,22 +199,23 @@ WEIGHTS = {0: 6, 1: 3, 2: 1}  # interactive, batch, best-effort (the default dra
 def _reference_seats(cap: int, urgent: int, steps: int) -> dict[int, int]:
     """Row-steps per priority when every priority has more demand than seats: the urgent
     rows all run; the lower tiers get the cap's rest or, when more, what the weights owe
-    them beside the urgent rows (floored per tier), spread 3:1 by smooth WRR."""
-    owed = sum(urgent * WEIGHTS[p] // WEIGHTS[0] for p in (1, 2))
+    them for the urgent rows past the cap (floored per tier), spread 3:1 by smooth WRR."""
+    owed = sum(max(0, urgent - cap) * WEIGHTS[p] // WEIGHTS[0] for p in (1, 2))
     lower = max(cap - urgent, owed)
     picks = wrr_sequence({"1": WEIGHTS[1], "2": WEIGHTS[2]}, lower * steps)
     return {0: urgent * steps, 1: picks.count("1"), 2: picks.count("2")}
 
 
 def test_interactive_alone_past_the_cap_does_not_starve_the_other_tiers() -> None:
-    """Interactive alone fills the cap (12 rows, cap 5): batch and best-effort still get
-    seats in proportion to the weights, so best-effort's share of the rows is its WRR
-    share; the old rule (urgent first, lower only under the cap) gave them none."""
+    """Interactive alone fills the cap (30 rows, cap 5): batch and best-effort are still
+    owed seats by the weights for the 25 urgent rows past it, so best-effort's share of the
+    rows is over half its WRR share; the old rule (urgent first, lower only under the cap)
+    gave them none."""
     sched = make_scheduler(num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=256)
     runner = FakeRunner(sched)
-    urgent = make_requests(12, prompt_len=4, max_tokens=300, priority=0)
-    batch = make_requests(8, prompt_len=4, max_tokens=300, priority=1, start_time=1.0)
-    best_effort = make_requests(8, prompt_len=4, max_tokens=300, priority=2, start_time=2.0)
+    urgent = make_requests(30, prompt_len=4, max_tokens=120, priority=0)
+    batch = make_requests(16, prompt_len=4, max_tokens=120, priority=1, start_time=1.0)
+    best_effort = make_requests(8, prompt_len=4, max_tokens=120, priority=2, start_time=2.0)
     decoding(sched, runner, urgent + batch + best_effort)
     sched.set_urgent_row_cap(5, urgent_priority=0, weights=WEIGHTS)
     seats = {0: 0, 1: 0, 2: 0}
@@ -225,7 +226,7 @@ def test_interactive_alone_past_the_cap_does_not_starve_the_other_tiers() -> Non
             req = sched.get_request(s.request_id)
             assert req is not None
             seats[req.priority] += 1
-    assert seats == _reference_seats(5, 12, steps)
+    assert seats == _reference_seats(5, 30, steps)
     share = seats[2] / sum(seats.values())
     assert share >= 0.5 * WEIGHTS[2] / sum(WEIGHTS.values())
     assert sched.stats.preemptions == 0
@@ -236,7 +237,7 @@ def test_interactive_alone_past_the_cap_does_not_starve_the_other_tiers() -> Non
 
 def test_interactive_under_its_share_still_jumps_the_queue() -> None:
     """Two interactive rows beside a backlog of batch and best-effort: the cap bounds the
-    step (5 rows: the weights owe the lower tiers only 1 beside 2 urgent rows), and a new
+    step (5 rows: no urgent row is past the cap, so nothing more is owed), and a new
     interactive request starts in the very next step."""
     sched = make_scheduler(num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=256)
     runner = FakeRunner(sched)

@@ -4,6 +4,7 @@ its own ``time.thread_time()``, and the split line adds up what changed between 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -33,10 +34,18 @@ def test_a_threads_cpu_is_its_thread_time() -> None:
     assert abs(seen["proc"] - seen["own"]) <= 0.03  # /proc counts in clock ticks
 
 
-def test_find_pid_finds_this_process() -> None:
-    marker = f"pid-{os.getpid()}-marker"
+def test_find_pid_finds_a_process_by_its_command_line() -> None:
+    marker = f"find-pid-marker-{os.getpid()}"
     assert find_pid(marker) is None
-    assert find_pid(sys.executable) is not None
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
+    try:
+        deadline = time.monotonic() + 10
+        while find_pid(marker) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert find_pid("time.sleep(60)", marker) == proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_split_line_sums_the_deltas() -> None:

@@ -68,6 +68,13 @@ class EmbeddedRedis:
             raise RuntimeError("embedded Redis not started")
         return str(self._server.connection_url)
 
+    @property
+    def pid(self) -> int:
+        """The server process's id (fault tests freeze it with SIGSTOP)."""
+        if self._server is None or self._server._process is None:
+            raise RuntimeError("embedded Redis not started")
+        return int(self._server._process.pid)
+
     def stop(self) -> None:
         server, self._server = self._server, None
         if server is not None:

@@ -114,7 +114,7 @@ class TierQueues:
         if not keys:
             return None
         if self._block_conn is not None:
-            res = await self._block_conn.call("BLPOP", *keys, timeout_s)
+            res = await self._block_conn.call("BLPOP", *keys, timeout_s, wait_s=timeout_s)
         else:
             res = await self.redis.blpop(keys, timeout=timeout_s)
         if not res:

@@ -12,7 +12,10 @@ Calls issued concurrently are pipelined on the one connection and answered in or
 blocking command (``XREAD BLOCK``) therefore holds up the calls behind it, so each loop that
 blocks owns its own ``RespConnection``. ``for_client`` builds one from a redis-py client's
 settings, or returns None for what it does not speak (TLS, unix sockets): callers then keep
-using redis-py.
+using redis-py. It takes that client's read timeout too: a call (connecting included) with no
+reply in ``timeout_s`` plus what the command itself blocks for (``call(wait_s=...)``) drops
+the connection (the replies behind it would come out of order) and raises redis-py's
+``TimeoutError``, so a frozen Redis is an outage to the callers, not a hang.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 import hiredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # idle seconds before the first probe, seconds between probes, probes before giving up
 _KEEPALIVE = (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
@@ -69,8 +73,9 @@ class _Protocol(asyncio.Protocol):
 
 class RespConnection:
     def __init__(self, host: str, port: int, *, db: int = 0, username: str | None = None,
-                 password: str | None = None) -> None:
+                 password: str | None = None, timeout_s: float | None = None) -> None:
         self.host, self.port, self.db = host, port, db
+        self.timeout_s = timeout_s
         self.username, self.password = username, password
         self._proto: _Protocol | None = None
         self._connecting = asyncio.Lock()
@@ -90,16 +95,36 @@ class RespConnection:
         if kw.get("credential_provider") is not None:
             return None  # credentials we can't replay here: redis-py keeps the whole path
         return cls(kw.get("host", "localhost"), int(kw.get("port", 6379)), db=int(kw.get("db") or 0),
-                   username=kw.get("username"), password=kw.get("password"))
+                   username=kw.get("username"), password=kw.get("password"),
+                   timeout_s=kw.get("socket_timeout"))
 
-    async def call(self, *args: Any) -> Any:
-        """Send one command and return its raw reply."""
+    async def call(self, *args: Any, wait_s: float = 0.0) -> Any:
+        """Send one command and return its raw reply; ``wait_s``: how long the command
+        itself may block on the server (BLPOP's timeout), added to the read timeout."""
         if self._closed:  # a late caller must not open a connection nobody will close
             raise RedisConnectionError("connection closed")
+        if self.timeout_s is None:
+            return await self._call(args)
+        try:
+            async with asyncio.timeout(self.timeout_s + wait_s):
+                return await self._call(args)
+        except TimeoutError:
+            self._drop()
+            raise RedisTimeoutError(f"no reply from Redis at {self.host}:{self.port} in "
+                                    f"{self.timeout_s + wait_s:.1f} s") from None
+
+    async def _call(self, args: tuple[Any, ...]) -> Any:
         proto = self._proto
         if proto is None or proto.lost:
             proto = await self._connect()
         return await self._send(proto, args)
+
+    def _drop(self) -> None:
+        """Close the connection after a timeout: the next call connects anew."""
+        proto, self._proto = self._proto, None
+        if proto is not None and proto.transport is not None:
+            proto.lost = True
+            proto.transport.close()
 
     @property
     def ready(self) -> bool:

@@ -168,7 +168,8 @@ class RelayResponse:
                 outcome = await self._cancel(cancel_source) if cancel_source else _outcome(
                     self.state.finish)
                 await self._settle(outcome)
-        except RedisError as exc:  # Redis away: the outage is logged once, not per request
+        except (RedisError, TimeoutError) as exc:  # Redis away or frozen: the outage is
+            # logged once (by the request path's calls), not per request
             log.debug("clean-up of %s failed: %r", self.ctx.request_id, exc)
         except Exception:
             log.exception("clean-up of %s failed", self.ctx.request_id)

@@ -30,6 +30,7 @@ from engine.core.finish import FinishReason
 from engine.core.outputs import RequestOutput
 from engine.protocol import EngineClient
 from gateway.bus.backoff import run_forever
+from gateway.bus.client import blocking_client
 from gateway.bus.keys import RedisKeys
 from gateway.bus.messages import CancelMsg, MessageError, SubmitMsg, decode_payload
 from gateway.bus.queues import Envelope, TierQueues
@@ -74,12 +75,16 @@ class Worker:
         self.dead_workers = DeadWorkers(self.consumer)
         self._tasks: list[asyncio.Task[None]] = []
         self._pubsub: Any = None
+        self._listen_redis: Any = None  # the cancel listener's client: no read timeout
 
     async def start(self) -> None:
         await self.engine.start()
         self.engine.add_step_callback(self._on_step)
         self.step_budget.attach()
-        self._pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        # The listener waits for the next cancel however long it takes: on the request
+        # path's client its read timeout would break that wait every few seconds.
+        self._listen_redis = blocking_client(self.redis)
+        self._pubsub = self._listen_redis.pubsub(ignore_subscribe_messages=True)
         await self._pubsub.subscribe(self.keys.cancel_channel)
         for coro, name in ((self.writer.run(), "writer"), (self.drainer.run(), "drainer"),
                            (run_forever(self._cancel_step, "cancel listener", log), "cancels"),
@@ -105,6 +110,9 @@ class Worker:
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()
+        if self._listen_redis is not None:
+            with contextlib.suppress(Exception):
+                await self._listen_redis.aclose()
 
     async def _end_inflight(self) -> None:
         """Abort every request this worker runs; the engine's abort outputs are not waited
@@ -349,11 +357,11 @@ class Worker:
         holders: set[str] = set()
         for tier in self.queues.tiers:
             holders |= await self.queues.pending_consumers(tier)
-        if not holders - {self.consumer}:
-            return
+        # Read every round, holders or not: liveness is judged by when each status last
+        # changed as seen here, so each round's reading counts.
         statuses = await self.redis.hgetall(self.keys.tier_status)
-        for dead in self.dead_workers.update(statuses, holders, time.time()):
-            log.warning("worker %s published no status for %.0f s: taking over its requests",
+        for dead in self.dead_workers.update(statuses, holders, time.monotonic()):
+            log.warning("worker %s: status unchanged for %.0f s: taking over its requests",
                         dead, STALE_AFTER_S)
             for tier in self.queues.tiers:
                 envs = await self.queues.claim_from(tier, dead, self.consumer,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -210,8 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         profile.save(args.save_profile)
     cost = profile.cost_model()
     c, (med, p90) = profile.cost, profile.fit_error()
-    lines = [(f"machine: {cpu_name()} (shared: other jobs were running), model {engine.model_name}, "
-             f"{args.slots} slots"),
+    # the 1-minute load average at the start says whether the machine was shared (2 cores)
+    lines = [(f"machine: {cpu_name()} (load average {os.getloadavg()[0]:.1f}), model "
+              f"{engine.model_name}, {args.slots} slots"),
              (f"calibrated: step s = {c.base:.4f} + {c.per_row:.2e} rows + {c.per_token:.2e} tokens"
              f" + {c.per_kv_token:.2e} kv + {c.per_prefill_row:.2e} prefill rows; fit error on "
              f"{len(profile.samples)} steps: median {med:.1%}, p90 {p90:.1%}")]

@@ -112,5 +112,18 @@ def make_tenant(redis_url: str, namespace: str, tenant_id: str = "acme",
     return asyncio.run(go())
 
 
+@contextmanager
+def openai_client(gateway: RunningGateway, redis_url: str, tenant_id: str,
+                  **quota: Any) -> Iterator[Any]:
+    """The official openai client for a new tenant ``tenant_id`` (with ``quota``) of a running
+    gateway: no retries, so a test sees the first answer."""
+    import openai
+
+    key = make_tenant(redis_url, gateway.config.namespace, tenant_id, **quota)
+    with openai.OpenAI(base_url=gateway.url + "/v1", api_key=key, max_retries=0,
+                       timeout=60) as client:
+        yield client
+
+
 def redis_sync(redis_url: str) -> sync_redis.Redis:
     return sync_redis.Redis.from_url(redis_url)

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.gateway.conftest import TINY_ENGINE
-from tests.gateway.harness import make_config, make_tenant, run_gateway
+from tests.gateway.harness import make_config, make_tenant, openai_client, run_gateway
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -24,9 +24,7 @@ MSGS = [{"role": "user", "content": "Hello there"}]
 
 @pytest.fixture(scope="module")
 def client(tiny_gateway: Any, redis_url: str) -> Iterator[openai.OpenAI]:
-    key = make_tenant(redis_url, tiny_gateway.config.namespace, "apifields", max_max_tokens=64)
-    with openai.OpenAI(base_url=tiny_gateway.url + "/v1", api_key=key, max_retries=0,
-                       timeout=60) as c:
+    with openai_client(tiny_gateway, redis_url, "apifields", max_max_tokens=64) as c:
         yield c
 
 

@@ -16,7 +16,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from tests.engine.runner.helpers import hf_logits, hf_model
 from tests.gateway.conftest import TINY_ENGINE
-from tests.gateway.harness import make_config, make_tenant, run_gateway
+from tests.gateway.harness import make_config, openai_client, run_gateway
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,9 +32,8 @@ ATOL = 1e-5
 def gw64(redis_url: str, tiny_model_dir: Path) -> Iterator[tuple[Any, openai.OpenAI]]:
     config = make_config(engine="real", model=str(tiny_model_dir),
                          engine_options={**TINY_ENGINE, "dtype": "float64"})
-    key = make_tenant(redis_url, config.namespace, "lp", max_max_tokens=64)
-    with run_gateway(config, redis_url) as gw, openai.OpenAI(
-            base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=60) as client:
+    with run_gateway(config, redis_url) as gw, openai_client(
+            gw, redis_url, "lp", max_max_tokens=64) as client:
         yield gw, client
 
 

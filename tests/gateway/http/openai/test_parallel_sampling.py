@@ -17,7 +17,7 @@ import pytest
 
 from tests.gateway.cancel_helpers import wait_engine_idle
 from tests.gateway.conftest import TINY_ENGINE
-from tests.gateway.harness import make_config, make_tenant, run_gateway
+from tests.gateway.harness import make_config, make_tenant, openai_client, run_gateway
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -29,9 +29,8 @@ PROMPT = [17, 400, 9000, 31, 77]
 def gw(redis_url: str, tiny_model_dir: Path) -> Iterator[tuple[Any, openai.OpenAI]]:
     config = make_config(engine="real", model=str(tiny_model_dir),
                          engine_options={**TINY_ENGINE, "dtype": "float64"})
-    key = make_tenant(redis_url, config.namespace, "par", max_max_tokens=300)
-    with run_gateway(config, redis_url) as g, openai.OpenAI(
-            base_url=g.url + "/v1", api_key=key, max_retries=0, timeout=60) as client:
+    with run_gateway(config, redis_url) as g, openai_client(
+            g, redis_url, "par", max_max_tokens=300) as client:
         yield g, client
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.gateway.harness import make_tenant
+from tests.gateway.harness import openai_client
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -21,9 +21,7 @@ PROMPT = "The quick brown fox"
 
 @pytest.fixture(scope="module")
 def client(tiny_gateway: Any, redis_url: str) -> Iterator[openai.OpenAI]:
-    key = make_tenant(redis_url, tiny_gateway.config.namespace, "fields", max_max_tokens=64)
-    with openai.OpenAI(base_url=tiny_gateway.url + "/v1", api_key=key, max_retries=0,
-                       timeout=60) as c:
+    with openai_client(tiny_gateway, redis_url, "fields", max_max_tokens=64) as c:
         yield c
 
 

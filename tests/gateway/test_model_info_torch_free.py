@@ -4,9 +4,6 @@ and gets the same tokenizer ``AutoTokenizer`` would have given it."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -14,28 +11,10 @@ from transformers import AutoTokenizer
 from engine.model_files import load_tokenizer, plain_tokenizers_backend
 from gateway.config import GatewayConfig
 from gateway.model_info import load_model_info
+from tests.torch_blocker import run_without_torch
 
-ROOT = Path(__file__).resolve().parents[2]
-
-# torch stays installed and findable (transformers decides as in production), but importing
-# it fails: the loader of its spec raises.
-SCRIPT = textwrap.dedent("""
-    import importlib.abc, importlib.machinery, importlib.util, json, sys
-
-    class Refuse(importlib.abc.Loader):
-        def create_module(self, spec):
-            raise ImportError(f"torch is blocked here ({spec.name})")
-        def exec_module(self, module):
-            raise ImportError("unreachable")
-
-    class NoTorch(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "torch" or name.startswith("torch."):
-                return importlib.machinery.ModuleSpec(name, Refuse())
-            return None
-
-    sys.meta_path.insert(0, NoTorch())
-    assert importlib.util.find_spec("torch") is not None
+SCRIPT = """
+    import json, sys
 
     from gateway.config import GatewayConfig
     from gateway.model_info import load_model_info
@@ -48,12 +27,11 @@ SCRIPT = textwrap.dedent("""
         import engine.runner.loader
     except ImportError as exc:
         print("blocked:", exc)
-""")
+"""
 
 
 def test_a_gateway_loads_the_model_info_without_torch(tiny_model_dir: Path) -> None:
-    res = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model_dir)], cwd=ROOT,
-                         capture_output=True, check=False, text=True, timeout=120)
+    res = run_without_torch(SCRIPT, str(tiny_model_dir))
     assert res.returncode == 0, res.stderr
     name, max_len, vocab, ids, torch_loaded = json.loads(res.stdout.splitlines()[0])
     assert not torch_loaded

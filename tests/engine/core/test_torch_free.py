@@ -3,23 +3,10 @@ cannot be imported loads every one of those modules, and torch never shows up.""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
+from tests.torch_blocker import ROOT, run_without_torch
 
-ROOT = Path(__file__).resolve().parents[3]
-
-SCRIPT = textwrap.dedent("""
-    import importlib, importlib.abc, pkgutil, sys
-
-    class NoTorch(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "torch" or name.startswith("torch."):
-                raise ImportError(f"torch is blocked here ({name})")
-            return None
-
-    sys.meta_path.insert(0, NoTorch())
+SCRIPT = """
+    import importlib, pkgutil, sys
 
     import engine.core
     names = [m.name for m in pkgutil.walk_packages(engine.core.__path__, "engine.core.")]
@@ -33,12 +20,11 @@ SCRIPT = textwrap.dedent("""
         print("blocked:", exc)
     else:
         raise AssertionError("engine.runner.model_runner imported without torch")
-""")
+"""
 
 
 def test_engine_core_and_protocol_import_without_torch() -> None:
-    res = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, check=False,
-                         text=True, timeout=120)
+    res = run_without_torch(SCRIPT)
     assert res.returncode == 0, res.stderr
     count = int(res.stdout.split("imported ")[1].split()[0])
     modules = [p for p in (ROOT / "engine" / "core").glob("*.py") if p.name != "__init__.py"]

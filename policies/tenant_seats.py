@@ -1,0 +1,61 @@
+"""Seats for non-urgent work under the batch bound, and a small reserve of them for tenants
+under their share. Pure functions; the drainer applies them (``gateway/worker/drainer.py``).
+
+Non-urgent requests (every tier but interactive) may occupy at most ``lower_limit`` engine
+seats: the batch bound (``policies.batch_bound``) when there is one, and never the seats
+``policies.admission`` keeps for interactive. Everything inside the engine counts (running,
+waiting, swapped, of every tier): each row lengthens the step.
+
+The fair pick in Redis chooses *whose* request goes next, but only when a seat frees. A heavy
+tenant alone in its tier would otherwise fill every seat, and a light tenant's request that
+arrives then waits for one of the heavy requests to finish (a whole generation) before the
+pick can prefer it. So the last ``tenant_reserve`` seats are kept for a tenant that is under
+its share: a tenant may take one only while it holds fewer rows than its weighted share of the
+seats among the tenants of its tier holding rows *plus one newcomer of its own weight*
+(``over_share``). A heavy tenant alone is thus held to the seats minus the reserve, and a light
+tenant arriving finds a seat at once; the reserve refills as heavy requests finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from policies.admission import URGENT_PRIORITY, EngineLoad, reserved_seats
+
+# The reserve is 1/16 of the non-urgent seats, at least 2: a light tenant arriving while the
+# batch is full finds a seat; at the knee of the step-cost curve the seats it idles cost
+# well under 1 % of tokens/s (a few rows of ~60 at 90 % of the asymptote).
+RESERVE_DIVISOR = 16
+MIN_RESERVE = 2
+
+
+def lower_limit(load: EngineLoad, bound: int | None) -> int:
+    """The seats non-urgent work may fill: the bound (None: none), never the urgent reserve
+    of ``policies.admission``."""
+    seats = load.max_num_seqs - reserved_seats(load, URGENT_PRIORITY + 1)
+    return seats if bound is None else min(bound, seats)
+
+
+def occupied(load: EngineLoad) -> int:
+    """Requests inside the engine: each is a row of a step now or soon."""
+    return load.num_running + load.num_waiting + load.num_swapped
+
+
+def tenant_reserve(limit: int) -> int:
+    """Seats of ``limit`` kept for tenants under their share (none when limit is tiny)."""
+    return min(max(0, limit - 1), max(MIN_RESERVE, -(-limit // RESERVE_DIVISOR)))
+
+
+def over_share(held: Mapping[str, int], weights: Mapping[str, float], seats: int
+               ) -> frozenset[str]:
+    """The tenants of one tier that may not take a reserved seat: those whose next row would
+    exceed their weighted share of ``seats`` among the tenants holding rows (``held``) and
+    one newcomer of their own weight. ``weights``: absent means 1."""
+    holding = {t: n for t, n in held.items() if n > 0}
+    total = sum(weights.get(t, 1.0) for t in holding)
+    out = set()
+    for tenant, rows in holding.items():
+        w = weights.get(tenant, 1.0)
+        if rows + 1 > seats * w / (total + w):
+            out.add(tenant)
+    return frozenset(out)

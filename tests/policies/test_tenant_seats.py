@@ -1,0 +1,69 @@
+"""Seats for non-urgent work and the tenant reserve, against straightforward references."""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+
+import pytest
+
+from policies.admission import EngineLoad
+from policies.tenant_seats import (
+    MIN_RESERVE,
+    RESERVE_DIVISOR,
+    lower_limit,
+    occupied,
+    over_share,
+    tenant_reserve,
+)
+
+
+def load(max_seqs: int, running: int = 0, waiting: int = 0, swapped: int = 0) -> EngineLoad:
+    return EngineLoad(running, waiting, swapped, 100, 100, max_seqs, None)
+
+
+def test_lower_limit_is_the_bound_within_the_urgent_reserve() -> None:
+    assert lower_limit(load(256), None) == 256 - 256 // 8
+    assert lower_limit(load(256), 57) == 57
+    assert lower_limit(load(32), 57) == 32 - 32 // 8
+    assert occupied(load(32, 5, 2, 1)) == 8
+
+
+def test_reserve_size() -> None:
+    for limit in range(1, 600):
+        want = max(MIN_RESERVE, -(-limit // RESERVE_DIVISOR))
+        r = tenant_reserve(limit)
+        assert r == min(want, limit - 1)  # at least one seat is never reserved
+        assert 0 <= r < limit
+
+
+def reference_over_share(held: dict[str, int], weights: dict[str, float], seats: int
+                         ) -> set[str]:
+    """Exact arithmetic: t is over when held + 1 > seats * w_t / (sum of holders' w + w_t)."""
+    w = {t: Fraction(weights.get(t, 1.0)) for t in held}
+    holders = [t for t, n in held.items() if n > 0]
+    total = sum((w[t] for t in holders), Fraction(0))
+    return {t for t in holders if held[t] + 1 > seats * w[t] / (total + w[t])}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_over_share_matches_the_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(500):
+        tenants = [f"t{i}" for i in range(rng.randint(0, 5))]
+        held = {t: rng.randint(0, 40) for t in tenants}
+        weights = {t: rng.choice([0.5, 1.0, 2.0, 4.0]) for t in tenants if rng.random() < 0.7}
+        seats = rng.randint(1, 80)
+        assert set(over_share(held, weights, seats)) == reference_over_share(
+            held, weights, seats)
+
+
+def test_a_heavy_tenant_alone_leaves_the_reserve_and_a_light_one_may_take_it() -> None:
+    seats = 57
+    heavy_rows = seats - tenant_reserve(seats)
+    assert over_share({"heavy": heavy_rows}, {}, seats) == {"heavy"}
+    # the light tenant arrives (no rows yet) or holds a few: only heavy is skipped
+    assert over_share({"heavy": heavy_rows, "light": 5}, {}, seats) == {"heavy"}
+    # weight 4 beside weight 1, with a newcomer of weight 4: owed 4/9 of the seats (25.3)
+    assert over_share({"big": 24, "small": 3}, {"big": 4.0}, 57) == frozenset()
+    assert over_share({"big": 25, "small": 3}, {"big": 4.0}, 57) == {"big"}

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,16 +94,23 @@ class TierQueues:
         res = await self._backlogs(keys=[self.keys.backlogged(t) for t in self.tiers], args=[])
         return {tier: int(n) for tier, n in zip(self.tiers, res)}
 
-    async def pick(self, tier: str, consumer: str, count: int = 1) -> list[Envelope]:
-        """Up to ``count`` entries of ``tier`` by the fair pick (non-blocking)."""
+    async def pick(self, tier: str, consumer: str, count: int = 1,
+                   skip: Iterable[str] = ()) -> list[Envelope]:
+        """Up to ``count`` entries of ``tier`` by the fair pick (non-blocking), none of the
+        tenants in ``skip`` (their entries stay queued)."""
         k = self.keys
         res = await self._pick(keys=[k.backlogged(tier), k.vtc(tier)],
-                               args=[k.queue_prefix(tier), GROUP, consumer, count])
+                               args=[k.queue_prefix(tier), GROUP, consumer, count, *skip])
         return [self._envelope(key, eid, fields) for key, eid, fields in res or []]
 
-    async def read_counts(self, counts: dict[str, int], consumer: str) -> dict[str, list[Envelope]]:
-        """``counts[tier]`` entries per tier by the fair pick, pipelined (non-blocking)."""
-        got = await asyncio.gather(*(self.pick(t, consumer, n) for t, n in counts.items()))
+    async def read_counts(self, counts: dict[str, int], consumer: str,
+                          skip: Mapping[str, Iterable[str]] | None = None
+                          ) -> dict[str, list[Envelope]]:
+        """``counts[tier]`` entries per tier by the fair pick, pipelined (non-blocking); the
+        pick of a tier skips the tenants ``skip[tier]`` names."""
+        skip = skip or {}
+        got = await asyncio.gather(*(self.pick(t, consumer, n, skip.get(t, ()))
+                                     for t, n in counts.items()))
         return dict(zip(counts, got))
 
     async def wait(self, tiers: Iterable[str], timeout_s: float) -> str | None:

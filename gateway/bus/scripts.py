@@ -163,7 +163,8 @@ return out
 """
 
 # KEYS: backlogged (hash), vtc (hash) of one tier
-# ARGV: stream prefix, group, consumer, count
+# ARGV: stream prefix, group, consumer, count, then tenants to skip (over their seat share,
+# ``policies.tenant_seats``: their entries stay queued)
 # The fair pick (``policies.fair_queue``): up to ``count`` times, the backlogged tenant with
 # the least counter (ties: the smaller id) gives its next entry (XREADGROUP, which makes it
 # pending for ``consumer``), and is charged its prompt tokens / weight (the entry's 'n' and
@@ -173,11 +174,13 @@ return out
 PICK_LUA = """
 local prefix, group, consumer = ARGV[1], ARGV[2], ARGV[3]
 local out = {}
+local skip = {}
+for i = 5, #ARGV do skip[ARGV[i]] = true end
 while #out < tonumber(ARGV[4]) do
   local best, best_c
   for _, t in ipairs(redis.call('HKEYS', KEYS[1])) do
-    local c = tonumber(redis.call('HGET', KEYS[2], t) or '0')
-    if not best or c < best_c or (c == best_c and t < best) then best, best_c = t, c end
+    local c = not skip[t] and tonumber(redis.call('HGET', KEYS[2], t) or '0')
+    if c and (not best or c < best_c or (c == best_c and t < best)) then best, best_c = t, c end
   end
   if not best then break end
   local key = prefix .. best

@@ -10,6 +10,13 @@ all their wake lists at once (``TierQueues.wait``), so an idle worker reacts wit
 trip or two (the wake, then the pick). After such a wait brought one entry, the next pull
 waits again straight away (``quiet``): at low load the backlog count would find the tiers
 empty nearly every time.
+
+Non-urgent tiers (all but interactive) fill at most the batch bound's seats (``row_limit``,
+from the step-cost model: ``policies.batch_bound``), so their overload queues in Redis, where
+the fair pick and shedding act, instead of swelling every step. The last few of those seats
+go only to tenants under their share (``policies.tenant_seats``): the pick skips a tier's
+tenants over it (``held``: the tier, tenant and weight of each request the worker holds), so
+a light tenant arriving beside a heavy one finds a seat at once.
 """
 
 from __future__ import annotations
@@ -17,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from engine.protocol import EngineClient
 from gateway.bus.backoff import run_forever
 from gateway.bus.queues import Envelope, TierQueues
-from policies.admission import pull_count
+from policies.admission import URGENT_PRIORITY, pull_count
+from policies.tenant_seats import lower_limit, occupied, over_share, tenant_reserve
 from policies.tiers import tier_priority
 from policies.wrr import smooth_wrr_pick
 
@@ -36,12 +44,20 @@ log = logging.getLogger("carpool.worker")
 class Drainer:
     def __init__(self, queues: TierQueues, engine: EngineClient, consumer: str,
                  weights: Mapping[str, int],
-                 start: Callable[[list[Envelope]], Awaitable[None]]) -> None:
+                 start: Callable[[list[Envelope]], Awaitable[None]],
+                 row_limit: Callable[[], int | None] = lambda: None,
+                 held: Callable[[], Iterable[tuple[str, str, float]]] = tuple) -> None:
         self.queues = queues
         self.engine = engine
         self.consumer = consumer
         self.weights = {t: w for t, w in weights.items() if t in queues.tiers}
         self.start = start
+        self.row_limit = row_limit  # the batch bound for non-urgent rows (None: none)
+        self.held = held  # (tier, tenant, weight) of each request the worker holds
+        # this round: seats the non-urgent tiers may take, and each tier's tenants its pick
+        # skips (empty: nobody is skipped)
+        self.lower_seats = 0
+        self.excluded: dict[str, frozenset[str]] = {}
         self.scores: dict[str, int] = {}
         self.room = asyncio.Event()  # set by the worker after each engine step
         # The last wait on empty tiers woke for a lone entry: the tiers are most likely
@@ -58,7 +74,9 @@ class Drainer:
     async def _step(self) -> None:
         """One round: wait for room, or pull and start what the queues hold. Nothing read is
         left unstarted when it returns (a subclass may hold the loop between rounds)."""
-        open_tiers = [t for t in self.weights if self.engine.has_capacity(tier_priority(t))]
+        self.lower_seats, self.excluded = self._lower_room()
+        open_tiers = [t for t in self.weights if self.engine.has_capacity(tier_priority(t))
+                      and (self.lower_seats > 0 or not _lower(t))]
         if not open_tiers:
             self.quiet = False  # a backlog may build meanwhile: plan it by weight
             await self._wait_for_room()
@@ -66,6 +84,26 @@ class Drainer:
         envs = await self._pull(open_tiers)
         if envs:
             await self.start(envs)
+        elif self.excluded:  # the backlog may be only tenants over their share: no spinning
+            await self._wait_for_room()
+
+    def _lower_room(self) -> tuple[int, dict[str, frozenset[str]]]:
+        """Seats the non-urgent tiers may take this round and the tenants each tier's pick
+        skips: past the tenant reserve nobody is skipped; inside it, those over their share."""
+        load = self.engine.load()
+        limit = lower_limit(load, self.row_limit())
+        free, reserve = limit - occupied(load), tenant_reserve(limit)
+        if free > reserve:
+            return free - reserve, {}
+        if free <= 0:
+            return 0, {}
+        rows: dict[str, Counter[str]] = {}
+        weights: dict[str, dict[str, float]] = {}
+        for tier, tenant, weight in self.held():
+            rows.setdefault(tier, Counter())[tenant] += 1
+            weights.setdefault(tier, {})[tenant] = weight
+        excluded = {t: over_share(rows[t], weights[t], limit) for t in rows if _lower(t)}
+        return free, {t: ex for t, ex in excluded.items() if ex}
 
     def _batch_size(self) -> int:
         return pull_count(self.engine.load())
@@ -82,14 +120,16 @@ class Drainer:
             return await self._wait_for_work(open_tiers, 1)
         plan: list[str] = []
         seats = self._batch_size()  # one engine load snapshot per plan, not one per pick
+        lower_seats = self.lower_seats
         while left and len(plan) < seats:
             tier, self.scores = smooth_wrr_pick(self.weights, self.scores, list(left))
             assert tier is not None
             plan.append(tier)
             left[tier] -= 1
-            if not left[tier]:
-                del left[tier]
-        got = await self.queues.read_counts(dict(Counter(plan)), self.consumer)
+            lower_seats -= _lower(tier)
+            for t in [t for t in left if not left[t] or (lower_seats <= 0 and _lower(t))]:
+                del left[t]
+        got = await self.queues.read_counts(dict(Counter(plan)), self.consumer, self.excluded)
         return [got[t].pop(0) for t in plan if got.get(t)]
 
     async def _wait_for_work(self, tiers: list[str], count: int) -> list[Envelope]:
@@ -101,7 +141,8 @@ class Drainer:
         if await self.queues.wait(tiers, IDLE_BLOCK_S) is None:
             self.quiet = False
             return []
-        got = await self.queues.read_counts({t: count for t in tiers}, self.consumer)
+        counts = {t: min(count, self.lower_seats) if _lower(t) else count for t in tiers}
+        got = await self.queues.read_counts(counts, self.consumer, self.excluded)
         envs = [e for t in tiers for e in got.get(t, [])]
         self.quiet = len(envs) <= 1
         return envs
@@ -112,3 +153,8 @@ class Drainer:
             await asyncio.wait_for(self.room.wait(), NO_ROOM_WAIT_S)
         except TimeoutError:
             pass
+
+
+def _lower(tier: str) -> bool:
+    """Non-urgent: its rows are held to the batch bound."""
+    return tier_priority(tier) > URGENT_PRIORITY

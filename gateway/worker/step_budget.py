@@ -9,6 +9,10 @@ the tier's ``TierSLO.tpot_p99_s`` or, when unset, ``policies.tiers.derived_tpot_
 predicted small-batch step. Until the model has ``min_samples`` steps no cap is set, and a cap
 that would allow every seat is lifted (None): with no interactive work present the engine
 applies no cap anyway, so lower tiers keep the whole batch.
+
+The same fit gives the batch bound for non-urgent rows (``row_limit``, ``policies.batch_bound``:
+the knee of the tokens/s curve, or shorter steps for the tightest lower-tier TTFT target,
+``lower_ttft_s``), which the drainer applies.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Callable, Mapping
 
 from engine.core.outputs import SchedulerOutput
 from engine.protocol import EngineClient
+from policies.batch_bound import row_limit
 from policies.step_cost import StepCostModel
 from policies.tiers import (
     DEFAULT_TIER_SLOS,
@@ -58,6 +63,8 @@ class StepBudget:
         self._remove: Callable[[], None] | None = None
         self.target_s: float | None = None  # the TPOT target in force (None: no data yet)
         self.cap: int | None = None  # the row cap last set on the engine
+        self.row_limit: int | None = None  # the batch bound for non-urgent rows (None: none)
+        self.lower_ttft_s: float | None = None  # the tightest lower-tier TTFT target
 
     def attach(self) -> None:
         """Start watching the engine's steps (idempotent)."""
@@ -105,6 +112,11 @@ class StepBudget:
         if self.model.num_samples < self.model.min_samples:
             return None  # until the model has data, no cap
         self.model.fit()
+        bound = row_limit(self.model.cost, self.model.mean_kv_per_row(), max_rows,
+                          self.lower_ttft_s)
+        if bound != self.row_limit:
+            log.debug("batch bound %s rows (of %s)", bound, max_rows)
+            self.row_limit = bound
         target = self._target()
         cap = self.model.max_rows_within(target, limit=max_rows)
         return None if cap >= max_rows else cap

@@ -66,10 +66,14 @@ class Worker:
         self.consumer = config.worker_id or default_worker_id()
         self.queues = TierQueues(redis, self.keys, TIERS)
         self.writer = OutputWriter(redis, self.keys, config.stream_ttl_s)
-        self.drainer = Drainer(self.queues, engine, self.consumer, config.tier_weights, self._start)
+        self.drainer = Drainer(self.queues, engine, self.consumer, config.tier_weights, self._start,
+                               row_limit=lambda: self.step_budget.row_limit, held=self._held)
         self.inflight: dict[str, Inflight] = {}
         self.step_budget = StepBudget(engine, config.tier_slos[INTERACTIVE],
                                       tier_weights=config.tier_weights)
+        self.step_budget.lower_ttft_s = min(
+            (s.ttft_p99_s for t, s in config.tier_slos.items()
+             if t != INTERACTIVE and s.ttft_p99_s is not None), default=None)
         self.tier_status = TierStatusPublisher(redis, self.keys, self.queues, config,
                                                self.consumer, self.step_budget)
         self.dead_workers = DeadWorkers(self.consumer)
@@ -161,6 +165,10 @@ class Worker:
         self.writer.submit(items)
         self.drainer.room.set()
         self.events.engine_step(len(outputs), self.engine.load(), outputs)
+
+    def _held(self) -> list[tuple[str, str, float]]:
+        """(tier, tenant, weight) of each request held: the drainer's tenant seat shares."""
+        return [(rec.tier, rec.tenant, rec.weight) for rec in self.inflight.values()]
 
     async def _start(self, envs: list[Envelope], reclaim: bool = False) -> None:
         """Run a batch of envelopes, or drop them (cancelled, past deadline, lost) and ack

@@ -1,6 +1,8 @@
 """The fair queue in Redis (``ADMIT_LUA``'s lift, ``PICK_LUA``'s pick and prompt charge,
 ``STEP_LUA``'s output charge, ``CANCEL_LUA``'s backlog count) against the pure functions of
-``policies.fair_queue`` on random workloads: same picks in the same order, same counters."""
+``policies.fair_queue`` on random workloads: same picks in the same order, same counters. A
+pick may skip tenants (over their seat share, ``policies.tenant_seats``): the model picks
+among the others."""
 
 from __future__ import annotations
 
@@ -44,8 +46,8 @@ class Model:
             self.counters[tenant] = lift(self.counters, tenant, self.backlogged(), self.last)
         self.queued[tenant].append((rid, prompt))
 
-    def pick(self) -> str | None:
-        tenant = pick(self.counters, self.backlogged())
+    def pick(self, skip: frozenset[str] = frozenset()) -> str | None:
+        tenant = pick(self.counters, [t for t in self.backlogged() if t not in skip])
         if tenant is None:
             return None
         rid, prompt = self.queued[tenant].popleft()
@@ -84,10 +86,11 @@ async def test_the_scripts_pick_and_count_as_the_pure_functions(redis_url: str, 
                 status, _ = await entries.admit(msg, tenant, weight=WEIGHTS[tenant], **ADMIT)
                 assert status == "ok"
                 model.admit(tenant, msg.request_id, prompt)
-            elif op < 0.75:  # a worker picks one to three
+            elif op < 0.75:  # a worker picks one to three, at times skipping some tenants
                 count = rng.randint(1, 3)
-                got = await queues.pick(TIER, "w1", count)
-                want = [rid for _ in range(count) if (rid := model.pick()) is not None]
+                skip = frozenset(t for t in WEIGHTS if rng.random() < 0.25)
+                got = await queues.pick(TIER, "w1", count, skip)
+                want = [rid for _ in range(count) if (rid := model.pick(skip)) is not None]
                 assert [e.msg.request_id for e in got if e.msg] == want
                 running += got
             elif op < 0.9 and running:  # a running request writes tokens, maybe its finish

@@ -69,8 +69,9 @@ class HeldWorker(Worker):
 
     def __init__(self, redis: Any, engine: Any, config: Any, events: Any = None) -> None:
         super().__init__(redis, engine, config, events)
+        plain = self.drainer
         self.drainer = HeldDrainer(self.queues, engine, self.consumer, config.tier_weights,
-                                   self._start)
+                                   self._start, row_limit=plain.row_limit, held=plain.held)
 
 
 def _held_drainer(gw: Any) -> HeldDrainer:

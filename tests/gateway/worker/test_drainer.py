@@ -36,7 +36,7 @@ class RecordingQueues:
             self.reads.pop(0)
         return self.reads[0][0] if self.reads else None
 
-    async def read_counts(self, counts: dict[str, int], consumer: str
+    async def read_counts(self, counts: dict[str, int], consumer: str, skip: Any = None
                           ) -> dict[str, list[Envelope]]:
         assert len(set(counts.values())) == 1  # the same count from every tier waited on
         self.calls.append(f"read count={next(iter(counts.values()))}")

@@ -1,0 +1,92 @@
+"""Tenant seats on the echo gateway: with a batch bound, a heavy tenant's overload stays
+queued in Redis (the engine holds at most the bound minus the tenant reserve of its rows),
+and a light tenant of the same tier that arrives while the heavy requests fill the batch
+starts at once, on a reserved seat, not after a heavy request finishes.
+
+Order, not time, is checked: the engine's step outputs are recorded in order, and each light
+request must finish before the first heavy request does (the heavy ones run 600 steps each)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from engine.core.outputs import RequestOutput
+from gateway.bus.keys import RedisKeys
+from policies.tenant_seats import tenant_reserve
+from tests.gateway.harness import redis_sync
+from tests.gateway.queue_helpers import pending, queued
+from tests.gateway.worker.test_fair_drain import tenant_key
+
+pytestmark = pytest.mark.timeout(90)
+
+TIER = "batch"
+BOUND = 8
+HEAVY, HEAVY_TOKENS, LIGHT = 12, 600, 3
+
+
+def not_picked(redis_url: str, ns: str) -> int:
+    """Entries of the tier no worker has taken yet."""
+    r = redis_sync(redis_url)
+    try:
+        return queued(r, RedisKeys(ns), TIER) - pending(r, RedisKeys(ns), TIER)
+    finally:
+        r.close()
+
+
+@pytest.fixture
+def bounded(echo_gateway: Any) -> Iterator[Any]:
+    drainer = echo_gateway.services.worker.drainer
+    plain = drainer.row_limit
+    drainer.row_limit = lambda: BOUND
+    try:
+        yield echo_gateway
+    finally:
+        drainer.row_limit = plain
+
+
+def test_a_light_tenant_gets_a_reserved_seat_beside_a_heavy_one(bounded: Any,
+                                                               redis_url: str) -> None:
+    gw, ns = bounded, bounded.config.namespace
+    heavy, light = tenant_key(redis_url, ns, "ts-heavy"), tenant_key(redis_url, ns, "ts-light")
+    finished: list[str] = []
+
+    def record(outputs: list[RequestOutput]) -> None:
+        finished.extend(o.request_id for o in outputs if o.finished)
+
+    gw.engine.add_step_callback(record)
+    held = BOUND - tenant_reserve(BOUND)
+
+    async def post(c: httpx.AsyncClient, key: str, tokens: int) -> str:
+        r = await c.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                         json={"model": "echo", "prompt": "x y z", "max_tokens": tokens,
+                               "service_tier": TIER})
+        assert r.status_code == 200, r.text
+        return str(r.json()["id"])
+
+    async def go() -> tuple[list[str], list[str], list[int]]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60) as c:
+            heavy_calls = [asyncio.create_task(post(c, heavy, HEAVY_TOKENS))
+                           for _ in range(HEAVY)]
+            deadline = time.monotonic() + 30
+            while gw.engine.load().num_running < held:
+                assert time.monotonic() < deadline, "heavy requests did not start"
+                await asyncio.sleep(0.01)
+            running = []
+            for _ in range(5):  # the rest of heavy's overload waits in Redis
+                running.append(gw.engine.load().num_running)
+                assert not_picked(redis_url, ns) == HEAVY - held
+                await asyncio.sleep(0.02)
+            light_ids = [await post(c, light, 1) for _ in range(LIGHT)]
+            return light_ids, list(await asyncio.gather(*heavy_calls)), running
+
+    light_ids, heavy_ids, running = asyncio.run(go())
+    assert running == [held] * 5  # the bound minus the reserve, not every free seat
+    first_heavy = min(finished.index(h) for h in heavy_ids)
+    assert all(finished.index(rid) < first_heavy for rid in light_ids), (
+        "a light request waited for a heavy one to finish")

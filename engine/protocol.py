@@ -65,11 +65,13 @@ class EngineClient(Protocol):
         few appends. Returns a function that removes the observer again."""
 
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
-                           weights: Mapping[int, int] | None = None) -> None:
+                           weights: Mapping[int, int] | None = None,
+                           lower_prefill_tokens: int | None = None) -> None:
         """While a request of priority <= ``urgent_priority`` is present, run at most ``cap``
         rows a step, urgent ones first, the lower seats shared by ``weights`` (priority ->
         weight; strict priority without); the other rows pause, keeping their KV (None: no cap).
-        Thread-safe; takes effect at the next step boundary."""
+        Lower-priority prompts compute at most ``lower_prefill_tokens`` a step meanwhile
+        (chunked; None: no such bound). Thread-safe; takes effect at the next step boundary."""
 
     def load(self) -> EngineLoad:
         """Current load snapshot."""

@@ -25,6 +25,13 @@ rows beside a cap of seven).
 Why: a step's cost grows with its rows, so every lower-tier row slows every urgent one; the
 cap (set by the worker from a step-cost model and a TPOT target) bounds the urgent rows'
 step time.
+
+A row counts as one token only while it decodes: a lower-priority prompt entering the batch
+costs its whole length in one step (on a CPU a prefill token costs about what a decode row
+does). So while urgent work is present, ``lower_prefill_tokens`` (optional) bounds the prompt
+tokens lower-priority rows compute in one step; longer prompts are chunked over several steps
+(bench sla, --max-num-seqs 32: six bulk requests starting in one step made it ~250 ms longer,
+and every interactive request arriving then paid it in TTFT).
 """
 
 from __future__ import annotations
@@ -44,10 +51,15 @@ class RowCap:
     # priority -> weight for the seats; empty: strict priority order. The urgent priority's
     # own weight (optional) turns on the proportional seats owed to the lower priorities.
     weights: Mapping[int, int] = field(default_factory=dict)
+    # Prompt tokens lower-priority rows may compute in one step while urgent work is
+    # present; None: no bound beyond the step's token budget.
+    lower_prefill_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.cap < 0:
             raise ValueError(f"row cap must be >= 0, got {self.cap}")
+        if self.lower_prefill_tokens is not None and self.lower_prefill_tokens < 1:
+            raise ValueError(f"lower prefill tokens must be >= 1, got {self.lower_prefill_tokens}")
         if any(w < 0 for w in self.weights.values()):
             raise ValueError(f"row cap weights must be >= 0, got {dict(self.weights)}")
 
@@ -60,6 +72,19 @@ class StepRowCap:
     urgent_priority: int
     held: frozenset[str]  # running rows that sit this step out
     starts: dict[int, int]  # lower priority -> queued requests it may still start this step
+    prefill_left: int | None = None  # lower-priority prompt tokens left this step (None: any)
+
+    def token_budget(self, priority: int, budget: int) -> int:
+        """The tokens a row of ``priority`` may compute this step out of ``budget``."""
+        if priority <= self.urgent_priority or self.prefill_left is None:
+            return budget
+        return min(budget, self.prefill_left)
+
+    def spend(self, priority: int, tokens: int) -> None:
+        """A row of ``priority`` was scheduled ``tokens``: a lower prefill uses the allowance
+        (a decode row's one token is already counted as its row)."""
+        if priority > self.urgent_priority and tokens > 1 and self.prefill_left is not None:
+            self.prefill_left = max(0, self.prefill_left - tokens)
 
     def take_seat(self, priority: int) -> bool:
         """May a swapped or waiting request of ``priority`` start? Yes takes the seat (the
@@ -115,7 +140,7 @@ def plan_step(cap: RowCap, running: Iterable[Request], waiting: RequestQueue,
         starts[p] = max(0, n - len(rows))
     held = frozenset(r.request_id for rows in lower.values() for r in rows
                      if r.request_id not in kept)
-    return StepRowCap(urgent + sum(alloc.values()), up, held, starts)
+    return StepRowCap(urgent + sum(alloc.values()), up, held, starts, cap.lower_prefill_tokens)
 
 
 def _owed(urgent: int, up: int, demand: Mapping[int, int], weights: Mapping[int, int]) -> int:

@@ -21,7 +21,8 @@ then ``update_from_output(out, result)``. Progress is one counter per request:
 Phases 2-3 are skipped in a step where phase 1 had to preempt (memory is short).
 With an urgent row cap set (``set_urgent_row_cap``, see ``engine.core.row_cap``) and urgent
 work present, phase 1 skips the running rows held back this step and phases 2-3 start no
-lower-priority request past the cap.
+lower-priority request past the cap; lower-priority prompts are chunked to the cap's prefill
+allowance (``StepRowCap.token_budget``).
 Failures never hang: a prompt that can never fit finishes in ``add_request``, and a request
 whose prompt + output outgrows the whole cache finishes, both with FINISHED_ERROR.
 
@@ -138,11 +139,17 @@ class Scheduler(PreemptionMixin, ForkMixin):
         self._requests.pop(request_id, None)
 
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
-                           weights: Mapping[int, int] | None = None) -> None:
+                           weights: Mapping[int, int] | None = None,
+                           lower_prefill_tokens: int | None = None) -> None:
         """While a request of priority <= ``urgent_priority`` is present, schedule at most
         ``cap`` rows a step (urgent ones first, the lower seats shared by ``weights``:
-        priority -> weight); None lifts the cap. See ``engine.core.row_cap``."""
-        self._row_cap = None if cap is None else RowCap(cap, urgent_priority, dict(weights or {}))
+        priority -> weight) and at most ``lower_prefill_tokens`` lower-priority prompt tokens
+        (only with chunked prefill: unchunked prompts would never fit); None lifts the cap.
+        See ``engine.core.row_cap``."""
+        if not self.config.enable_chunked_prefill:
+            lower_prefill_tokens = None
+        self._row_cap = None if cap is None else RowCap(
+            cap, urgent_priority, dict(weights or {}), lower_prefill_tokens)
 
     @property
     def urgent_row_cap(self) -> RowCap | None:
@@ -206,8 +213,9 @@ class Scheduler(PreemptionMixin, ForkMixin):
     def _schedule_running(self, plan: StepPlan) -> None:
         running = RequestStatus.RUNNING
         reqs = list(self.running.values())
-        if self._step_cap is not None and self._step_cap.held:
-            held = self._step_cap.held
+        cap = self._step_cap
+        if cap is not None and cap.held:
+            held = cap.held
             reqs = [r for r in reqs if r.request_id not in held]
             self._counts.rows_held_back += len(held)
         for req in reqs:
@@ -218,12 +226,16 @@ class Scheduler(PreemptionMixin, ForkMixin):
                 continue  # preempted or failed earlier in this step
             # The common case inline: this loop is the per-step hot path (256+ decodes).
             num_new = req.num_tokens - req.num_computed_tokens
+            if num_new > 1 and cap is not None:  # a prompt chunk under the cap's allowance
+                budget = cap.token_budget(req.priority, budget)
             if num_new > budget:
                 num_new = self._chunk(req, req.num_computed_tokens, budget)
                 if not num_new:
                     continue
             if self._grow_or_preempt(req, num_new, plan):
                 self._add_scheduled(req, num_new, plan)
+                if cap is not None:
+                    cap.spend(req.priority, num_new)
 
     def _grow_or_preempt(self, req: Request, num_new: int, plan: StepPlan) -> bool:
         bm = self.block_manager
@@ -245,7 +257,7 @@ class Scheduler(PreemptionMixin, ForkMixin):
                 continue  # its priority's seats under the cap are taken; others may have some
             if self._fail_if_outgrown(req, req.num_tokens):
                 continue
-            num_new = self._chunk(req, req.num_computed_tokens, plan.budget)
+            num_new = self._chunk(req, req.num_computed_tokens, self._token_budget(req, plan))
             need = max(
                 bm.num_cpu_blocks_of(req.request_id),
                 bm.blocks_needed(req.num_computed_tokens + num_new),
@@ -265,6 +277,16 @@ class Scheduler(PreemptionMixin, ForkMixin):
             plan.swapped_in.add(req.request_id)
             self.swapped.remove(req.request_id)
             self._start_running(req, num_new, plan)
+            self._spend(req, num_new)
+
+    def _token_budget(self, req: Request, plan: StepPlan) -> int:
+        """The step's token budget left, bounded by the cap's prefill allowance."""
+        cap = self._step_cap
+        return plan.budget if cap is None else cap.token_budget(req.priority, plan.budget)
+
+    def _spend(self, req: Request, num_new: int) -> None:
+        if self._step_cap is not None:
+            self._step_cap.spend(req.priority, num_new)
 
     def _past_row_cap(self, req: Request, plan: StepPlan) -> bool:
         """The urgent row cap keeps swapped or waiting ``req`` from starting this step (asked
@@ -302,7 +324,7 @@ class Scheduler(PreemptionMixin, ForkMixin):
         # a forked sequence (n > 1) already holds its shared prompt blocks
         forked = bm.num_device_blocks_of(req.request_id) > 0
         computed = req.num_computed_tokens if forked else bm.match_prefix(tokens)
-        num_new = self._chunk(req, computed, plan.budget)
+        num_new = self._chunk(req, computed, self._token_budget(req, plan))
         if not num_new:
             return _NO_BUDGET
         fresh = bm.blocks_needed(computed + num_new) - computed // bm.block_size
@@ -317,6 +339,7 @@ class Scheduler(PreemptionMixin, ForkMixin):
         if req.times.first_scheduled is None:  # usage's cached_tokens: the first admission
             req.num_cached_tokens = computed
         self._start_running(req, num_new, plan)
+        self._spend(req, num_new)
         return _OK
 
     # ---- mechanism --------------------------------------------------------------------

@@ -98,10 +98,12 @@ class FakeEchoEngine(ThreadedEngine):
         return EngineLoad(len(self._live), 0, 0, _BLOCKS, _BLOCKS, self.max_num_seqs, None)
 
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
-                           weights: Mapping[int, int] | None = None) -> None:
+                           weights: Mapping[int, int] | None = None,
+                           lower_prefill_tokens: int | None = None) -> None:
         """Recorded and reported in ``stats``, never applied: a fake step has no cost to cap."""
         if cap is not None:
-            RowCap(cap, urgent_priority, dict(weights or {}))  # the engine's own checks
+            RowCap(cap, urgent_priority, dict(weights or {}),  # the engine's own checks
+                   lower_prefill_tokens)
         self.urgent_row_cap = (cap, urgent_priority)
 
     def stats(self) -> EngineStats:

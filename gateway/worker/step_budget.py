@@ -13,6 +13,11 @@ applies no cap anyway, so lower tiers keep the whole batch.
 The same fit gives the batch bound for non-urgent rows (``row_limit``, ``policies.batch_bound``:
 the knee of the tokens/s curve, or shorter steps for the tightest lower-tier TTFT target,
 ``lower_ttft_s``), which the drainer applies.
+
+With the cap goes an allowance of lower-tier prompt tokens per step (``lower_prefill_tokens``):
+the tokens the model says fit in what the capped step leaves of the target, at least
+``MIN_LOWER_PREFILL_TOKENS``. Without it a burst of lower-tier arrivals prefilled together in
+one step several times the target long (bench sla: +250 ms of interactive TTFT).
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ from policies.tiers import (
 log = logging.getLogger("carpool.worker")
 
 REFIT_INTERVAL_S = 1.0
+# Lower-tier prompt tokens a capped step may always compute: a KV block's worth, so a short
+# prompt starts within a few steps even when the cap leaves no time to spare.
+MIN_LOWER_PREFILL_TOKENS = 16
 
 
 class StepBudget:
@@ -65,6 +73,7 @@ class StepBudget:
         self.cap: int | None = None  # the row cap last set on the engine
         self.row_limit: int | None = None  # the batch bound for non-urgent rows (None: none)
         self.lower_ttft_s: float | None = None  # the tightest lower-tier TTFT target
+        self.lower_prefill_tokens: int | None = None  # the allowance set with it
 
     def attach(self) -> None:
         """Start watching the engine's steps (idempotent)."""
@@ -94,14 +103,15 @@ class StepBudget:
             await asyncio.sleep(self.refit_interval_s)
             try:
                 cap = await asyncio.to_thread(self.plan, self.engine.load().max_num_seqs)
-                self._set(cap)
+                self._set(cap, self._prefill_allowance(cap))
             except Exception:  # a bad fit must not end the loop; the last cap stays
                 log.exception("step budget update failed")
 
     def update(self) -> int | None:
         """Feed the steps seen since the last call to the model, refit, set the cap; returns
         the cap in force."""
-        return self._set(self.plan(self.engine.load().max_num_seqs))
+        cap = self.plan(self.engine.load().max_num_seqs)
+        return self._set(cap, self._prefill_allowance(cap))
 
     def plan(self, max_rows: int) -> int | None:
         """Feed the pending steps to the model, refit and return the cap (None: no cap).
@@ -133,9 +143,21 @@ class StepBudget:
         self.target_s = target
         return target
 
-    def _set(self, cap: int | None) -> int | None:
-        if cap != self.cap:
-            self.engine.set_urgent_row_cap(cap, self.urgent_priority, self.seat_weights)
-            log.debug("urgent row cap %s (target %s s)", cap, self.target_s)
-            self.cap = cap
+    def _prefill_allowance(self, cap: int | None) -> int | None:
+        """Lower-tier prompt tokens a step under ``cap`` may compute: what the target leaves
+        beside ``cap`` decode rows, in the model's cost per token (None: no cap, or tokens
+        cost nothing in the model)."""
+        per_token = self.model.cost.per_token
+        if cap is None or self.target_s is None or per_token <= 0:
+            return None
+        spare = self.target_s - self.model.predict_decode(cap, self.model.mean_kv_per_row())
+        return max(MIN_LOWER_PREFILL_TOKENS, int(spare / per_token))
+
+    def _set(self, cap: int | None, lower_prefill_tokens: int | None = None) -> int | None:
+        if (cap, lower_prefill_tokens) != (self.cap, self.lower_prefill_tokens):
+            self.engine.set_urgent_row_cap(cap, self.urgent_priority, self.seat_weights,
+                                           lower_prefill_tokens)
+            log.debug("urgent row cap %s, lower prefill %s tokens (target %s s)", cap,
+                      lower_prefill_tokens, self.target_s)
+            self.cap, self.lower_prefill_tokens = cap, lower_prefill_tokens
         return cap

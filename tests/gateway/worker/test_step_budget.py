@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from engine.core.outputs import ScheduledRequest, SchedulerOutput
 from engine.core.sampling_params import SamplingParams
 from engine.frontend.async_engine import AsyncEngine
-from gateway.worker.step_budget import StepBudget
+from gateway.worker.step_budget import MIN_LOWER_PREFILL_TOKENS, StepBudget
 from gateway.worker.worker import Worker
 from policies.admission import EngineLoad
 from policies.step_cost import StepCostModel
@@ -35,12 +35,14 @@ class RecordingEngine:
     def __init__(self) -> None:
         self.caps: list[tuple[int | None, int]] = []
         self.weights: list[dict[int, int]] = []
+        self.prefill: list[int | None] = []
         self.observers: list[Any] = []
 
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
-                           weights: Any = None) -> None:
+                           weights: Any = None, lower_prefill_tokens: Any = None) -> None:
         self.caps.append((cap, urgent_priority))
         self.weights.append(dict(weights or {}))
+        self.prefill.append(lower_prefill_tokens)
 
     def add_step_observer(self, observer: Any) -> Any:
         self.observers.append(observer)
@@ -92,6 +94,9 @@ def test_derived_target_gives_the_cap_the_cost_law_implies() -> None:
     # the seats under the cap follow the drain weights, by priority (interactive's included)
     assert engine.weights == [{0: 6, 1: 3, 2: 1}]
     assert SMALL_BATCH_ROWS <= cap < MAX_SEQS
+    # the lower-tier prompt tokens that fit in what the capped step leaves of the target
+    spare = budget.target_s - (true_cost(cap, cap, 0) + D * cap * kv)
+    assert engine.prefill == [max(MIN_LOWER_PREFILL_TOKENS, int(spare / C))]
     assert budget.update() == cap and len(engine.caps) == 1  # set again only when it changes
 
 
@@ -106,6 +111,7 @@ def test_explicit_target_and_no_cap_when_it_allows_every_seat() -> None:
         r for r in range(MAX_SEQS + 1) if true_cost(r, r, 0) + D * r * kv <= 0.2 + 1e-12)
     budget.slo = TierSLO(tpot_p99_s=100.0)  # every seat fits: the cap is lifted
     assert budget.update() is None and engine.caps[-1] == (None, 0)
+    assert engine.prefill[-1] is None  # and its prefill allowance with it
     budget.detach()
     assert engine.observers == []
 

@@ -1,0 +1,92 @@
+"""The urgent row cap's prefill allowance: while urgent work is present, lower-priority prompts
+compute at most ``lower_prefill_tokens`` a step (chunked), urgent prompts and every decode row
+are untouched, and without urgent work (or without chunked prefill) prompts run whole; every
+request's tokens stay what they would be alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler
+from tests.engine.fakes import (
+    FakeRunner,
+    make_requests,
+    make_scheduler,
+    reference_tokens,
+    run_to_completion,
+    step,
+)
+
+ALLOWANCE = 16
+
+
+def prompt_tokens(out_rows: dict[str, int], reqs: list[Request]) -> int:
+    """Tokens the step computed for ``reqs`` beyond one per decode row."""
+    ids = {r.request_id for r in reqs}
+    return sum(n for rid, n in out_rows.items() if rid in ids and n > 1)
+
+
+def scheduled(sched: Scheduler, runner: FakeRunner) -> dict[str, int]:
+    out, _ = step(sched, runner)
+    return {s.request_id: len(s.token_ids) for s in out.scheduled}
+
+
+def test_lower_prompts_are_chunked_to_the_allowance_while_urgent_work_runs() -> None:
+    sched = make_scheduler(num_blocks=256, max_num_seqs=16, max_num_batched_tokens=512)
+    runner = FakeRunner(sched)
+    inter = make_requests(2, prompt_len=5, max_tokens=40, priority=0)
+    for r in inter:
+        sched.add_request(r)
+    step(sched, runner)
+    sched.set_urgent_row_cap(12, urgent_priority=0, lower_prefill_tokens=ALLOWANCE)
+    bulk = make_requests(4, prompt_len=[40, 23, 9, 30], max_tokens=6, priority=[1, 2, 1, 1],
+                         start_time=5.0)
+    (late,) = make_requests(1, prompt_len=37, max_tokens=4, priority=0, start_time=6.0)
+    for r in [*bulk, late]:
+        sched.add_request(r)
+    total = sum(len(r.prompt_token_ids) for r in bulk)
+    done = 0
+    while any(r.num_computed_tokens < len(r.prompt_token_ids) for r in bulk):
+        rows = scheduled(sched, runner)
+        assert all(r.request_id in rows for r in inter)  # urgent decodes never wait
+        spent = prompt_tokens(rows, bulk)
+        assert spent <= ALLOWANCE
+        done += spent
+    assert total - done <= len(bulk)  # a lone last prompt token may run as one token
+    # the urgent newcomer's 37-token prompt ran whole in its first step
+    assert late.num_computed_tokens >= len(late.prompt_token_ids)
+    run_to_completion(sched, runner)
+    for r in inter + bulk + [late]:
+        assert r.output_token_ids == reference_tokens(r)
+
+
+def test_no_allowance_without_urgent_work() -> None:
+    sched = make_scheduler(num_blocks=256, max_num_seqs=16, max_num_batched_tokens=512)
+    runner = FakeRunner(sched)
+    sched.set_urgent_row_cap(4, urgent_priority=0, lower_prefill_tokens=ALLOWANCE)
+    bulk = make_requests(3, prompt_len=40, max_tokens=3, priority=1)
+    for r in bulk:
+        sched.add_request(r)
+    rows = scheduled(sched, runner)
+    assert rows == {r.request_id: 40 for r in bulk}  # whole prompts: no cap applies
+
+
+def test_no_allowance_without_chunked_prefill() -> None:
+    sched = make_scheduler(num_blocks=256, max_num_seqs=16, max_num_batched_tokens=512,
+                           enable_chunked_prefill=False)
+    runner = FakeRunner(sched)
+    (inter,) = make_requests(1, prompt_len=5, max_tokens=20, priority=0)
+    sched.add_request(inter)
+    step(sched, runner)
+    sched.set_urgent_row_cap(8, urgent_priority=0, lower_prefill_tokens=ALLOWANCE)
+    (bulk,) = make_requests(1, prompt_len=40, max_tokens=3, priority=1, start_time=3.0)
+    sched.add_request(bulk)
+    rows = scheduled(sched, runner)
+    assert rows[bulk.request_id] == 40  # unchunked prompts could never fit an allowance
+
+
+def test_allowance_must_be_positive() -> None:
+    sched = make_scheduler()
+    with pytest.raises(ValueError, match="prefill"):
+        sched.set_urgent_row_cap(4, lower_prefill_tokens=0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import sys
 from collections.abc import Callable
@@ -100,7 +101,19 @@ def served_model_name(config: GatewayConfig) -> str:
     return model_name(resolve_model_dir(config.model))
 
 
+def show_carpool_logs() -> None:
+    """Carpool's own INFO lines on stderr, in uvicorn's format (what the step budget chose as
+    interactive's TPOT target is one); without a handler Python shows only warnings."""
+    log = logging.getLogger("carpool")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
 def serve(config: GatewayConfig) -> int:
+    show_carpool_logs()
     embedded: EmbeddedRedis | None = None
     redis_url = config.redis_url
     url_file = runtime_url_file(config)

@@ -88,6 +88,13 @@ def test_printed_curl_works_at_once(tiny_model_dir: Path, tmp_path: Path) -> Non
         stats = httpx.get(console.group(1).replace("/console", "/admin/stats"), timeout=10,
                           headers={"Authorization": f"Bearer {admin.group(1)}"})
         assert stats.status_code == 200 and "doctor" in stats.json()
+        # once the step-cost model has seen enough steps, serve says what TPOT target it chose
+        more = httpx.post(url, headers=headers, timeout=60, json={
+            **body, "max_tokens": 40, "ignore_eos": True})
+        assert more.status_code == 200, more.text
+        proc.wait_for(lambda: "interactive TPOT target" in "".join(proc.lines), timeout=30)
+        line = re.search(r"INFO: +interactive TPOT target (\d+) ms \(derived", "".join(proc.lines))
+        assert line is not None  # a number of ms, derived from the measured step cost
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])

@@ -16,7 +16,8 @@ that waits for the engine and the queues to empty and reads ``/metrics`` and Red
   heavy      the same plus a heavy tenant in that tier sending 10x the light one's rate
   backlog    every tier offered ``--backlog-x`` x capacity: best-effort's share vs its WRR share
   overload32 (``--small-seats N``) the overload row on a second server with --max-num-seqs N
-Then the issue's targets as ratios of these rows, met or missed (``sla_report.py``).
+``--rows`` runs some of them (e.g. ``light,heavy``). Then the issue's targets as ratios of
+these rows, met or missed (``sla_report.py``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ SECRET = "bench-sla-secret"
 NAMESPACE = "sla"
 # stream -> tier its tenant may use ("light" and "heavy" get --fair-tier; "fcfs" sends all)
 STREAM_TIERS = {"interactive": INTERACTIVE, "batch": BATCH, "best-effort": BEST_EFFORT}
+# the rows of one server, in the order they run (``--rows`` picks some)
+ROWS = ("alone", "overload", "fcfs", "light", "heavy", "backlog")
 
 
 @dataclass
@@ -148,15 +151,12 @@ async def run_rows(bench: Bench, small_seats: bool = False) -> list[Row]:
     fcfs = [bench.stream(s.name, s.rate, s.probe, INTERACTIVE, bench.keys["fcfs"])
             for s in (inter, *bulk)]
     light = bench.stream("light", a.light_x * cap, probe=True)
-    rows = [await bench.row("alone", [inter], a.duration),
-            await bench.row("overload", [inter, *bulk], a.duration),
-            await bench.row("fcfs", fcfs, a.duration),
-            await bench.row("light", [light], a.duration),
-            await bench.row("heavy", [light, bench.stream("heavy", 10 * light.rate)],
-                            a.duration),
-            await bench.row("backlog", [bench.stream(n, a.backlog_x * cap, probe=n == "interactive")
-                                        for n in STREAM_TIERS], a.duration)]
-    return rows
+    plan = {"alone": [inter], "overload": [inter, *bulk], "fcfs": fcfs, "light": [light],
+            "heavy": [light, bench.stream("heavy", 10 * light.rate)],
+            "backlog": [bench.stream(n, a.backlog_x * cap, probe=n == "interactive")
+                        for n in STREAM_TIERS]}
+    return [await bench.row(name, streams, a.duration) for name, streams in plan.items()
+            if name in a.rows]
 
 
 async def prepare(bench: Bench) -> None:
@@ -249,6 +249,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the tier of the light and the heavy tenant")
     p.add_argument("--small-seats", type=int, default=0, metavar="N",
                    help="also the overload row on a server with --max-num-seqs N (e.g. 32)")
+    p.add_argument("--rows", type=_row_names, default=ROWS, metavar="NAMES",
+                   help=f"comma-separated rows to run, in the fixed order (default: all of "
+                        f"{','.join(ROWS)}); the targets need their rows")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-log", action="store_true", help="show the server's stderr")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures here")
@@ -259,6 +262,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.duration, args.grace, args.warmup, args.echo_step_ms = 1.0, 5.0, 0.3, 10.0
         args.calib_duration, args.calib_concurrency, args.drain_timeout = 1.0, 8, 10.0
     return args
+
+
+def _row_names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in ROWS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"rows are some of {','.join(ROWS)}, got {text!r}")
+    return names
 
 
 def header(args: argparse.Namespace, capacity: float, weights: Mapping[str, int]) -> str:

@@ -13,7 +13,12 @@ whole offered load in one batch). From it:
 - for a tier with a heavy tenant, from that tier's own two rows (``light`` alone, ``heavy``
   beside it): the tier's tokens/s if its batch were held to the step that keeps the light
   tenant's TTFT within ``limit`` x alone (a first token waits for at least one step of the
-  batch it joins, so the TTFT ratio is at least the step ratio).
+  batch it joins, so the TTFT ratio is at least the step ratio); and what the heavy row's
+  batch (held to the worker's batch bound, ``policies.batch_bound``) yields of the law's
+  asymptote ``1 / b``: what the bound gives up.
+- the floor under the light tenant's TTFT beside the heavy one: its first token waits for the
+  step in progress, then its own step, and both grew from the light row's step to the heavy
+  row's: at least ``2 * (heavy step - light step)`` more than alone (``ttft_growth_s``).
 
 Estimates from two points of a noisy machine, printed beside the measured figures, not targets.
 """
@@ -92,6 +97,8 @@ class LightReach:
     rows: float  # the tier's rows a step within ``ttft_limit`` x light's alone step
     tokens_s: float  # what such a batch yields
     of_heavy: float  # that, over the heavy row's measured tokens/s
+    heavy_rows: float  # the rows a step held in the heavy row (Little's law)
+    heavy_of_asymptote: float  # the heavy row's tokens/s over the law's ceiling 1 / b
 
 
 def light_reach(light: Point, heavy: Point, ttft_limit: float = 1.2) -> LightReach | None:
@@ -100,4 +107,11 @@ def light_reach(light: Point, heavy: Point, ttft_limit: float = 1.2) -> LightRea
         return None
     step = ttft_limit * light.step_s
     tokens = law.tokens_s(step)
-    return LightReach(law, law.rows_within(step), tokens, tokens / heavy.tokens_s)
+    return LightReach(law, law.rows_within(step), tokens, tokens / heavy.tokens_s,
+                      heavy.rows, heavy.tokens_s * law.per_row_s)
+
+
+def ttft_growth_s(light: Point, heavy: Point) -> float:
+    """The least a first token beside the heavy batch waits more than alone: the step in
+    progress and its own step, each longer by the step's growth."""
+    return 2 * max(0.0, heavy.step_s - light.step_s)

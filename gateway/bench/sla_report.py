@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.bench.sla_client import Call
-from gateway.bench.sla_frontier import Point, bulk_reach, light_reach
+from gateway.bench.sla_frontier import Point, bulk_reach, light_reach, ttft_growth_s
 from gateway.bench.sla_load import RowRun
 
 BULK = ("batch", "best-effort")
@@ -166,6 +166,12 @@ def targets(rows: dict[str, Row], be_wrr_share: float) -> list[Target]:
     if light is not None and heavy is not None:
         out.append(Target("light TTFT p99 with 10x heavy / alone", _ratio(
             heavy.ttft_ms("light", 0.99), light.ttft_ms("light", 0.99)), 1.2, True))
+        # what can hold: a first token beside the heavy batch waits for its longer steps
+        # (sla_frontier.ttft_growth_s), from this run's own two rows
+        growth_ms = 1000 * ttft_growth_s(_point(light, "light"), _point(heavy, "light"))
+        out.append(Target("light TTFT p99 with heavy / (alone + 2 x step growth)", _ratio(
+            heavy.ttft_ms("light", 0.99), light.ttft_ms("light", 0.99) + growth_ms),
+            1.2, True))
     backlog = rows.get("backlog")
     if backlog is not None:
         out.append(Target("BE share / WRR share, all backlogged",
@@ -198,6 +204,14 @@ def _point(row: Row, stream: str) -> Point:
 def frontier_lines(rows: dict[str, Row]) -> list[str]:
     """What the step-cost law of this run lets the bulk and light targets reach
     (``sla_frontier``); empty without the rows it needs."""
+    lines = _bulk_lines(rows)
+    light, heavy = rows.get("light"), rows.get("heavy")
+    if light is not None and heavy is not None:
+        lines += _light_lines(light, heavy)
+    return lines
+
+
+def _bulk_lines(rows: dict[str, Row]) -> list[str]:
     alone, over, fcfs = rows.get("alone"), rows.get("overload"), rows.get("fcfs")
     if alone is None or over is None or fcfs is None:
         return []
@@ -207,18 +221,27 @@ def frontier_lines(rows: dict[str, Row]) -> list[str]:
     if reach is None:
         return []
     law = reach.law
-    lines = [(f"cost law from the alone and fcfs rows: step ~ {law.base_s * 1000:.0f} ms + "
+    return [(f"cost law from the alone and fcfs rows: step ~ {law.base_s * 1000:.0f} ms + "
              f"{law.per_row_s * 1000:.1f} ms/row; with interactive TPOT <= 1.3x alone, bulk "
              f"can reach {reach.bulk_tokens_s:.1f} tok/s beside interactive's {inter_s:.1f} "
              f"= {reach.of_fcfs:.2f} of FCFS; bulk >= 0.8x FCFS needs interactive TPOT "
              f"{reach.tpot_ratio_needed:.2f}x alone")]
-    light, heavy = rows.get("light"), rows.get("heavy")
-    if light is not None and heavy is not None:
-        fair = light_reach(_point(light, "light"), _point(heavy, "light"))
-        if fair is not None:
-            lines.append(
-                f"tier law from the light and heavy rows: step ~ {fair.law.base_s * 1000:.0f} ms"
-                f" + {fair.law.per_row_s * 1000:.1f} ms/row; light TTFT <= 1.2x alone needs the "
-                f"tier's batch held to {fair.rows:.1f} rows: {fair.tokens_s:.1f} tok/s = "
-                f"{fair.of_heavy:.2f} of the heavy row's {_point(heavy, 'light').tokens_s:.1f}")
-    return lines
+
+
+def _light_lines(light: Row, heavy: Row) -> list[str]:
+    small, large = _point(light, "light"), _point(heavy, "light")
+    fair = light_reach(small, large)
+    if fair is None:
+        return []
+    law = fair.law
+    reach = (f"tier law from the light and heavy rows: step ~ {law.base_s * 1000:.0f} ms + "
+             f"{law.per_row_s * 1000:.1f} ms/row; light TTFT <= 1.2x alone needs the tier's "
+             f"batch held to {fair.rows:.1f} rows: {fair.tokens_s:.1f} tok/s = "
+             f"{fair.of_heavy:.2f} of the heavy row's {large.tokens_s:.1f}")
+    bound = (f"the heavy row held ~{fair.heavy_rows:.0f} rows a step of "
+             f"{large.step_s * 1000:.0f} ms (the batch bound): {large.tokens_s:.1f} tok/s = "
+             f"{fair.heavy_of_asymptote:.2f} of the law's ceiling {1 / law.per_row_s:.1f} "
+             f"(what the bound gives up: {1 - fair.heavy_of_asymptote:.2f}); a light first "
+             f"token beside it waits >= 2 x {(large.step_s - small.step_s) * 1000:.0f} ms more "
+             f"than alone (the step in progress and its own, each longer)")
+    return [reach, bound]

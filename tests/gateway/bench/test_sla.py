@@ -78,6 +78,19 @@ def _p(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q * 100, method="inverted_cdf"))
 
 
+def _tpot50(calls: list[Call]) -> float:
+    """Seconds between tokens, p50 over the calls that had two or more."""
+    return _p([(c.last - c.first) / (c.output_tokens - 1) for c in calls
+               if c.first is not None and c.last is not None and c.output_tokens > 1], 0.5)
+
+
+def test_rows_option_takes_known_row_names() -> None:
+    assert sla.parse_args(["--rows", "heavy,light"]).rows == ("heavy", "light")
+    assert sla.parse_args([]).rows == ROWS
+    with pytest.raises(SystemExit):
+        sla.parse_args(["--rows", "light,nope"])
+
+
 def _ttft99(calls: list[Call]) -> float:
     return _p([(c.first - c.sent) * 1000 for c in calls if c.first is not None], 0.99)
 
@@ -99,9 +112,9 @@ def test_ratios_are_computed_from_the_rows(quick_run: tuple[list[Row], float]) -
         assert all(c.first is not None for c in r.run.of("interactive", "light"))
     got = {t.what: t.value for t in targets(by, 0.1)}
     inter = {n: by[n].run.of("interactive") for n in ("alone", "overload", "fcfs")}
-    tpot = {n: _p([(c.last - c.first) / (c.output_tokens - 1) for c in calls
-                   if c.first is not None and c.last is not None and c.output_tokens > 1], 0.5)
-            for n, calls in inter.items()}
+    tpot = {n: _tpot50(calls) for n, calls in inter.items()}
+    light = {n: by[n].run.of("light") for n in ("light", "heavy")}
+    growth = 2 * max(0.0, _tpot50(light["heavy"]) - _tpot50(light["light"])) * 1000
     be = by["backlog"]
     share = be.run.window_tokens("best-effort") / be.run.window_tokens(
         "interactive", "batch", "best-effort")
@@ -111,7 +124,9 @@ def test_ratios_are_computed_from_the_rows(quick_run: tuple[list[Row], float]) -
         "int. TTFT p99 overload / FCFS": _ttft99(inter["overload"]) / _ttft99(inter["fcfs"]),
         "bulk goodput overload / FCFS": _goodput(by["overload"]) / _goodput(by["fcfs"]),
         "light TTFT p99 with 10x heavy / alone":
-            _ttft99(by["heavy"].run.of("light")) / _ttft99(by["light"].run.of("light")),
+            _ttft99(light["heavy"]) / _ttft99(light["light"]),
+        "light TTFT p99 with heavy / (alone + 2 x step growth)":
+            _ttft99(light["heavy"]) / (_ttft99(light["light"]) + growth),
         "BE share / WRR share, all backlogged": share / 0.1,
         "5xx, all rows": 0.0, "KV blocks used after drain, max": 0.0,
         "queue entries left, max": 0.0,

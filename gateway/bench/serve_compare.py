@@ -98,6 +98,6 @@ def streams_targets(rows: list[Row]) -> list[str]:
         if 1 in per and 1 in ref:
             a, b = 1000 * per[1].itl(50), 1000 * ref[1].itl(50)
             ok = not math.isnan(a) and a <= b
-            lines.append(f"{server} ITL p50 at 1 stream <= {ref_name}'s: {_verdict(ok)} "
+            lines.append(f"{server} ITL p50 at 1 stream <= {ref_name}: {_verdict(ok)} "
                          f"({a:.0f} vs {b:.0f} ms)")
     return lines

@@ -59,7 +59,7 @@ def test_streams_table_and_targets_are_the_plain_comparison(seed: int) -> None:
     itl_met = by[SERVERS[0], 1][1] <= by[f32, 1][1]
     assert tok_line.startswith(f"Carpool fp32 out tok/s >= {f32} at every level: "
                                + ("met" if tok_met else "MISSED"))
-    assert itl_line.startswith(f"Carpool fp32 ITL p50 at 1 stream <= {f32}'s: "
+    assert itl_line.startswith(f"Carpool fp32 ITL p50 at 1 stream <= {f32}: "
                                + ("met" if itl_met else "MISSED"))
 
 

@@ -3,8 +3,10 @@ under their share. Pure functions; the drainer applies them (``gateway/worker/dr
 
 Non-urgent requests (every tier but interactive) may occupy at most ``lower_limit`` engine
 seats: the batch bound (``policies.batch_bound``) when there is one, and never the seats
-``policies.admission`` keeps for interactive. Everything inside the engine counts (running,
-waiting, swapped, of every tier): each row lengthens the step.
+``policies.admission`` keeps for interactive. Only non-urgent requests count against it:
+interactive rows are governed by the engine's urgent row cap, which gives the lower tiers
+seats by weight beside them; counting interactive here starved them (every tier backlogged,
+interactive alone filled the bound and best-effort got a third of its share).
 
 The fair pick in Redis chooses *whose* request goes next, but only when a seat frees. A heavy
 tenant alone in its tier would otherwise fill every seat, and a light tenant's request that
@@ -34,11 +36,6 @@ def lower_limit(load: EngineLoad, bound: int | None) -> int:
     of ``policies.admission``."""
     seats = load.max_num_seqs - reserved_seats(load, URGENT_PRIORITY + 1)
     return seats if bound is None else min(bound, seats)
-
-
-def occupied(load: EngineLoad) -> int:
-    """Requests inside the engine: each is a row of a step now or soon."""
-    return load.num_running + load.num_waiting + load.num_swapped
 
 
 def tenant_reserve(limit: int) -> int:

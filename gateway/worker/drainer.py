@@ -30,7 +30,7 @@ from engine.protocol import EngineClient
 from gateway.bus.backoff import run_forever
 from gateway.bus.queues import Envelope, TierQueues
 from policies.admission import URGENT_PRIORITY, pull_count
-from policies.tenant_seats import lower_limit, occupied, over_share, tenant_reserve
+from policies.tenant_seats import lower_limit, over_share, tenant_reserve
 from policies.tiers import tier_priority
 from policies.wrr import smooth_wrr_pick
 
@@ -89,20 +89,23 @@ class Drainer:
 
     def _lower_room(self) -> tuple[int, dict[str, frozenset[str]]]:
         """Seats the non-urgent tiers may take this round and the tenants each tier's pick
-        skips: past the tenant reserve nobody is skipped; inside it, those over their share."""
-        load = self.engine.load()
-        limit = lower_limit(load, self.row_limit())
-        free, reserve = limit - occupied(load), tenant_reserve(limit)
+        skips: past the tenant reserve nobody is skipped; inside it, those over their share.
+        The worker's own requests of those tiers count (interactive ones do not: the row
+        cap shares the step with them)."""
+        rows: dict[str, Counter[str]] = {}
+        weights: dict[str, dict[str, float]] = {}
+        for tier, tenant, weight in self.held():
+            if _lower(tier):
+                rows.setdefault(tier, Counter())[tenant] += 1
+                weights.setdefault(tier, {})[tenant] = weight
+        limit = lower_limit(self.engine.load(), self.row_limit())
+        free = limit - sum(n for c in rows.values() for n in c.values())
+        reserve = tenant_reserve(limit)
         if free > reserve:
             return free - reserve, {}
         if free <= 0:
             return 0, {}
-        rows: dict[str, Counter[str]] = {}
-        weights: dict[str, dict[str, float]] = {}
-        for tier, tenant, weight in self.held():
-            rows.setdefault(tier, Counter())[tenant] += 1
-            weights.setdefault(tier, {})[tenant] = weight
-        excluded = {t: over_share(rows[t], weights[t], limit) for t in rows if _lower(t)}
+        excluded = {t: over_share(rows[t], weights[t], limit) for t in rows}
         return free, {t: ex for t, ex in excluded.items() if ex}
 
     def _batch_size(self) -> int:

@@ -12,21 +12,19 @@ from policies.tenant_seats import (
     MIN_RESERVE,
     RESERVE_DIVISOR,
     lower_limit,
-    occupied,
     over_share,
     tenant_reserve,
 )
 
 
-def load(max_seqs: int, running: int = 0, waiting: int = 0, swapped: int = 0) -> EngineLoad:
-    return EngineLoad(running, waiting, swapped, 100, 100, max_seqs, None)
+def load(max_seqs: int) -> EngineLoad:
+    return EngineLoad(0, 0, 0, 100, 100, max_seqs, None)
 
 
 def test_lower_limit_is_the_bound_within_the_urgent_reserve() -> None:
     assert lower_limit(load(256), None) == 256 - 256 // 8
     assert lower_limit(load(256), 57) == 57
     assert lower_limit(load(32), 57) == 32 - 32 // 8
-    assert occupied(load(32, 5, 2, 1)) == 8
 
 
 def test_reserve_size() -> None:

@@ -18,7 +18,8 @@ whole offered load in one batch). From it:
   asymptote ``1 / b``: what the bound gives up.
 - the floor under the light tenant's TTFT beside the heavy one: its first token waits for the
   step in progress, then its own step, and both grew from the light row's step to the heavy
-  row's: at least ``2 * (heavy step - light step)`` more than alone (``ttft_growth_s``).
+  row's: at least ``2 * (heavy step - light step)`` more than alone (``ttft_growth_s``; the
+  report takes the heavy row's longest steps, its TPOT p99, for the p99 first token).
 
 Estimates from two points of a noisy machine, printed beside the measured figures, not targets.
 """

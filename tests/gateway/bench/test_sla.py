@@ -78,10 +78,10 @@ def _p(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q * 100, method="inverted_cdf"))
 
 
-def _tpot50(calls: list[Call]) -> float:
-    """Seconds between tokens, p50 over the calls that had two or more."""
+def _tpot(calls: list[Call], q: float) -> float:
+    """Seconds between tokens, percentile ``q`` over the calls that had two or more."""
     return _p([(c.last - c.first) / (c.output_tokens - 1) for c in calls
-               if c.first is not None and c.last is not None and c.output_tokens > 1], 0.5)
+               if c.first is not None and c.last is not None and c.output_tokens > 1], q)
 
 
 def test_rows_option_takes_known_row_names() -> None:
@@ -112,9 +112,9 @@ def test_ratios_are_computed_from_the_rows(quick_run: tuple[list[Row], float]) -
         assert all(c.first is not None for c in r.run.of("interactive", "light"))
     got = {t.what: t.value for t in targets(by, 0.1)}
     inter = {n: by[n].run.of("interactive") for n in ("alone", "overload", "fcfs")}
-    tpot = {n: _tpot50(calls) for n, calls in inter.items()}
+    tpot = {n: _tpot(calls, 0.5) for n, calls in inter.items()}
     light = {n: by[n].run.of("light") for n in ("light", "heavy")}
-    growth = 2 * max(0.0, _tpot50(light["heavy"]) - _tpot50(light["light"])) * 1000
+    growth = 2 * max(0.0, _tpot(light["heavy"], 0.99) - _tpot(light["light"], 0.5)) * 1000
     be = by["backlog"]
     share = be.run.window_tokens("best-effort") / be.run.window_tokens(
         "interactive", "batch", "best-effort")

@@ -73,6 +73,7 @@ class StepBudget:
         self.cap: int | None = None  # the row cap last set on the engine
         self.row_limit: int | None = None  # the batch bound for non-urgent rows (None: none)
         self.lower_ttft_s: float | None = None  # the tightest lower-tier TTFT target
+        self._bound_said: int | None = None  # the bound last logged at info
         self.lower_prefill_tokens: int | None = None  # the allowance set with it
 
     def attach(self) -> None:
@@ -125,11 +126,25 @@ class StepBudget:
         bound = row_limit(self.model.cost, self.model.mean_kv_per_row(), max_rows,
                           self.lower_ttft_s)
         if bound != self.row_limit:
-            log.debug("batch bound %s rows (of %s)", bound, max_rows)
+            self._log_bound(bound, max_rows)
             self.row_limit = bound
         target = self._target()
         cap = self.model.max_rows_within(target, limit=max_rows)
         return None if cap >= max_rows else cap
+
+    def _log_bound(self, bound: int | None, max_rows: int) -> None:
+        """Say what the bound became: at info when it moved a quarter or more since last
+        said (the fit wobbles every refit), else at debug."""
+        said = self._bound_said
+        big = (bound is None) != (said is None) or (
+            bound is not None and said is not None and abs(bound - said) >= said / 4)
+        c = self.model.cost
+        log.log(logging.INFO if big else logging.DEBUG,
+                "batch bound %s rows of %s (step ~ %.0f ms + %.2f ms/row + %.2f ms/token + "
+                "%.4f ms/KV token)", bound, max_rows, c.base * 1e3, c.per_row * 1e3,
+                c.per_token * 1e3, c.per_kv_token * 1e3)
+        if big:
+            self._bound_said = bound
 
     def _target(self) -> float:
         if self.slo.tpot_p99_s is not None:

@@ -87,15 +87,16 @@ COLUMNS = ("row", "n", "wall s", "tok/s", "x offline", "short lat s", "long lat 
 
 
 def table(rows: list[Row], offline: Row | None) -> str:
-    """A Markdown table of ``rows``; ``x offline`` is each row's tok/s over ``offline``'s ("-"
-    without an offline row)."""
+    """A Markdown table of ``rows``; ``x offline`` is each row's tok/s over ``offline``'s. A
+    figure that does not exist (no offline row; no request of a kind) is "-"."""
     base = offline.tok_s if offline is not None else math.nan
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
         cells = [r.name, str(len(r.traces)), f"{r.wall_s:.1f}", f"{r.tok_s:.1f}",
-                 fmt(r.tok_s / base, "{:.2f}"), f"{r.mean_latency(True):.2f}",
-                 f"{r.mean_latency(False):.2f}", f"{r.ttft(50):.2f}", f"{r.ttft(99):.2f}",
-                 f"{1000 * r.itl(50):.0f}", f"{1000 * r.itl(99):.0f}", str(r.short_ended)]
+                 fmt(r.tok_s / base, "{:.2f}"), fmt(r.mean_latency(True), "{:.2f}"),
+                 fmt(r.mean_latency(False), "{:.2f}"), fmt(r.ttft(50), "{:.2f}"),
+                 fmt(r.ttft(99), "{:.2f}"), fmt(1000 * r.itl(50), "{:.0f}"),
+                 fmt(1000 * r.itl(99), "{:.0f}"), str(r.short_ended)]
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"{r.name}: {r.note}" for r in rows if r.note]
     return "\n".join(lines + notes)

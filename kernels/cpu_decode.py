@@ -4,8 +4,9 @@
 The torch reference (``paged_attention_ref``'s decode branch) gathers every row's KV blocks
 into new ``[R, ctx, Hk, D]`` tensors and runs SDPA over them: at 100 decodes a layer copies
 tens of MB before any math. The op walks each row's block table and reads the cached keys
-and values where they are: one task per (row, KV head), scores for the group's query heads,
-a max-subtracted softmax, then the weighted sum of values, all in fp32.
+and values where they are: one task per row, its tokens' keys (all KV heads, contiguous in the
+cache) read front to back for every query head's score, a max-subtracted softmax (a vectorised
+exp, ``kernels.cpu_ext.VEXP``), then the weighted sum of values, all in fp32.
 
 Contract: ``paged_decode(q [R, Hq, D], k_cache, v_cache [N, B, Hk, D], block_tables [R, M]
 int32, seq_lens [R] int32, scale) -> [R, Hq, D]``, fp32 contiguous CPU tensors; the same
@@ -16,23 +17,14 @@ torch path. Nothing is compiled at run time, so a server never stalls on a build
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
-import importlib.machinery
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 import torch
 
-NAME = "carpool_cpu_decode"
+from kernels.cpu_ext import VEXP, CppOps
 
-_SOURCE = r"""
+_SOURCE = VEXP + r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
@@ -61,88 +53,59 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
       TORCH_CHECK(bt[r * M + b] >= 0 && bt[r * M + b] < N, "paged_decode: block out of range");
     }
   }
-  at::parallel_for(0, R * Hk, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s;
-    std::vector<float> acc(G * D);
-    for (int64_t idx = begin; idx < end; ++idx) {
-      const int64_t r = idx / Hk, h = idx % Hk, ctx = lens[r];
-      s.assign(G * ctx, 0.f);
-      const float* qr = qp + (r * Hq + h * G) * D;
+  // One task per row: its blocks are read front to back, each token's keys (all KV heads,
+  // Hk * D floats) contiguous, which the prefetcher streams; scores for all query heads.
+  at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s, acc(Hq * D);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t ctx = lens[r];
+      s.resize(Hq * ctx);
+      const float* qr = qp + r * Hq * D;
       for (int64_t t = 0; t < ctx; ++t) {
-        const float* kp = kc + ((static_cast<int64_t>(bt[r * M + t / B]) * B + t % B) * Hk + h) * D;
-        for (int64_t g = 0; g < G; ++g) {
-          const float* qg = qr + g * D;
+        const float* kt = kc + (static_cast<int64_t>(bt[r * M + t / B]) * B + t % B) * Hk * D;
+        for (int64_t hq = 0; hq < Hq; ++hq) {
+          const float* kp = kt + (hq / G) * D;
+          const float* qh = qr + hq * D;
           float dot = 0.f;
           #pragma omp simd reduction(+:dot)
-          for (int64_t d = 0; d < D; ++d) dot += qg[d] * kp[d];
-          s[g * ctx + t] = dot * sc;
+          for (int64_t d = 0; d < D; ++d) dot += qh[d] * kp[d];
+          s[hq * ctx + t] = dot * sc;
         }
+      }
+      for (int64_t hq = 0; hq < Hq; ++hq) {
+        float* sh = s.data() + hq * ctx;
+        const float mx = *std::max_element(sh, sh + ctx);
+        float sum = 0.f;
+        #pragma omp simd reduction(+:sum)
+        for (int64_t t = 0; t < ctx; ++t) { sh[t] = carpool_vexp(sh[t] - mx); sum += sh[t]; }
+        const float inv = 1.f / sum;
+        #pragma omp simd
+        for (int64_t t = 0; t < ctx; ++t) sh[t] *= inv;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
-      std::vector<float> denom(G, 0.f);
-      for (int64_t g = 0; g < G; ++g) {
-        float* sg = s.data() + g * ctx;
-        const float mx = *std::max_element(sg, sg + ctx);
-        for (int64_t t = 0; t < ctx; ++t) { sg[t] = std::exp(sg[t] - mx); denom[g] += sg[t]; }
-      }
       for (int64_t t = 0; t < ctx; ++t) {
-        const float* vp = vc + ((static_cast<int64_t>(bt[r * M + t / B]) * B + t % B) * Hk + h) * D;
-        for (int64_t g = 0; g < G; ++g) {
-          const float w = s[g * ctx + t];
-          float* ag = acc.data() + g * D;
+        const float* vt = vc + (static_cast<int64_t>(bt[r * M + t / B]) * B + t % B) * Hk * D;
+        for (int64_t hq = 0; hq < Hq; ++hq) {
+          const float w = s[hq * ctx + t];
+          const float* vp = vt + (hq / G) * D;
+          float* ah = acc.data() + hq * D;
           #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) ag[d] += w * vp[d];
+          for (int64_t d = 0; d < D; ++d) ah[d] += w * vp[d];
         }
       }
-      for (int64_t g = 0; g < G; ++g) {
-        float* o = op + (r * Hq + h * G + g) * D;
-        const float inv = 1.f / denom[g];
-        for (int64_t d = 0; d < D; ++d) o[d] = acc[g * D + d] * inv;
-      }
+      std::copy(acc.begin(), acc.end(), op + r * Hq * D);
     }
   });
   return out;
 }
 """
 
-_FLAGS = ["-O3", "-march=native", "-fopenmp"]
-
-
-def build_dir() -> Path:
-    """One folder per source, flags and torch version: a new torch rebuilds, never mixes."""
-    key = hashlib.sha256(f"{_SOURCE}{_FLAGS}{torch.__version__}".encode()).hexdigest()[:16]
-    return Path.home() / ".cache" / "carpool" / "ext" / f"{NAME}-{key}"
-
-
-def build(verbose: bool = False) -> ModuleType:
-    """Compile the op into ``build_dir()`` (tens of seconds; needs a C++ compiler and ninja)."""
-    from torch.utils.cpp_extension import load_inline
-
-    folder = build_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    return load_inline(NAME, cpp_sources=_SOURCE, functions=["paged_decode"],
-                       extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"],
-                       build_directory=str(folder), verbose=verbose)
-
-
-@functools.cache
-def _module() -> ModuleType | None:
-    """The built op, loaded from its file; None when it was never built."""
-    path = build_dir() / f"{NAME}.so"
-    if not path.is_file():
-        return None
-    with contextlib.suppress(ImportError, OSError):
-        loader = importlib.machinery.ExtensionFileLoader(NAME, str(path))
-        spec = importlib.util.spec_from_file_location(NAME, path, loader=loader)
-        if spec is not None:
-            module = importlib.util.module_from_spec(spec)
-            loader.exec_module(module)
-            return module
-    return None
+OPS = CppOps("carpool_cpu_decode", _SOURCE, ("paged_decode",))
+NAME = OPS.name
 
 
 def available() -> bool:
-    return _module() is not None
+    return OPS.available()
 
 
 def paged_decode(
@@ -150,7 +113,7 @@ def paged_decode(
     seq_lens: torch.Tensor, scale: float,
 ) -> torch.Tensor:
     """One query token per row (see the module docstring). Raises if the op is not built."""
-    module = _module()
+    module = OPS.module()
     if module is None:
         raise RuntimeError(f"{NAME} is not built (python -m kernels.cpu_decode)")
     out: torch.Tensor = module.paged_decode(
@@ -166,9 +129,4 @@ def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 
 if __name__ == "__main__":
-    # make setup: build once; a machine with no compiler keeps the torch path.
-    try:
-        build()
-        print(f"{NAME}: built in {build_dir()}")
-    except (OSError, RuntimeError, ImportError) as exc:  # no compiler or ninja: torch path
-        print(f"{NAME}: not built ({type(exc).__name__}: {exc}); decode attention uses torch")
+    OPS.main("decode attention")  # make setup: build once

@@ -1,0 +1,102 @@
+"""Build and load the engine's small C++/OpenMP CPU ops (torch's extension tooling).
+
+A ``CppOps`` is one extension: its C++ source, the functions it binds, and its build folder
+``~/.cache/carpool/ext/<name>-<hash of source, flags, torch version>``: a new source or torch
+builds a new folder and never loads a stale one. ``build()`` compiles (tens of seconds; ``make
+setup`` runs it). ``module()`` only loads a built file and is None otherwise: nothing is
+compiled at run time, so a server never stalls on a build and a machine with no compiler keeps
+the torch references. ``VEXP`` is a vectorisable fp32 exp the ops share (libm's ``expf`` does
+not vectorise without -ffast-math).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+FLAGS = ("-O3", "-march=native", "-fopenmp")
+
+# exp(x) = 2^n * e^r, |r| <= ln2/2, r's Taylor series to degree 7: within ~2 ulp of expf for
+# |x| < 87; below -87 it flushes to 0 (as expf underflows), above 88 it saturates. Plain
+# arithmetic so `#pragma omp simd` loops vectorise it.
+VEXP = r"""
+#pragma omp declare simd notinbranch
+static inline float carpool_vexp(float x) {
+  x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
+  const float n = __builtin_rintf(x * 1.44269504088896341f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const int e = (static_cast<int>(n) + 127) << 23;
+  float scale;
+  __builtin_memcpy(&scale, &e, sizeof scale);
+  return x <= -87.f ? 0.f : p * scale;
+}
+"""
+
+
+@dataclass(frozen=True)
+class CppOps:
+    name: str
+    source: str
+    functions: tuple[str, ...]
+    flags: tuple[str, ...] = FLAGS
+
+    def build_dir(self) -> Path:
+        key = f"{self.source}{list(self.flags)}{torch.__version__}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        return Path.home() / ".cache" / "carpool" / "ext" / f"{self.name}-{digest}"
+
+    def build(self, verbose: bool = False) -> ModuleType:
+        """Compile into ``build_dir()`` (needs a C++ compiler and ninja)."""
+        from torch.utils.cpp_extension import load_inline
+
+        folder = self.build_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        module = load_inline(self.name, cpp_sources=self.source, functions=list(self.functions),
+                             extra_cflags=list(self.flags), extra_ldflags=["-fopenmp"],
+                             build_directory=str(folder), verbose=verbose)
+        _load.cache_clear()
+        return module
+
+    def module(self) -> ModuleType | None:
+        """The built op, loaded from its file; None when it was never built."""
+        return _load(self.name, str(self.build_dir() / f"{self.name}.so"))
+
+    def available(self) -> bool:
+        return self.module() is not None
+
+    def main(self, what: str) -> None:
+        """``python -m kernels.<op>``: build once; a machine with no compiler keeps torch."""
+        try:
+            self.build()
+            print(f"{self.name}: built in {self.build_dir()}")
+        except (OSError, RuntimeError, ImportError) as exc:  # no compiler or ninja
+            print(f"{self.name}: not built ({type(exc).__name__}: {exc}); {what} uses torch")
+
+
+@functools.cache
+def _load(name: str, path: str) -> ModuleType | None:
+    if not Path(path).is_file():
+        return None
+    with contextlib.suppress(ImportError, OSError):
+        loader = importlib.machinery.ExtensionFileLoader(name, path)
+        spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+        if spec is not None:
+            module = importlib.util.module_from_spec(spec)
+            loader.exec_module(module)
+            return module
+    return None

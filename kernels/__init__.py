@@ -1,13 +1,14 @@
 """Hot ops of the engine. Each public function dispatches to a Triton kernel (CUDA, or forced
-under TRITON_INTERPRET=1) or to its torch reference (CPU). Signatures are the contract the
-model code relies on. ``triton`` forces a path (None = by device and dtype, see
-kernels.dispatch)."""
+under TRITON_INTERPRET=1) or, on CPU, to a C++ op when it is built and takes the dtype
+(fp32: ``kernels.cpu_layer_ops``, ``kernels.cpu_decode``) and to its torch reference
+otherwise (float64 always). Signatures are the contract the model code relies on. ``triton``
+forces a path (None = by device and dtype, see kernels.dispatch)."""
 
 from __future__ import annotations
 
 import torch
 
-from kernels import cpu_decode
+from kernels import cpu_decode, cpu_layer_ops
 from kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from kernels.dispatch import use_triton
 from kernels.kv_cache import write_kv_cache_ref, write_kv_cache_triton
@@ -37,6 +38,8 @@ def rms_norm(
 ) -> torch.Tensor:
     if use_triton(x, triton):
         return rms_norm_triton(x, weight, eps)
+    if x.dim() == 2 and cpu_layer_ops.usable(x, weight):
+        return cpu_layer_ops.rms_norm(x, weight, eps)
     return rms_norm_ref(x, weight, eps)
 
 
@@ -47,6 +50,8 @@ def fused_add_rms_norm(
     """Returns (rms_norm(x + residual), x + residual)."""
     if use_triton(x, triton):
         return fused_add_rms_norm_triton(x, residual, weight, eps)
+    if x.dim() == 2 and residual.shape == x.shape and cpu_layer_ops.usable(x, residual, weight):
+        return cpu_layer_ops.add_rms_norm(x, residual, weight, eps)
     return fused_add_rms_norm_ref(x, residual, weight, eps)
 
 
@@ -57,12 +62,16 @@ def rotary_embedding(
     """Neox-layout rotary; returns new (q, k)."""
     if use_triton(q, triton):
         return rotary_embedding_triton(positions, q, k, cos_sin)
+    if q.dim() == k.dim() == 3 and cpu_layer_ops.usable(q, k, cos_sin):
+        return cpu_layer_ops.rotary(positions, q, k, cos_sin)
     return rotary_embedding_ref(positions, q, k, cos_sin)
 
 
 def silu_and_mul(x: torch.Tensor, triton: bool | None = None) -> torch.Tensor:
     if use_triton(x, triton):
         return silu_and_mul_triton(x)
+    if x.dim() == 2 and cpu_layer_ops.usable(x):
+        return cpu_layer_ops.silu_mul(x)
     return silu_and_mul_ref(x)
 
 

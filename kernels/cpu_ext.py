@@ -56,9 +56,7 @@ class CppOps:
     flags: tuple[str, ...] = FLAGS
 
     def build_dir(self) -> Path:
-        key = f"{self.source}{list(self.flags)}{torch.__version__}"
-        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        return Path.home() / ".cache" / "carpool" / "ext" / f"{self.name}-{digest}"
+        return _build_dir(self.name, self.source, self.flags)
 
     def build(self, verbose: bool = False) -> ModuleType:
         """Compile into ``build_dir()`` (needs a C++ compiler and ninja)."""
@@ -86,6 +84,14 @@ class CppOps:
             print(f"{self.name}: built in {self.build_dir()}")
         except (OSError, RuntimeError, ImportError) as exc:  # no compiler or ninja
             print(f"{self.name}: not built ({type(exc).__name__}: {exc}); {what} uses torch")
+
+
+@functools.cache
+def _build_dir(name: str, source: str, flags: tuple[str, ...]) -> Path:
+    # cached: the ops ask on every call whether they are built, and hashing costs ~10 us
+    key = f"{source}{list(flags)}{torch.__version__}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path.home() / ".cache" / "carpool" / "ext" / f"{name}-{digest}"
 
 
 @functools.cache

@@ -1,0 +1,197 @@
+"""A decoder layer's small ops on CPU, each one pass over its rows in C++: RMSNorm (with the
+residual add fused), neox rotary on q and k, SiLU-and-mul. One extension, built by ``make
+setup`` (``python -m kernels.cpu_layer_ops``) like ``kernels.cpu_decode``.
+
+Why: the torch references run each of these as 3-8 separate elementwise ops, every one a pass
+over memory and a new tensor (``x + residual``, ``pow``, ``mean``, ``rsqrt``, two ``mul``s for
+one norm), about 15% of a decode step at 50-100 rows before this op.
+
+Contract (fp32 CPU tensors whose last dim is contiguous; rows may be strided, as the q and k
+views of one qkv projection are; every result is a new contiguous tensor):
+- ``rms_norm(x [T, H], w [H], eps)`` and ``add_rms_norm(x, residual, w, eps) -> (norm(x +
+  residual), x + residual)``: ``rms_norm_ref``'s numbers up to the order of the sum of
+  squares (a few ulp).
+- ``rotary(positions [T] int64, q [T, Hq, D], k [T, Hk, D], cos_sin [P, D]) -> (q', k')``:
+  ``rotary_embedding_ref``'s numbers bit for bit (the same products and sums, compiled without
+  FMA contraction); a position outside the table raises.
+- ``silu_mul(x [T, 2I]) -> [T, I]``: ``silu_and_mul_ref`` to ~2 ulp (its exp is
+  ``kernels.cpu_ext.VEXP``).
+``usable(x)`` says whether a call can take the ops (fp32, CPU, built); callers otherwise keep
+the references, which stay what the tests compare against (float64 always takes them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu_ext import FLAGS, VEXP, CppOps
+
+_SOURCE = VEXP + r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cmath>
+
+static void check_rows(const torch::Tensor& x, int64_t dim, const char* what) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.device().is_cpu(), what, ": fp32 CPU only");
+  TORCH_CHECK(x.dim() == dim && x.stride(-1) == 1, what, ": last dim must be contiguous");
+}
+
+static void norm_rows(const float* x, const float* res, const float* w, float* out, float* sum,
+                      int64_t T, int64_t H, int64_t sx, int64_t sr, double eps) {
+  at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* xr = x + t * sx;
+      const float* src = xr;
+      if (res != nullptr) {  // the sum is rounded to fp32 first, as `x + residual` is
+        float* sr_out = sum + t * H;
+        const float* rr = res + t * sr;
+        #pragma omp simd
+        for (int64_t i = 0; i < H; ++i) sr_out[i] = xr[i] + rr[i];
+        src = sr_out;
+      }
+      float ss = 0.f;
+      #pragma omp simd reduction(+:ss)
+      for (int64_t i = 0; i < H; ++i) ss += src[i] * src[i];
+      const float rstd = 1.f / std::sqrt(ss / static_cast<float>(H) + static_cast<float>(eps));
+      float* o = out + t * H;
+      #pragma omp simd
+      for (int64_t i = 0; i < H; ++i) o[i] = w[i] * (src[i] * rstd);
+    }
+  });
+}
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  check_rows(x, 2, "rms_norm");
+  TORCH_CHECK(w.is_contiguous() && w.numel() == x.size(1) && w.dtype() == torch::kFloat32,
+              "rms_norm: weight [H] fp32");
+  auto out = torch::empty(x.sizes(), x.options());
+  norm_rows(x.data_ptr<float>(), nullptr, w.data_ptr<float>(), out.data_ptr<float>(), nullptr,
+            x.size(0), x.size(1), x.stride(0), 0, eps);
+  return out;
+}
+
+std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor res, torch::Tensor w,
+                                        double eps) {
+  check_rows(x, 2, "add_rms_norm");
+  check_rows(res, 2, "add_rms_norm");
+  TORCH_CHECK(res.sizes() == x.sizes(), "add_rms_norm: residual shape");
+  TORCH_CHECK(w.is_contiguous() && w.numel() == x.size(1) && w.dtype() == torch::kFloat32,
+              "add_rms_norm: weight [H] fp32");
+  auto out = torch::empty(x.sizes(), x.options());
+  auto sum = torch::empty(x.sizes(), x.options());
+  norm_rows(x.data_ptr<float>(), res.data_ptr<float>(), w.data_ptr<float>(),
+            out.data_ptr<float>(), sum.data_ptr<float>(), x.size(0), x.size(1), x.stride(0),
+            res.stride(0), eps);
+  return {out, sum};
+}
+
+static void rotate(const torch::Tensor& x, torch::Tensor& out, const int64_t* pos,
+                   const float* cs, int64_t P) {
+  const int64_t T = x.size(0), Hn = x.size(1), D = x.size(2), half = D / 2;
+  const int64_t st = x.stride(0), sh = x.stride(1);
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* c = cs + pos[t] * D;
+      const float* s = c + half;
+      for (int64_t h = 0; h < Hn; ++h) {
+        const float* a = xp + t * st + h * sh;
+        float* o = op + (t * Hn + h) * D;
+        #pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          o[i] = a[i] * c[i] - a[i + half] * s[i];
+          o[i + half] = a[i + half] * c[i] + a[i] * s[i];
+        }
+      }
+    }
+  });
+}
+
+std::vector<torch::Tensor> rotary(torch::Tensor positions, torch::Tensor q, torch::Tensor k,
+                                  torch::Tensor cos_sin) {
+  check_rows(q, 3, "rotary");
+  check_rows(k, 3, "rotary");
+  check_rows(cos_sin, 2, "rotary");
+  TORCH_CHECK(cos_sin.is_contiguous() && cos_sin.size(1) == q.size(2) && k.size(2) == q.size(2),
+              "rotary: cos_sin [P, D] contiguous, q and k of head dim D");
+  TORCH_CHECK(positions.dtype() == torch::kInt64 && positions.is_contiguous() &&
+              positions.numel() == q.size(0) && k.size(0) == q.size(0), "rotary: positions [T]");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t P = cos_sin.size(0);
+  for (int64_t t = 0; t < q.size(0); ++t) {
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < P, "rotary: position ", pos[t], " out of range");
+  }
+  auto qo = torch::empty(q.sizes(), q.options());
+  auto ko = torch::empty(k.sizes(), k.options());
+  rotate(q, qo, pos, cos_sin.data_ptr<float>(), P);
+  rotate(k, ko, pos, cos_sin.data_ptr<float>(), P);
+  return {qo, ko};
+}
+
+torch::Tensor silu_mul(torch::Tensor x) {
+  check_rows(x, 2, "silu_mul");
+  const int64_t T = x.size(0), n = x.size(1) / 2, sx = x.stride(0);
+  auto out = torch::empty({T, n}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* g = xp + t * sx;
+      const float* u = g + n;
+      float* o = op + t * n;
+      #pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + carpool_vexp(-g[i])) * u[i];
+    }
+  });
+  return out;
+}
+"""
+
+# no FMA contraction: rotary's products and sums round like the reference's separate ops
+OPS = CppOps("carpool_cpu_layer_ops", _SOURCE, ("rms_norm", "add_rms_norm", "rotary", "silu_mul"),
+             (*FLAGS, "-ffp-contract=off"))
+
+
+def available() -> bool:
+    return OPS.available()
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """fp32 CPU tensors with a contiguous last dim, and the ops built; anything else keeps the
+    torch reference."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1
+               for t in tensors) and available()
+
+
+def _ops():  # type: ignore[no-untyped-def]
+    module = OPS.module()
+    if module is None:
+        raise RuntimeError(f"{OPS.name} is not built (python -m kernels.cpu_layer_ops)")
+    return module
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    out: torch.Tensor = _ops().rms_norm(x, weight.contiguous(), float(eps))
+    return out
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    out, summed = _ops().add_rms_norm(x, residual, weight.contiguous(), float(eps))
+    return out, summed
+
+
+def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+           cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    qo, ko = _ops().rotary(positions.to(torch.int64).contiguous(), q, k, cos_sin.contiguous())
+    return qo, ko
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = _ops().silu_mul(x)
+    return out
+
+
+if __name__ == "__main__":
+    OPS.main("a layer's norms, rotary and SiLU-mul")  # make setup: build once

@@ -1,8 +1,7 @@
 """The batch bound: the most rows a step should hold for work that is not urgent. Pure.
 
-A decode step of ``r`` rows costs about ``a + m * r`` seconds (``policies.step_cost``: ``a``
-the fixed cost, ``m`` what one more row adds: per row, its token and its KV read), and yields
-``r`` tokens, so throughput is ``r / (a + m * r)``: it rises steeply while ``a`` dominates and
+A step of ``r`` rows takes about ``a + m * r`` seconds (``a`` the fixed cost, ``m`` what one
+more row adds) and yields ``r`` tokens, so throughput is ``r / (a + m * r)``: it rises steeply while ``a`` dominates and
 flattens towards ``1 / m`` beyond the "knee". Past the knee more rows add step time (every
 running request's TPOT, every newcomer's TTFT) and almost no tokens/s. Admitting overload
 there only turns a queue (in Redis, where the fair pick and shedding work) into a bigger
@@ -12,13 +11,19 @@ batch (where neither does).
 asymptote: ``r * m / (a + m * r) >= f``  <=>  ``r >= f * a / ((1 - f) * m)``.
 ``row_limit`` adds the floor and, when a tier has a TTFT target, the rows whose step leaves
 room for a newcomer's first token within it.
+
+``a`` and ``m`` come from ``rows_law``: least squares of the observed steps' seconds on their
+row counts alone, the law a running request lives with (its steps carry the newcomers'
+prefills too). The step-cost model's decode cost per row (``policies.step_cost``, four
+coefficients) was no substitute: rows and tokens move together in decode steps, the fit
+split them differently every refit (3 to 8 ms a row on one machine), and the knee swung from
+60 rows to "none".
 """
 
 from __future__ import annotations
 
 import math
-
-from policies.step_cost import StepCost
+from collections.abc import Iterable
 
 # 90 % of the asymptotic tokens/s: the last 10 % would take about as many rows again as the
 # whole knee (the curve is hyperbolic: 95 % needs ~2.1x the rows of 90 %, i.e. ~2.1x the
@@ -32,9 +37,24 @@ MIN_ROW_LIMIT = 16
 STEPS_PER_FIRST_TOKEN = 2
 
 
-def decode_marginal(cost: StepCost, kv_per_row: float) -> float:
-    """Seconds one more decode row adds to a step: its row, its token, its context's KV."""
-    return cost.per_row + cost.per_token + cost.per_kv_token * kv_per_row
+def rows_law(steps: Iterable[tuple[int, float]]) -> tuple[float, float] | None:
+    """``(a, m)``, both >= 0, of ``seconds ~ a + m * rows`` over ``(rows, seconds)`` steps by
+    least squares (with ``a`` clipped at 0, ``m`` refit through the origin); None without
+    two distinct row counts."""
+    data = list(steps)
+    n = len(data)
+    if n < 2:
+        return None
+    mean_r = sum(r for r, _ in data) / n
+    mean_s = sum(s for _, s in data) / n
+    var = sum((r - mean_r) ** 2 for r, _ in data)
+    if var <= 0:
+        return None
+    m = max(0.0, sum((r - mean_r) * (s - mean_s) for r, s in data) / var)
+    a = mean_s - m * mean_r
+    if a < 0:  # the best law with no fixed cost: through the origin
+        a, m = 0.0, sum(r * s for r, s in data) / sum(r * r for r, _ in data)
+    return a, m
 
 
 def knee_rows(base_s: float, marginal_s: float,
@@ -51,25 +71,24 @@ def knee_rows(base_s: float, marginal_s: float,
     return max(1, math.ceil(rows - 1e-9))
 
 
-def rows_within_step(cost: StepCost, kv_per_row: float, step_s: float) -> int:
-    """The most decode rows whose predicted step takes at most ``step_s`` (>= 0)."""
-    marginal = decode_marginal(cost, kv_per_row)
-    spare = step_s - cost.base
+def rows_within_step(base_s: float, marginal_s: float, step_s: float) -> int:
+    """The most rows whose step, ``base_s + marginal_s * rows``, takes at most ``step_s``."""
+    spare = step_s - base_s
     if spare < 0:
         return 0
-    return math.floor(spare / marginal) if marginal > 0 else 1 << 20
+    return math.floor(spare / marginal_s + 1e-9) if marginal_s > 0 else 1 << 20
 
 
-def row_limit(cost: StepCost, kv_per_row: float, max_rows: int,
+def row_limit(base_s: float, marginal_s: float, max_rows: int,
               ttft_target_s: float | None = None,
               fraction: float = THROUGHPUT_FRACTION) -> int | None:
-    """The bound for non-urgent rows: the knee, or fewer when the tightest TTFT target
-    (``ttft_target_s``) needs shorter steps, never below ``MIN_ROW_LIMIT``; None when it
-    would allow ``max_rows`` or more (no bound)."""
-    knee = knee_rows(cost.base, decode_marginal(cost, kv_per_row), fraction)
+    """The bound for non-urgent rows under the law ``base_s + marginal_s * rows``: the knee,
+    or fewer when the tightest TTFT target (``ttft_target_s``) needs shorter steps, never
+    below ``MIN_ROW_LIMIT``; None when it would allow ``max_rows`` or more (no bound)."""
+    knee = knee_rows(base_s, marginal_s, fraction)
     limit = max_rows if knee is None else knee
     if ttft_target_s is not None:
-        limit = min(limit, rows_within_step(cost, kv_per_row,
+        limit = min(limit, rows_within_step(base_s, marginal_s,
                                             ttft_target_s / STEPS_PER_FIRST_TOKEN))
     limit = max(MIN_ROW_LIMIT, limit)
     return None if limit >= max_rows else limit

@@ -10,9 +10,9 @@ predicted small-batch step. Until the model has ``min_samples`` steps no cap is 
 that would allow every seat is lifted (None): with no interactive work present the engine
 applies no cap anyway, so lower tiers keep the whole batch.
 
-The same fit gives the batch bound for non-urgent rows (``row_limit``, ``policies.batch_bound``:
-the knee of the tokens/s curve, or shorter steps for the tightest lower-tier TTFT target,
-``lower_ttft_s``), which the drainer applies.
+The same steps give the batch bound for non-urgent rows (``row_limit``, ``policies.batch_bound``:
+the knee of the tokens/s curve of their seconds-per-row law, or shorter steps for the tightest
+lower-tier TTFT target, ``lower_ttft_s``), which the drainer applies.
 
 With the cap goes an allowance of lower-tier prompt tokens per step (``lower_prefill_tokens``):
 the tokens the model says fit in what the capped step leaves of the target, at least
@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping
 
 from engine.core.outputs import SchedulerOutput
 from engine.protocol import EngineClient
-from policies.batch_bound import row_limit
-from policies.step_cost import StepCostModel
+from policies.batch_bound import row_limit, rows_law
+from policies.step_cost import DEFAULT_WINDOW, StepCostModel
 from policies.tiers import (
     DEFAULT_TIER_SLOS,
     DEFAULT_TIER_WEIGHTS,
@@ -74,6 +74,7 @@ class StepBudget:
         self.row_limit: int | None = None  # the batch bound for non-urgent rows (None: none)
         self.lower_ttft_s: float | None = None  # the tightest lower-tier TTFT target
         self._bound_said: int | None = None  # the bound last logged at info
+        self._rows_steps: deque[tuple[int, float]] = deque(maxlen=DEFAULT_WINDOW)
         self.lower_prefill_tokens: int | None = None  # the allowance set with it
 
     def attach(self) -> None:
@@ -119,30 +120,32 @@ class StepBudget:
         Touches only the model and the pending steps: safe off the event loop."""
         pending = self._pending
         while pending:
-            self.model.observe(*pending.popleft())
+            step = pending.popleft()
+            self.model.observe(*step)
+            self._rows_steps.append((step[0], step[3]))
         if self.model.num_samples < self.model.min_samples:
             return None  # until the model has data, no cap
         self.model.fit()
-        bound = row_limit(self.model.cost, self.model.mean_kv_per_row(), max_rows,
-                          self.lower_ttft_s)
+        law = rows_law(self._rows_steps)
+        bound = None if law is None else row_limit(*law, max_rows, self.lower_ttft_s)
         if bound != self.row_limit:
-            self._log_bound(bound, max_rows)
+            self._log_bound(bound, max_rows, law)
             self.row_limit = bound
         target = self._target()
         cap = self.model.max_rows_within(target, limit=max_rows)
         return None if cap >= max_rows else cap
 
-    def _log_bound(self, bound: int | None, max_rows: int) -> None:
+    def _log_bound(self, bound: int | None, max_rows: int,
+                   law: tuple[float, float] | None) -> None:
         """Say what the bound became: at info when it moved a quarter or more since last
         said (the fit wobbles every refit), else at debug."""
         said = self._bound_said
         big = (bound is None) != (said is None) or (
             bound is not None and said is not None and abs(bound - said) >= said / 4)
-        c = self.model.cost
+        a, m = law or (0.0, 0.0)
         log.log(logging.INFO if big else logging.DEBUG,
-                "batch bound %s rows of %s (step ~ %.0f ms + %.2f ms/row + %.2f ms/token + "
-                "%.4f ms/KV token)", bound, max_rows, c.base * 1e3, c.per_row * 1e3,
-                c.per_token * 1e3, c.per_kv_token * 1e3)
+                "batch bound %s rows of %s (step ~ %.0f ms + %.2f ms/row)", bound, max_rows,
+                a * 1e3, m * 1e3)
         if big:
             self._bound_said = bound
 

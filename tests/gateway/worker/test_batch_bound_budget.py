@@ -1,6 +1,6 @@
-"""The step budget's batch bound: synthetic steps from a known cost law give the row limit a
-brute-force scan of that law finds (the knee of tokens/s, or the rows a lower-tier TTFT target
-allows), and the worker hands it to its drainer."""
+"""The step budget's batch bound: steps whose seconds follow a known law in their rows give
+the row limit a brute-force scan of that law finds (the knee of tokens/s, or the rows a
+lower-tier TTFT target allows), and the worker hands it to its drainer."""
 
 from __future__ import annotations
 
@@ -8,41 +8,36 @@ from typing import Any
 
 from gateway.worker.step_budget import StepBudget
 from policies.batch_bound import MIN_ROW_LIMIT, STEPS_PER_FIRST_TOKEN, THROUGHPUT_FRACTION
-from tests.gateway.worker.test_step_budget import (
-    MAX_SEQS,
-    RecordingEngine,
-    feed,
-    true_cost,
-)
+from tests.gateway.worker.test_step_budget import MAX_SEQS, RecordingEngine, synthetic_step
+
+A, M = 0.08, 0.0075  # the synthetic steps' seconds: A + M * rows
 
 
-def decode_step(rows: int, kv: float) -> float:
-    return true_cost(rows, rows, 0) + (true_cost(0, 0, 1) - true_cost(0, 0, 0)) * rows * kv
-
-
-def scan_limit(kv: float, ttft_s: float | None) -> int | None:
-    asymptote = 1 / (decode_step(2, kv) - decode_step(1, kv))
+def scan_limit(ttft_s: float | None) -> int | None:
     knee = next(r for r in range(1, 10_000)
-                if r / decode_step(r, kv) >= THROUGHPUT_FRACTION * asymptote * (1 - 1e-9))
+                if r / (A + M * r) >= THROUGHPUT_FRACTION / M * (1 - 1e-9))
     if ttft_s is not None:
-        knee = min(knee, max([0] + [r for r in range(1, 10_000) if decode_step(r, kv)
-                                    <= ttft_s / STEPS_PER_FIRST_TOKEN * (1 + 1e-9)]))
+        knee = min(knee, max(r for r in range(10_000)
+                             if A + M * r <= ttft_s / STEPS_PER_FIRST_TOKEN * (1 + 1e-9)))
     limit = max(MIN_ROW_LIMIT, knee)
     return None if limit >= MAX_SEQS else limit
 
 
-def test_the_bound_is_the_knee_of_the_fitted_law_or_the_ttft_rows() -> None:
-    for ttft in (None, 0.6):
+def test_the_bound_is_the_knee_of_the_steps_law_or_the_ttft_rows() -> None:
+    for ttft in (None, 1.2):
         engine = RecordingEngine()
         budget = StepBudget(engine)  # type: ignore[arg-type]
         budget.lower_ttft_s = ttft
         budget.attach()
-        assert budget.row_limit is None  # no data, no bound
-        feed(budget, engine, 200)
+        assert budget.update() is None and budget.row_limit is None  # no data, no bound
+        (observe,) = engine.observers
+        for i in range(200):  # prefill chunks too: the law is in rows alone
+            rows = 1 + (i * 7) % 90
+            out, _ = synthetic_step(rows, 200, prefill=(i % 3) * 50)
+            observe(out, A + M * len(out.scheduled))
         budget.update()
-        kv = budget.model.mean_kv_per_row()
-        assert budget.row_limit == scan_limit(kv, ttft) and budget.row_limit is not None
-    assert scan_limit(kv, None) != scan_limit(kv, 0.6)  # the target did bind
+        assert budget.row_limit == scan_limit(ttft) and budget.row_limit is not None
+    assert scan_limit(None) != scan_limit(1.2)  # the target did bind
 
 
 def test_the_worker_passes_the_bound_and_its_requests_to_the_drainer(

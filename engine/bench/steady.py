@@ -6,7 +6,9 @@ modes; the steady state is what a busy server lives in. So: ``n`` requests (400 
 queued at once, useful tokens counted from the start until the waiting queue first empties
 (every request admitted: until then no seat ever lacked work) or ``budget_s`` passes, whichever
 comes first; the queue is still non-empty during the whole window. Reported beside the finite
-100-request ratio of the same run.
+100-request ratio of the same run, with the ratio's two factors: useful tokens per step (what
+the seats buy) and milliseconds per step (what a step costs; matmul rows per step beside it,
+padding rows included, since a static batch keeps its finished seats as padding).
 """
 
 from __future__ import annotations
@@ -26,10 +28,23 @@ class SteadyRow:
     tokens: int
     steps: int
     queue_emptied: bool  # False: the budget ended the window first
+    matmul_rows: int = 0  # scheduled tokens + padding rows, summed over the window's steps
 
     @property
     def tok_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / max(1, self.steps)
+
+    @property
+    def ms_per_step(self) -> float:
+        return 1000 * self.seconds / max(1, self.steps)
+
+    @property
+    def rows_per_step(self) -> float:
+        return self.matmul_rows / max(1, self.steps)
 
 
 def run_steady(name: str, prompts: list[list[int]], output_lens: list[int], model: str | None,
@@ -38,6 +53,9 @@ def run_steady(name: str, prompts: list[list[int]], output_lens: list[int], mode
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
     while engine.has_unfinished_requests():
         engine.step()
+    rows: list[int] = []
+    engine.step_observers.append(
+        lambda out, _s: rows.append(out.num_batched_tokens + out.num_padding_rows))
     start = time.monotonic()
     for i, (p, n) in enumerate(zip(prompts, output_lens)):
         engine.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True),
@@ -49,8 +67,8 @@ def run_steady(name: str, prompts: list[list[int]], output_lens: list[int], mode
         tokens += sum(len(o.new_token_ids) for o in outs)
         emptied = engine.stats.num_waiting == 0
         if emptied or time.monotonic() - start >= budget_s:
-            return SteadyRow(name, time.monotonic() - start, tokens, steps, emptied)
-    return SteadyRow(name, time.monotonic() - start, tokens, steps, True)
+            return SteadyRow(name, time.monotonic() - start, tokens, steps, emptied, sum(rows))
+    return SteadyRow(name, time.monotonic() - start, tokens, steps, True, sum(rows))
 
 
 def steady_lines(rows: list[SteadyRow], finite_ratio: float) -> list[str]:
@@ -59,8 +77,12 @@ def steady_lines(rows: list[SteadyRow], finite_ratio: float) -> list[str]:
     for r in rows:
         end = "queue first emptied" if r.queue_emptied else "budget reached, queue still fed"
         lines.append(f"  {r.name:<44} {r.tok_s:7.1f} tok/s ({r.tokens} tokens, {r.steps} steps, "
-                     f"{r.seconds:.1f} s, {end})")
-    cont, stat = rows[0].tok_s, rows[1].tok_s
-    lines.append(f"steady-state continuous/static (4 slots, queue kept fed) = {cont / stat:.2f}"
-                 f"  (target >= 1.8); finite 100-request ratio in this run = {finite_ratio:.2f}")
+                     f"{r.seconds:.1f} s, {end}): {r.tokens_per_step:.2f} tokens/step, "
+                     f"{r.ms_per_step:.1f} ms/step, {r.rows_per_step:.2f} matmul rows/step")
+    c, s = rows[0], rows[1]
+    lines.append(f"steady-state continuous/static (4 slots, queue kept fed) = "
+                 f"{c.tok_s / s.tok_s:.2f}  (target >= 1.8); finite 100-request ratio in this "
+                 f"run = {finite_ratio:.2f}")
+    lines.append(f"  = tokens/step ratio {c.tokens_per_step / s.tokens_per_step:.2f} x step-cost "
+                 f"ratio (static ms / continuous ms) {s.ms_per_step / c.ms_per_step:.2f}")
     return lines

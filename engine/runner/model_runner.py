@@ -29,6 +29,7 @@ from engine.runner.loader import (
 )
 from engine.runner.quantize import quantize_int8
 from engine.runner.sampler import Sampler
+from kernels.cpu_linear import route_cpu_linears
 
 DTYPES = {
     "float32": torch.float32,
@@ -80,6 +81,7 @@ class ModelRunner:
         )
         if model_config.quantization == "int8":
             quantize_int8(self.model)
+        route_cpu_linears(self.model)  # fp32 CPU linears -> oneDNN; others keep F.linear
         self.block_size = cache_config.block_size
         self.num_blocks = _pick(num_blocks, cache_config.num_blocks,
                                 cache_config.kv_cache_memory_gb, self.bytes_per_block)

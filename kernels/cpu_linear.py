@@ -43,6 +43,8 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> 
 class OneDNNLinear(nn.Module):
     """An ``nn.Linear`` whose weight lives packed; forward only (no autograd use here)."""
 
+    packed: torch.Tensor
+
     def __init__(self, src: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = src.in_features, src.out_features
@@ -75,7 +77,8 @@ def route_cpu_linears(model: nn.Module) -> int:
     head = getattr(model, "lm_head", None)
     embed = getattr(model, "embed_tokens", None)
     if isinstance(head, OneDNNLinear) and head.bias is None:
-        model.logits_linear = PackedHead(head.packed)
+        model.logits_linear = PackedHead(head.packed)  # type: ignore[assignment]
     elif head is None and embed is not None and available(embed.weight):
-        model.logits_linear = PackedHead(pack(embed.weight))  # a packed copy of the tied table
+        # a packed copy of the tied table (the embedding lookup keeps the plain one)
+        model.logits_linear = PackedHead(pack(embed.weight))  # type: ignore[assignment]
     return routed

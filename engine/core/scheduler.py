@@ -227,7 +227,7 @@ class Scheduler(PreemptionMixin, ForkMixin):
             # The common case inline: this loop is the per-step hot path (256+ decodes).
             num_new = req.num_tokens - req.num_computed_tokens
             if num_new > 1 and cap is not None:  # a prompt chunk under the cap's allowance
-                budget = cap.token_budget(req.priority, budget)
+                budget = cap.token_budget(req.priority, budget, num_new)
             if num_new > budget:
                 num_new = self._chunk(req, req.num_computed_tokens, budget)
                 if not num_new:
@@ -257,7 +257,8 @@ class Scheduler(PreemptionMixin, ForkMixin):
                 continue  # its priority's seats under the cap are taken; others may have some
             if self._fail_if_outgrown(req, req.num_tokens):
                 continue
-            num_new = self._chunk(req, req.num_computed_tokens, self._token_budget(req, plan))
+            num_new = self._chunk(req, req.num_computed_tokens,
+                                  self._token_budget(req, req.num_computed_tokens, plan))
             need = max(
                 bm.num_cpu_blocks_of(req.request_id),
                 bm.blocks_needed(req.num_computed_tokens + num_new),
@@ -279,10 +280,20 @@ class Scheduler(PreemptionMixin, ForkMixin):
             self._start_running(req, num_new, plan)
             self._spend(req, num_new)
 
-    def _token_budget(self, req: Request, plan: StepPlan) -> int:
-        """The step's token budget left, bounded by the cap's prefill allowance."""
+    def _token_budget(self, req: Request, computed: int, plan: StepPlan) -> int:
+        """The step's token budget left for ``req`` (``computed`` tokens cached or done),
+        bounded by the cap's prefill allowance."""
         cap = self._step_cap
-        return plan.budget if cap is None else cap.token_budget(req.priority, plan.budget)
+        if cap is None:
+            return plan.budget
+        return cap.token_budget(req.priority, plan.budget, req.num_tokens - computed)
+
+    def _no_prompt_tokens_left(self, req: Request, plan: StepPlan) -> bool:
+        """The cap's prefill allowance for ``req``'s priority is spent this step (asked
+        before the request takes a seat)."""
+        cap = self._step_cap
+        return (cap is not None and plan.budget > 0
+                and cap.token_budget(req.priority, plan.budget, req.num_tokens) <= 0)
 
     def _spend(self, req: Request, num_new: int) -> None:
         if self._step_cap is not None:
@@ -304,6 +315,9 @@ class Scheduler(PreemptionMixin, ForkMixin):
             if req.request_id in plan.preempted or admitted >= limit:
                 reason = "limit"
                 break
+            if self._no_prompt_tokens_left(req, plan):
+                reason = "limit"
+                continue  # its priority's prefill allowance is spent; another's may not be
             if self._past_row_cap(req, plan):
                 reason = "limit"
                 continue  # the cap counts seats per priority: a lower one may have some
@@ -324,7 +338,7 @@ class Scheduler(PreemptionMixin, ForkMixin):
         # a forked sequence (n > 1) already holds its shared prompt blocks
         forked = bm.num_device_blocks_of(req.request_id) > 0
         computed = req.num_computed_tokens if forked else bm.match_prefix(tokens)
-        num_new = self._chunk(req, computed, self._token_budget(req, plan))
+        num_new = self._chunk(req, computed, self._token_budget(req, computed, plan))
         if not num_new:
             return _NO_BUDGET
         fresh = bm.blocks_needed(computed + num_new) - computed // bm.block_size

@@ -61,6 +61,29 @@ def test_lower_prompts_are_chunked_to_the_allowance_while_urgent_work_runs() -> 
         assert r.output_token_ids == reference_tokens(r)
 
 
+def test_the_allowance_is_split_by_weight_so_every_lower_tier_starts() -> None:
+    sched = make_scheduler(num_blocks=256, max_num_seqs=16, max_num_batched_tokens=512)
+    runner = FakeRunner(sched)
+    (inter,) = make_requests(1, prompt_len=5, max_tokens=60, priority=0)
+    sched.add_request(inter)
+    step(sched, runner)
+    sched.set_urgent_row_cap(8, urgent_priority=0, weights={1: 3, 2: 1},
+                             lower_prefill_tokens=ALLOWANCE)
+    batch = make_requests(4, prompt_len=48, max_tokens=4, priority=1, start_time=2.0)
+    best = make_requests(2, prompt_len=48, max_tokens=4, priority=2, start_time=3.0)
+    for r in batch + best:
+        sched.add_request(r)
+    for _ in range(4):
+        rows = scheduled(sched, runner)
+        # best-effort is not starved of prompt tokens by batch's always-waiting backlog:
+        # the 16 tokens go 3:1 (12 and 4) while both have prompts to compute
+        assert prompt_tokens(rows, batch) == ALLOWANCE * 3 // 4
+        assert prompt_tokens(rows, best) == ALLOWANCE // 4
+    run_to_completion(sched, runner)
+    for r in [inter, *batch, *best]:
+        assert r.output_token_ids == reference_tokens(r)
+
+
 def test_no_allowance_without_urgent_work() -> None:
     sched = make_scheduler(num_blocks=256, max_num_seqs=16, max_num_batched_tokens=512)
     runner = FakeRunner(sched)

@@ -44,11 +44,14 @@ def test_int8_replaces_the_layer_linears_and_stays_close(
         engines: tuple[LLMEngine, LLMEngine]) -> None:
     from torch.ao.nn.quantized.dynamic import Linear as QLinear
 
+    from kernels.cpu_linear import OneDNNLinear
+
     fp32, int8 = engines
     layers = int8.runner.model.layers
     assert all(isinstance(m, QLinear) for layer in layers for m in
                (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj))
-    assert all(type(layer.mlp.down_proj) is torch.nn.Linear for layer in layers)  # KEEP_FP32
+    fp32_types = (torch.nn.Linear, OneDNNLinear)  # KEEP_FP32: fp32, on oneDNN where it can be
+    assert all(type(layer.mlp.down_proj) in fp32_types for layer in layers)
     ids = list(fp32.tokenizer.encode(TEXTS[1], add_special_tokens=False))
     a, b = all_logits(fp32, ids), all_logits(int8, ids)
     assert not torch.equal(a, b)  # really quantized

@@ -102,6 +102,10 @@ class StepCostModel:
         self.fitted_samples = len(steps)
         return self.cost
 
+    def rows_and_seconds(self) -> list[tuple[int, float]]:
+        """(rows, seconds) of each step in the window (the batch bound's rows-only law)."""
+        return [(r, sec) for r, _, _, sec in self._steps]
+
     def mean_kv_per_row(self) -> float:
         """Context length per scheduled row over the window (0 with no data)."""
         rows = sum(r for r, _, _, _ in self._steps)

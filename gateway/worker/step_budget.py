@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from engine.core.outputs import SchedulerOutput
 from engine.protocol import EngineClient
 from policies.batch_bound import row_limit, rows_law
-from policies.step_cost import DEFAULT_WINDOW, StepCostModel
+from policies.step_cost import StepCostModel
 from policies.tiers import (
     DEFAULT_TIER_SLOS,
     DEFAULT_TIER_WEIGHTS,
@@ -74,7 +74,6 @@ class StepBudget:
         self.row_limit: int | None = None  # the batch bound for non-urgent rows (None: none)
         self.lower_ttft_s: float | None = None  # the tightest lower-tier TTFT target
         self._bound_said: int | None = None  # the bound last logged at info
-        self._rows_steps: deque[tuple[int, float]] = deque(maxlen=DEFAULT_WINDOW)
         self.lower_prefill_tokens: int | None = None  # the allowance set with it
 
     def attach(self) -> None:
@@ -104,29 +103,32 @@ class StepBudget:
         while True:
             await asyncio.sleep(self.refit_interval_s)
             try:
-                cap = await asyncio.to_thread(self.plan, self.engine.load().max_num_seqs)
-                self._set(cap, self._prefill_allowance(cap))
+                self._set(*await asyncio.to_thread(self._plan_with_allowance,
+                                                   self.engine.load().max_num_seqs))
             except Exception:  # a bad fit must not end the loop; the last cap stays
                 log.exception("step budget update failed")
 
     def update(self) -> int | None:
         """Feed the steps seen since the last call to the model, refit, set the cap; returns
         the cap in force."""
-        cap = self.plan(self.engine.load().max_num_seqs)
-        return self._set(cap, self._prefill_allowance(cap))
+        return self._set(*self._plan_with_allowance(self.engine.load().max_num_seqs))
+
+    def _plan_with_allowance(self, max_rows: int) -> tuple[int | None, int | None]:
+        """``plan`` and the cap's prefill allowance (both walk the model's window: run off
+        the event loop)."""
+        cap = self.plan(max_rows)
+        return cap, self._prefill_allowance(cap)
 
     def plan(self, max_rows: int) -> int | None:
         """Feed the pending steps to the model, refit and return the cap (None: no cap).
         Touches only the model and the pending steps: safe off the event loop."""
         pending = self._pending
         while pending:
-            step = pending.popleft()
-            self.model.observe(*step)
-            self._rows_steps.append((step[0], step[3]))
+            self.model.observe(*pending.popleft())
         if self.model.num_samples < self.model.min_samples:
             return None  # until the model has data, no cap
         self.model.fit()
-        law = rows_law(self._rows_steps)
+        law = rows_law(self.model.rows_and_seconds())
         bound = None if law is None else row_limit(*law, max_rows, self.lower_ttft_s)
         if bound != self.row_limit:
             self._log_bound(bound, max_rows, law)
@@ -171,7 +173,7 @@ class StepBudget:
         spare = self.target_s - self.model.predict_decode(cap, self.model.mean_kv_per_row())
         return max(MIN_LOWER_PREFILL_TOKENS, int(spare / per_token))
 
-    def _set(self, cap: int | None, lower_prefill_tokens: int | None = None) -> int | None:
+    def _set(self, cap: int | None, lower_prefill_tokens: int | None) -> int | None:
         if (cap, lower_prefill_tokens) != (self.cap, self.lower_prefill_tokens):
             self.engine.set_urgent_row_cap(cap, self.urgent_priority, self.seat_weights,
                                            lower_prefill_tokens)

@@ -234,8 +234,6 @@ class Scheduler(PreemptionMixin, ForkMixin):
                     continue
             if self._grow_or_preempt(req, num_new, plan):
                 self._add_scheduled(req, num_new, plan)
-                if cap is not None:
-                    cap.spend(req.priority, num_new)
 
     def _grow_or_preempt(self, req: Request, num_new: int, plan: StepPlan) -> bool:
         bm = self.block_manager
@@ -278,7 +276,6 @@ class Scheduler(PreemptionMixin, ForkMixin):
             plan.swapped_in.add(req.request_id)
             self.swapped.remove(req.request_id)
             self._start_running(req, num_new, plan)
-            self._spend(req, num_new)
 
     def _token_budget(self, req: Request, computed: int, plan: StepPlan) -> int:
         """The step's token budget left for ``req`` (``computed`` tokens cached or done),
@@ -294,10 +291,6 @@ class Scheduler(PreemptionMixin, ForkMixin):
         cap = self._step_cap
         return (cap is not None and plan.budget > 0
                 and cap.token_budget(req.priority, plan.budget, req.num_tokens) <= 0)
-
-    def _spend(self, req: Request, num_new: int) -> None:
-        if self._step_cap is not None:
-            self._step_cap.spend(req.priority, num_new)
 
     def _past_row_cap(self, req: Request, plan: StepPlan) -> bool:
         """The urgent row cap keeps swapped or waiting ``req`` from starting this step (asked
@@ -353,7 +346,6 @@ class Scheduler(PreemptionMixin, ForkMixin):
         if req.times.first_scheduled is None:  # usage's cached_tokens: the first admission
             req.num_cached_tokens = computed
         self._start_running(req, num_new, plan)
-        self._spend(req, num_new)
         return _OK
 
     # ---- mechanism --------------------------------------------------------------------
@@ -387,6 +379,8 @@ class Scheduler(PreemptionMixin, ForkMixin):
     def _add_scheduled(self, req: Request, num_new: int, plan: StepPlan) -> None:
         plan.add(req, num_new, self.block_manager.get_block_ids(req.request_id))
         req.last_scheduled_step = self._counts.num_steps
+        if self._step_cap is not None:  # a lower prompt chunk uses the cap's allowance
+            self._step_cap.spend(req.priority, num_new)
         if req.times.first_scheduled is None:
             req.times.first_scheduled = self.clock()
 

@@ -1,0 +1,164 @@
+"""OpenMP wait policy against decode step time: ``python -m engine.bench.omp_wait``.
+
+libgomp reads its environment once, when torch loads it, so every setting runs in a fresh
+child process (``--child``) with its own environment: ``OMP_WAIT_POLICY=PASSIVE`` (what
+``carpool serve`` sets), ``GOMP_SPINCOUNT`` 2000 / 20000 / 200000 with ``OMP_WAIT_POLICY``
+unset (libgomp spins about 100 000 times a millisecond, then sleeps on a futex), the default
+(both unset: about 3 ms of spin), and one torch thread (no parallel region ever wakes a
+second thread). Each child builds the fp32 engine, and for each batch size R decodes R rows
+(seed-workload prompts, ``ignore_eos``) and times ``--steps`` decode steps quiet, then as many
+with one busy neighbour process (a pure-Python loop: one core's worth, not pinned, as an
+event loop or a Redis server would be). Settings run interleaved ``--repeats`` times, so the
+machine's other load spreads over all of them. One table: per setting and batch size, the
+median step ms of each repeat as median [min-max] over the repeats, and the CPU model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+# setting -> (environment entries, torch threads; 0 = the engine's default, one per core)
+SETTINGS: dict[str, tuple[dict[str, str], int]] = {
+    "PASSIVE": ({"OMP_WAIT_POLICY": "PASSIVE"}, 0),
+    "GOMP_SPINCOUNT=2000": ({"GOMP_SPINCOUNT": "2000"}, 0),
+    "GOMP_SPINCOUNT=20000": ({"GOMP_SPINCOUNT": "20000"}, 0),
+    "GOMP_SPINCOUNT=200000": ({"GOMP_SPINCOUNT": "200000"}, 0),
+    "default spin": ({}, 0),
+    "1 thread (PASSIVE)": ({"OMP_WAIT_POLICY": "PASSIVE"}, 1),
+}
+_OMP_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+_BUSY_LOOP = "while True:\n    pass\n"
+
+
+def child_env(setting: str) -> dict[str, str]:
+    """The parent's environment with the OpenMP wait variables replaced by the setting's."""
+    env = {k: v for k, v in os.environ.items() if k not in _OMP_VARS}
+    env.update(SETTINGS[setting][0])
+    return env
+
+
+def _timed_steps(engine: Any, steps: int) -> float:
+    """Median wall ms of ``steps`` engine steps."""
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        engine.step()
+        times.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def measure_rows(engine: Any, rows: int, steps: int, warm: int) -> dict[str, float]:
+    """Decode step ms at ``rows`` rows, quiet and beside one busy neighbour process."""
+    from engine.bench.engine import make_workload
+    from engine.core.sampling_params import SamplingParams
+
+    n = warm + 2 * steps + 8  # no row finishes while timed
+    wl = make_workload(engine.tokenizer, rows, n, n)
+    for i, (prompt, max_tokens) in enumerate(zip(wl.prompts, wl.output_lens)):
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        engine.add_request(prompt, params, request_id=f"w{rows}-{i}")
+    for _ in range(warm):  # prefill, then a few decode steps
+        engine.step()
+    quiet = _timed_steps(engine, steps)
+    neighbour = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP])
+    try:
+        time.sleep(0.3)  # let it reach the loop
+        busy = _timed_steps(engine, steps)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    engine.abort_all()
+    return {"quiet": quiet, "busy": busy}
+
+
+def run_child(rows: list[int], steps: int, warm: int, threads: int,
+              model: str | None = None) -> dict[str, Any]:
+    """One setting, in this process (its environment was set by the parent)."""
+    import torch
+
+    from engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_kwargs(model=model, dtype="float32", max_num_seqs=max(rows))
+    if threads:
+        torch.set_num_threads(threads)
+    measure_rows(engine, 2, 3, 3)  # warm-up: first-call costs, weight pages
+    return {"threads": torch.get_num_threads(),
+            "env": {k: os.environ.get(k) for k in _OMP_VARS},  # what libgomp read
+            "rows": {str(r): measure_rows(engine, r, steps, warm) for r in rows}}
+
+
+def spawn(setting: str, rows: list[int], steps: int, warm: int,
+          model: str | None = None) -> dict[str, Any]:
+    """One setting in a fresh child process; its JSON result."""
+    cmd = [sys.executable, "-m", "engine.bench.omp_wait", "--child",
+           "--threads", str(SETTINGS[setting][1]), "--steps", str(steps), "--warm", str(warm),
+           "--rows", *map(str, rows)] + (["--model", model] if model else [])
+    print(f"  {setting} ...", file=sys.stderr, flush=True)
+    out = subprocess.run(cmd, env=child_env(setting), check=True, capture_output=True, text=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{names[0] if names else 'unknown CPU'} x {os.cpu_count()}"
+
+
+def cell(values: list[float]) -> str:
+    """median [min-max] of the repeats' medians."""
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{statistics.median(values):.1f} [{min(values):.0f}-{max(values):.0f}]"
+
+
+def table(results: dict[str, list[dict[str, Any]]], rows: list[int]) -> list[str]:
+    """One line per setting: per batch size, quiet | busy-neighbour step ms."""
+    cols = [f"{r} row{'s' if r > 1 else ''} {kind}" for r in rows for kind in ("quiet", "busy")]
+    out = ["| setting | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for setting, runs in results.items():
+        cells = [cell([run["rows"][str(r)][kind] for run in runs])
+                 for r in rows for kind in ("quiet", "busy")]
+        out.append(f"| {setting} | " + " | ".join(cells) + " |")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.bench.omp_wait", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--steps", type=int, default=15, help="timed steps per condition")
+    ap.add_argument("--warm", type=int, default=4, help="untimed steps first (prefill)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    ap.add_argument("--model", default=None, help="local HF checkpoint dir (default: SmolLM2)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(run_child(args.rows, args.steps, args.warm, args.threads, args.model)))
+        return 0
+    load0 = os.getloadavg()[0]
+    results: dict[str, list[dict[str, Any]]] = {s: [] for s in args.settings}
+    for _ in range(args.repeats):
+        for setting in args.settings:  # interleaved: the machine's load spreads over all
+            results[setting].append(spawn(setting, args.rows, args.steps, args.warm, args.model))
+    print(f"decode step ms, SmolLM2 fp32, {cpu_model()}; median step of {args.steps} per "
+          f"cell, median [min-max] over {args.repeats} interleaved repeats; busy = one "
+          f"pure-Python busy process beside it; load average {load0:.1f} at the start, "
+          f"{os.getloadavg()[0]:.1f} at the end")
+    print("\n".join(table(results, args.rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

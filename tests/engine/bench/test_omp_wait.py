@@ -1,0 +1,50 @@
+"""engine/bench/omp_wait.py: each setting's child sees exactly that setting's OpenMP
+variables (libgomp reads them once, at load, so a leaked PASSIVE from the parent, as
+tests/conftest.py and `carpool serve` set, would make every row measure PASSIVE), runs at the
+setting's thread count and returns a step time per batch size and condition; the table prints
+median [min-max] over repeats. No timing is asserted."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from pathlib import Path
+
+import pytest
+
+from engine.bench import omp_wait
+
+
+def test_child_env_replaces_the_parents_openmp_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "7")
+    spin = omp_wait.child_env("GOMP_SPINCOUNT=20000")
+    assert "OMP_WAIT_POLICY" not in spin and spin["GOMP_SPINCOUNT"] == "20000"
+    default = omp_wait.child_env("default spin")
+    assert "OMP_WAIT_POLICY" not in default and "GOMP_SPINCOUNT" not in default
+    passive = omp_wait.child_env("PASSIVE")
+    assert passive["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in passive
+    assert spin["PATH"] == os.environ["PATH"]  # the rest is the parent's
+
+
+def test_a_child_runs_under_its_setting(tiny_model_dir: Path) -> None:
+    # this process has OMP_WAIT_POLICY=PASSIVE (tests/conftest.py): the child must not
+    res = omp_wait.spawn("GOMP_SPINCOUNT=2000", [1, 3], steps=2, warm=2,
+                         model=str(tiny_model_dir))
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert res["env"] == {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "2000"}
+    assert res["threads"] == (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                              else os.cpu_count())
+    assert set(res["rows"]) == {"1", "3"}
+    for cond in res["rows"].values():
+        assert set(cond) == {"quiet", "busy"} and all(v > 0 for v in cond.values())
+
+
+def test_table_prints_median_and_range_over_repeats() -> None:
+    runs = [{"rows": {"1": {"quiet": q, "busy": b}}} for q, b in ((30.0, 90.0), (50.0, 70.0),
+                                                                  (40.0, 80.0))]
+    lines = omp_wait.table({"PASSIVE": runs}, [1])
+    assert lines[0] == "| setting | 1 row quiet | 1 row busy |"
+    quiet = statistics.median([30.0, 50.0, 40.0])
+    assert lines[2] == f"| PASSIVE | {quiet:.1f} [30-50] | 80.0 [70-90] |"
+    assert omp_wait.cell([12.34]) == "12.3"

@@ -6,9 +6,16 @@ step's ``SchedulerOutput`` and seconds to a bounded deque), and now and then, on
 feeds them to an online step-cost model (``policies.step_cost``), refits it and sets the cap
 to the largest row count whose predicted decode step stays within the target. The target is
 the tier's ``TierSLO.tpot_p99_s`` or, when unset, ``policies.tiers.derived_tpot_target`` of the
-predicted small-batch step. Until the model has ``min_samples`` steps no cap is set, and a cap
-that would allow every seat is lifted (None): with no interactive work present the engine
-applies no cap anyway, so lower tiers keep the whole batch.
+predicted small-batch step. A cap that would allow every seat is lifted (None): with no
+interactive work present the engine applies no cap anyway, so lower tiers keep the whole batch.
+
+Cold start: until the model has ``min_samples`` steps it is the mean seconds per row of the
+steps seen (``StepCostModel.fit``), and the cap and allowance are provisional ones from it
+(the smallest prefill allowance: a per-row mean cannot price a token), refit every
+``COLD_REFIT_INTERVAL_S``. Why: a fresh server met by overload had no cap for its first 16
+steps, ~4.7 s of prefill-heavy 250-430 ms steps with 26 lower rows beside interactive (bench
+sla's 32-seat row, traced: every interactive TTFT over 1.5x alone fell in them). The first
+steps are mostly prompts, so the mean overprices a decode row and the cap errs small.
 
 The same steps give the batch bound for non-urgent rows (``row_limit``, ``policies.batch_bound``:
 the knee of the tokens/s curve of their seconds-per-row law, or shorter steps for the tightest
@@ -44,6 +51,9 @@ from policies.tiers import (
 log = logging.getLogger("carpool.worker")
 
 REFIT_INTERVAL_S = 1.0
+# Refit interval while the model is cold (fewer than min_samples steps): the per-row mean
+# costs nothing to fit, and each step without a cap can cost interactive a whole prefill.
+COLD_REFIT_INTERVAL_S = 0.1
 # Lower-tier prompt tokens a capped step may always compute: a KV block's worth, so a short
 # prompt starts within a few steps even when the cap leaves no time to spare.
 MIN_LOWER_PREFILL_TOKENS = 16
@@ -70,6 +80,7 @@ class StepBudget:
         self._pending: deque[tuple[int, int, int, float]] = deque(maxlen=4096)
         self._remove: Callable[[], None] | None = None
         self.target_s: float | None = None  # the TPOT target in force (None: no data yet)
+        self._target_said = False  # logged once, when the model is no longer cold
         self.cap: int | None = None  # the row cap last set on the engine
         self.row_limit: int | None = None  # the batch bound for non-urgent rows (None: none)
         self.lower_ttft_s: float | None = None  # the tightest lower-tier TTFT target
@@ -101,7 +112,9 @@ class StepBudget:
         thread: a few ms of numpy on the event loop every second was a p99 spike for the
         requests it serves (``carpool bench gateway``)."""
         while True:
-            await asyncio.sleep(self.refit_interval_s)
+            cold = self.model.num_samples + len(self._pending) < self.model.min_samples
+            await asyncio.sleep(min(self.refit_interval_s, COLD_REFIT_INTERVAL_S)
+                                if cold else self.refit_interval_s)
             try:
                 self._set(*await asyncio.to_thread(self._plan_with_allowance,
                                                    self.engine.load().max_num_seqs))
@@ -125,17 +138,23 @@ class StepBudget:
         pending = self._pending
         while pending:
             self.model.observe(*pending.popleft())
-        if self.model.num_samples < self.model.min_samples:
-            return None  # until the model has data, no cap
-        self.model.fit()
-        law = rows_law(self.model.rows_and_seconds())
-        bound = None if law is None else row_limit(*law, max_rows, self.lower_ttft_s)
-        if bound != self.row_limit:
-            self._log_bound(bound, max_rows, law)
-            self.row_limit = bound
+        if not self.model.num_samples:
+            return None  # no step seen yet
+        self.model.fit()  # cold (under min_samples): the per-row mean, a provisional cap
+        if not self.cold:  # the batch bound's law needs a spread of steps
+            law = rows_law(self.model.rows_and_seconds())
+            bound = None if law is None else row_limit(*law, max_rows, self.lower_ttft_s)
+            if bound != self.row_limit:
+                self._log_bound(bound, max_rows, law)
+                self.row_limit = bound
         target = self._target()
         cap = self.model.max_rows_within(target, limit=max_rows)
         return None if cap >= max_rows else cap
+
+    @property
+    def cold(self) -> bool:
+        """Fewer steps fed than the model's ``min_samples``: the cap is provisional."""
+        return self.model.num_samples < self.model.min_samples
 
     def _log_bound(self, bound: int | None, max_rows: int,
                    law: tuple[float, float] | None) -> None:
@@ -158,7 +177,8 @@ class StepBudget:
             small = self.model.predict_decode(SMALL_BATCH_ROWS, self.model.mean_kv_per_row())
             target = derived_tpot_target(small)
             how = f"derived from the predicted {SMALL_BATCH_ROWS}-row step, {small * 1000:.0f} ms"
-        if self.target_s is None:  # say once what was chosen
+        if not self._target_said and not self.cold:  # say once what was chosen (a cold
+            self._target_said = True  # model's target is provisional)
             log.info("interactive TPOT target %.0f ms (%s)", target * 1000, how)
         self.target_s = target
         return target
@@ -168,7 +188,11 @@ class StepBudget:
         beside ``cap`` decode rows, in the model's cost per token (None: no cap, or tokens
         cost nothing in the model)."""
         per_token = self.model.cost.per_token
-        if cap is None or self.target_s is None or per_token <= 0:
+        if cap is None or self.target_s is None:
+            return None
+        if self.cold:  # the per-row mean cannot price a token: the smallest allowance
+            return MIN_LOWER_PREFILL_TOKENS
+        if per_token <= 0:
             return None
         spare = self.target_s - self.model.predict_decode(cap, self.model.mean_kv_per_row())
         return max(MIN_LOWER_PREFILL_TOKENS, int(spare / per_token))

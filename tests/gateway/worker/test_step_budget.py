@@ -71,12 +71,36 @@ def feed(budget: StepBudget, engine: RecordingEngine, steps: int, context: int =
         observe(out, seconds)
 
 
-def test_no_cap_until_the_model_has_data() -> None:
+def test_no_cap_before_the_first_step() -> None:
     engine = RecordingEngine()
     budget = StepBudget(engine, model=StepCostModel(min_samples=16))  # type: ignore[arg-type]
     budget.attach()
-    feed(budget, engine, 10)
     assert budget.update() is None and engine.caps == [] and budget.target_s is None
+
+
+@pytest.mark.parametrize("slo", [TierSLO(), TierSLO(tpot_p99_s=0.25)])
+def test_a_cold_model_sets_a_provisional_cap_from_the_first_steps(slo: TierSLO) -> None:
+    """Under min_samples steps the cap comes from the mean seconds per row seen (a fresh
+    server met by overload ran its first 16 steps uncapped), with the smallest prefill
+    allowance; the batch bound waits for the full model."""
+    engine = RecordingEngine()
+    budget = StepBudget(engine, slo=slo, model=StepCostModel(min_samples=16))  # type: ignore[arg-type]
+    budget.attach()
+    steps = [synthetic_step(1 + (i * 7) % 40, 200, prefill=(i % 3) * 50) for i in range(10)]
+    for out, seconds in steps:
+        engine.observers[0](out, seconds)
+    per_row = sum(sec / len(out.scheduled) for out, sec in steps) / len(steps)
+    target = slo.tpot_p99_s or DERIVED_TPOT_HEADROOM * SMALL_BATCH_ROWS * per_row
+    expected = max(r for r in range(MAX_SEQS + 1) if r * per_row <= target * (1 + 1e-9))
+    assert budget.cold and budget.update() == expected
+    assert engine.caps == [(expected, 0)] and engine.prefill == [MIN_LOWER_PREFILL_TOKENS]
+    assert budget.target_s == pytest.approx(target) and budget.row_limit is None
+    feed(budget, engine, 200)  # warm: the full model's cap replaces it
+    cap = budget.update()
+    kv = budget.model.mean_kv_per_row()
+    assert not budget.cold and budget.target_s is not None
+    assert cap == max(r for r in range(MAX_SEQS + 1)
+                      if true_cost(r, r, 0) + D * r * kv <= budget.target_s * (1 + 1e-9))
 
 
 def test_derived_target_gives_the_cap_the_cost_law_implies() -> None:
@@ -133,8 +157,8 @@ async def test_a_worker_sets_the_cap_on_the_real_engine(redis_url: str,
         params = SamplingParams(max_tokens=200, ignore_eos=True)
         for i in range(4):
             engine.add_request(f"bulk{i}", [3 + i, 4, 5], params, priority=1)
-        for _ in range(400):
-            if engine.stats().scheduler.urgent_row_cap is not None:
+        for _ in range(400):  # past the cold model's provisional cap
+            if not budget.cold and engine.stats().scheduler.urgent_row_cap is not None:
                 break
             await asyncio.sleep(0.01)
         assert budget.model.num_samples >= budget.model.min_samples

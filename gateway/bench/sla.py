@@ -15,9 +15,11 @@ that waits for the engine and the queues to empty and reads ``/metrics`` and Red
   light      a light tenant alone in ``--fair-tier``
   heavy      the same plus a heavy tenant in that tier sending 10x the light one's rate
   backlog    every tier offered ``--backlog-x`` x capacity: best-effort's share vs its WRR share
-  overload32 (``--small-seats N``) the overload row on a second server with --max-num-seqs N
-``--rows`` runs some of them (e.g. ``light,heavy``). Then the issue's targets as ratios of
-these rows, met or missed (``sla_report.py``).
+  overload32 (``--small-seats N``) the overload row on a second server with --max-num-seqs N,
+             warmed up first like the first server (see ``warm_up``)
+``--rows`` runs some of them (e.g. ``light,heavy``, or ``alone,overload32``: naming overload32
+implies ``--small-seats 32`` unless given). Then the issue's targets as ratios of these rows,
+met or missed (``sla_report.py``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ NAMESPACE = "sla"
 STREAM_TIERS = {"interactive": INTERACTIVE, "batch": BATCH, "best-effort": BEST_EFFORT}
 # the rows of one server, in the order they run (``--rows`` picks some)
 ROWS = ("alone", "overload", "fcfs", "light", "heavy", "backlog")
+SMALL_ROW = "overload32"  # the overload row on the second, small-seat server
 
 
 @dataclass
@@ -181,6 +184,17 @@ async def prepare(bench: Bench) -> None:
     await bench.drain()
 
 
+async def warm_up(bench: Bench, seats: int) -> None:
+    """Serve the calibration tenant first as ``prepare`` does on the first server (4 streams,
+    then a closed loop on every seat, ``--warmup`` s each), then drain: the small-seat row is
+    then measured on a server that has run, like the overload row it is compared with (a
+    fresh one pays its first steps' set-up and a step-cost model still learning)."""
+    key, warmup = bench.keys["calibration"], bench.args.warmup
+    await calibrate(bench.target, bench.prompts, key, BATCH, 4, warmup)
+    await calibrate(bench.target, bench.prompts, key, BATCH, seats, warmup)
+    await bench.drain()
+
+
 @contextlib.contextmanager
 def serving(redis_url: str, args: argparse.Namespace, *extra: str) -> Iterator[str]:
     """A ``carpool serve`` process (its own, real or echo engine) on a free port."""
@@ -218,9 +232,10 @@ def run(args: argparse.Namespace) -> tuple[list[Row], float]:
             bench = Bench(args, ChatTarget(host, int(port), ""), redis.url, keys, prompts)
             run_loop(prepare(bench))
             rows = run_loop(run_rows(bench))
-        if args.small_seats:
+        if SMALL_ROW in args.rows:
             with serving(redis.url, args, "--max-num-seqs", str(args.small_seats)) as url:
                 bench.target.port = int(url.rsplit(":", 1)[1])
+                run_loop(warm_up(bench, args.small_seats))
                 rows += run_loop(run_rows(bench, small_seats=True))
     return rows, bench.capacity
 
@@ -249,15 +264,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the tier of the light and the heavy tenant")
     p.add_argument("--small-seats", type=int, default=0, metavar="N",
                    help="also the overload row on a server with --max-num-seqs N (e.g. 32)")
-    p.add_argument("--rows", type=_row_names, default=ROWS, metavar="NAMES",
+    p.add_argument("--rows", type=_row_names, default=None, metavar="NAMES",
                    help=f"comma-separated rows to run, in the fixed order (default: all of "
-                        f"{','.join(ROWS)}); the targets need their rows")
+                        f"{','.join(ROWS)}, and {SMALL_ROW} with --small-seats); naming "
+                        f"{SMALL_ROW} implies --small-seats 32; the targets need their rows")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-log", action="store_true", help="show the server's stderr")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures here")
     p.add_argument("--quick", action="store_true",
                    help="tiny durations (tests; the figures mean little)")
     args = p.parse_args(argv)
+    if args.rows is None:
+        args.rows = ROWS + ((SMALL_ROW,) if args.small_seats else ())
+    elif SMALL_ROW in args.rows and not args.small_seats:
+        args.small_seats = 32
     if args.quick:
         args.duration, args.grace, args.warmup, args.echo_step_ms = 1.0, 5.0, 0.3, 10.0
         args.calib_duration, args.calib_concurrency, args.drain_timeout = 1.0, 8, 10.0
@@ -266,9 +286,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _row_names(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    unknown = [n for n in names if n not in ROWS]
+    unknown = [n for n in names if n not in (*ROWS, SMALL_ROW)]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"rows are some of {','.join(ROWS)}, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"rows are some of {','.join((*ROWS, SMALL_ROW))}, got {text!r}")
     return names
 
 

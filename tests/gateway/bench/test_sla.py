@@ -26,13 +26,14 @@ ROWS = ("alone", "overload", "fcfs", "light", "heavy", "backlog")
 
 @pytest.fixture(scope="module")
 def quick_run() -> tuple[list[Row], float]:
-    return sla.run(sla.parse_args(["--engine", "echo", "--quick"]))
+    """Every row, the small-seat one (on its own warmed-up server) last."""
+    return sla.run(sla.parse_args(["--engine", "echo", "--quick", "--small-seats", "8"]))
 
 
 def test_table_prints_every_row_and_column(quick_run: tuple[list[Row], float]) -> None:
     rows, capacity = quick_run
     assert capacity > 0
-    assert [r.name for r in rows] == list(ROWS)
+    assert [r.name for r in rows] == [*ROWS, "overload32"]
     lines = table(rows).splitlines()
     assert [c.strip() for c in lines[0].strip("|").split("|")] == list(COLUMNS)
     for row, line in zip(rows, lines[2:], strict=True):
@@ -91,6 +92,14 @@ def test_rows_option_takes_known_row_names() -> None:
         sla.parse_args(["--rows", "light,nope"])
 
 
+def test_the_small_seat_row_runs_when_asked_for_and_only_then() -> None:
+    assert sla.parse_args(["--small-seats", "16"]).rows == (*ROWS, "overload32")
+    named = sla.parse_args(["--rows", "alone,overload32"])  # implies 32 seats
+    assert named.rows == ("alone", "overload32") and named.small_seats == 32
+    assert sla.parse_args(["--rows", "overload32", "--small-seats", "16"]).small_seats == 16
+    assert sla.parse_args(["--rows", "alone", "--small-seats", "16"]).rows == ("alone",)
+
+
 def _ttft99(calls: list[Call]) -> float:
     return _p([(c.first - c.sent) * 1000 for c in calls if c.first is not None], 0.99)
 
@@ -111,7 +120,7 @@ def test_ratios_are_computed_from_the_rows(quick_run: tuple[list[Row], float]) -
     for r in rows:  # no probe call was cut short: every TTFT is a measured one
         assert all(c.first is not None for c in r.run.of("interactive", "light"))
     got = {t.what: t.value for t in targets(by, 0.1)}
-    inter = {n: by[n].run.of("interactive") for n in ("alone", "overload", "fcfs")}
+    inter = {n: by[n].run.of("interactive") for n in ("alone", "overload", "fcfs", "overload32")}
     tpot = {n: _tpot(calls, 0.5) for n, calls in inter.items()}
     light = {n: by[n].run.of("light") for n in ("light", "heavy")}
     growth = 2 * max(0.0, _tpot(light["heavy"], 0.99) - _tpot(light["light"], 0.5)) * 1000
@@ -121,6 +130,9 @@ def test_ratios_are_computed_from_the_rows(quick_run: tuple[list[Row], float]) -
     want = {
         "int. TTFT p99 overload / alone": _ttft99(inter["overload"]) / _ttft99(inter["alone"]),
         "int. TPOT p50 overload / alone": tpot["overload"] / tpot["alone"],
+        "int. TTFT p99 overload (--max-num-seqs row) / alone":
+            _ttft99(inter["overload32"]) / _ttft99(inter["alone"]),
+        "int. TPOT p50 overload (--max-num-seqs row) / alone": tpot["overload32"] / tpot["alone"],
         "int. TTFT p99 overload / FCFS": _ttft99(inter["overload"]) / _ttft99(inter["fcfs"]),
         "bulk goodput overload / FCFS": _goodput(by["overload"]) / _goodput(by["fcfs"]),
         "light TTFT p99 with 10x heavy / alone":

@@ -34,13 +34,23 @@ SETTINGS: dict[str, tuple[dict[str, str], int]] = {
     "1 thread (PASSIVE)": ({"OMP_WAIT_POLICY": "PASSIVE"}, 1),
 }
 _OMP_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+_SPIN = "GOMP_SPINCOUNT="
 _BUSY_LOOP = "while True:\n    pass\n"
 
 
-def child_env(setting: str) -> dict[str, str]:
+def setting(name: str) -> tuple[dict[str, str], int]:
+    """A named setting, or any ``GOMP_SPINCOUNT=N`` (policy unset, the engine's threads)."""
+    if name in SETTINGS:
+        return SETTINGS[name]
+    if name.startswith(_SPIN) and name[len(_SPIN):].isdigit():
+        return {"GOMP_SPINCOUNT": name[len(_SPIN):]}, 0
+    raise ValueError(f"unknown setting {name!r}: one of {list(SETTINGS)} or {_SPIN}N")
+
+
+def child_env(name: str) -> dict[str, str]:
     """The parent's environment with the OpenMP wait variables replaced by the setting's."""
     env = {k: v for k, v in os.environ.items() if k not in _OMP_VARS}
-    env.update(SETTINGS[setting][0])
+    env.update(setting(name)[0])
     return env
 
 
@@ -94,14 +104,14 @@ def run_child(rows: list[int], steps: int, warm: int, threads: int,
             "rows": {str(r): measure_rows(engine, r, steps, warm) for r in rows}}
 
 
-def spawn(setting: str, rows: list[int], steps: int, warm: int,
+def spawn(name: str, rows: list[int], steps: int, warm: int,
           model: str | None = None) -> dict[str, Any]:
     """One setting in a fresh child process; its JSON result."""
     cmd = [sys.executable, "-m", "engine.bench.omp_wait", "--child",
-           "--threads", str(SETTINGS[setting][1]), "--steps", str(steps), "--warm", str(warm),
+           "--threads", str(setting(name)[1]), "--steps", str(steps), "--warm", str(warm),
            "--rows", *map(str, rows)] + (["--model", model] if model else [])
-    print(f"  {setting} ...", file=sys.stderr, flush=True)
-    out = subprocess.run(cmd, env=child_env(setting), check=True, capture_output=True, text=True)
+    print(f"  {name} ...", file=sys.stderr, flush=True)
+    out = subprocess.run(cmd, env=child_env(name), check=True, capture_output=True, text=True)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -125,10 +135,10 @@ def table(results: dict[str, list[dict[str, Any]]], rows: list[int]) -> list[str
     """One line per setting: per batch size, quiet | busy-neighbour step ms."""
     cols = [f"{r} row{'s' if r > 1 else ''} {kind}" for r in rows for kind in ("quiet", "busy")]
     out = ["| setting | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for setting, runs in results.items():
+    for name, runs in results.items():
         cells = [cell([run["rows"][str(r)][kind] for run in runs])
                  for r in rows for kind in ("quiet", "busy")]
-        out.append(f"| {setting} | " + " | ".join(cells) + " |")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -139,19 +149,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=15, help="timed steps per condition")
     ap.add_argument("--warm", type=int, default=4, help="untimed steps first (prefill)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS),
+                    help=f"of {list(SETTINGS)}, or any {_SPIN}N")
     ap.add_argument("--model", default=None, help="local HF checkpoint dir (default: SmolLM2)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    for name in args.settings:
+        setting(name)  # unknown names fail before any child runs
     if args.child:
         print(json.dumps(run_child(args.rows, args.steps, args.warm, args.threads, args.model)))
         return 0
     load0 = os.getloadavg()[0]
     results: dict[str, list[dict[str, Any]]] = {s: [] for s in args.settings}
     for _ in range(args.repeats):
-        for setting in args.settings:  # interleaved: the machine's load spreads over all
-            results[setting].append(spawn(setting, args.rows, args.steps, args.warm, args.model))
+        for name in args.settings:  # interleaved: the machine's load spreads over all
+            results[name].append(spawn(name, args.rows, args.steps, args.warm, args.model))
     print(f"decode step ms, SmolLM2 fp32, {cpu_model()}; median step of {args.steps} per "
           f"cell, median [min-max] over {args.repeats} interleaved repeats; busy = one "
           f"pure-Python busy process beside it; load average {load0:.1f} at the start, "

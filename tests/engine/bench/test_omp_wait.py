@@ -48,3 +48,11 @@ def test_table_prints_median_and_range_over_repeats() -> None:
     quiet = statistics.median([30.0, 50.0, 40.0])
     assert lines[2] == f"| PASSIVE | {quiet:.1f} [30-50] | 80.0 [70-90] |"
     assert omp_wait.cell([12.34]) == "12.3"
+
+
+def test_any_spin_count_is_a_setting_and_unknown_names_fail() -> None:
+    assert omp_wait.setting("GOMP_SPINCOUNT=777") == ({"GOMP_SPINCOUNT": "777"}, 0)
+    assert omp_wait.setting("1 thread (PASSIVE)") == ({"OMP_WAIT_POLICY": "PASSIVE"}, 1)
+    for bad in ("GOMP_SPINCOUNT=", "GOMP_SPINCOUNT=-5", "ACTIVE"):
+        with pytest.raises(ValueError):
+            omp_wait.setting(bad)

@@ -16,7 +16,11 @@ from the step-cost model: ``policies.batch_bound``), so their overload queues in
 the fair pick and shedding act, instead of swelling every step. The last few of those seats
 go only to tenants under their share (``policies.tenant_seats``): the pick skips a tier's
 tenants over it (``held``: the tier, tenant and weight of each request the worker holds), so
-a light tenant arriving beside a heavy one finds a seat at once.
+a light tenant arriving beside a heavy one finds a seat at once. While two tenants of a tier
+hold rows, one over its share starts at most one request an engine step (``policies.tenant_pace``,
+counted by ``tenant_pace.TenantPace``): a heavy tenant's burst of prompts would otherwise pile
+into one step, which the light tenant's first token waits for or shares; such a tier is read one
+entry a round, so the fair pick sees each start.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from engine.protocol import EngineClient
 from gateway.bus.backoff import run_forever
 from gateway.bus.queues import Envelope, TierQueues
+from gateway.worker.tenant_pace import TenantPace
 from policies.admission import URGENT_PRIORITY, pull_count
+from policies.tenant_pace import shared
 from policies.tenant_seats import lower_limit, over_share, tenant_reserve
 from policies.tiers import tier_priority
 from policies.wrr import smooth_wrr_pick
@@ -46,7 +52,8 @@ class Drainer:
                  weights: Mapping[str, int],
                  start: Callable[[list[Envelope]], Awaitable[None]],
                  row_limit: Callable[[], int | None] = lambda: None,
-                 held: Callable[[], Iterable[tuple[str, str, float]]] = tuple) -> None:
+                 held: Callable[[], Iterable[tuple[str, str, float]]] = tuple,
+                 owed_rows: Callable[[int], int] = lambda urgent: 0) -> None:
         self.queues = queues
         self.engine = engine
         self.consumer = consumer
@@ -54,11 +61,15 @@ class Drainer:
         self.start = start
         self.row_limit = row_limit  # the batch bound for non-urgent rows (None: none)
         self.held = held  # (tier, tenant, weight) of each request the worker holds
+        # lower rows the engine's row cap owes beside this many interactive rows past its cap
+        self.owed_rows = owed_rows
         # this round: seats the non-urgent tiers may take, and each tier's tenants its pick
         # skips (empty: nobody is skipped)
         self.lower_seats = 0
         self.excluded: dict[str, frozenset[str]] = {}
         self.scores: dict[str, int] = {}
+        self.pace = TenantPace(lambda: engine.stats().scheduler.num_steps)
+        self.single: frozenset[str] = frozenset()  # tiers read one entry a round (paced)
         self.room = asyncio.Event()  # set by the worker after each engine step
         # The last wait on empty tiers woke for a lone entry: the tiers are most likely
         # empty again, so the next pull waits on them directly, without counting backlogs
@@ -83,6 +94,7 @@ class Drainer:
             return
         envs = await self._pull(open_tiers)
         if envs:
+            self.pace.started([(e.tier, e.tenant) for e in envs if e.tier in self.single])
             await self.start(envs)
         elif self.excluded:  # the backlog may be only tenants over their share: no spinning
             await self._wait_for_room()
@@ -94,18 +106,25 @@ class Drainer:
         cap shares the step with them)."""
         rows: dict[str, Counter[str]] = {}
         weights: dict[str, dict[str, float]] = {}
+        urgent = 0
         for tier, tenant, weight in self.held():
             if _lower(tier):
                 rows.setdefault(tier, Counter())[tenant] += 1
                 weights.setdefault(tier, {})[tenant] = weight
-        limit = lower_limit(self.engine.load(), self.row_limit())
+            else:
+                urgent += 1
+        # past the bound when the row cap owes the lower tiers seats beside urgent rows
+        limit = lower_limit(self.engine.load(), self.row_limit(), self.owed_rows(urgent))
         free = limit - sum(n for c in rows.values() for n in c.values())
         reserve = tenant_reserve(limit)
+        self.single = frozenset(t for t in rows if shared(rows[t]))
+        paced = {t: self.pace.skip(t, rows[t], weights[t], limit) for t in self.single}
         if free > reserve:
-            return free - reserve, {}
+            return free - reserve, {t: ex for t, ex in paced.items() if ex}
         if free <= 0:
             return 0, {}
-        excluded = {t: over_share(rows[t], weights[t], limit) for t in rows}
+        excluded = {t: over_share(rows[t], weights[t], limit) | paced.get(t, frozenset())
+                    for t in rows}
         return free, {t: ex for t, ex in excluded.items() if ex}
 
     def _batch_size(self) -> int:
@@ -128,7 +147,7 @@ class Drainer:
             tier, self.scores = smooth_wrr_pick(self.weights, self.scores, list(left))
             assert tier is not None
             plan.append(tier)
-            left[tier] -= 1
+            left[tier] = 0 if tier in self.single else left[tier] - 1
             lower_seats -= _lower(tier)
             for t in [t for t in left if not left[t] or (lower_seats <= 0 and _lower(t))]:
                 del left[t]
@@ -144,7 +163,8 @@ class Drainer:
         if await self.queues.wait(tiers, IDLE_BLOCK_S) is None:
             self.quiet = False
             return []
-        counts = {t: min(count, self.lower_seats) if _lower(t) else count for t in tiers}
+        counts = {t: min(count, self.lower_seats, 1 if t in self.single else count)
+                  if _lower(t) else count for t in tiers}
         got = await self.queues.read_counts(counts, self.consumer, self.excluded)
         envs = [e for t in tiers for e in got.get(t, [])]
         self.quiet = len(envs) <= 1

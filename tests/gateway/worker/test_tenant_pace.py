@@ -1,0 +1,93 @@
+"""Pacing on the echo gateway (``policies.tenant_pace``): while a light tenant of the tier holds
+a row, a heavy tenant over its share starts about one request an engine step, the rest of its
+burst stays queued in Redis, and a light request that arrives behind that backlog starts
+before the heavy requests queued ahead of it.
+
+Order, not time, is checked: each request's first output is recorded with the engine step it
+came in (the echo engine steps every 20 ms here, so a burst paced at one a step takes ~0.3 s
+to start, and a request posted meanwhile lands inside it)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from engine.core.outputs import RequestOutput
+from tests.gateway.worker.test_fair_drain import tenant_key
+from tests.gateway.worker.test_tenant_seats import TIER, not_picked
+
+pytestmark = pytest.mark.timeout(90)
+
+BOUND = 32  # heavy is over its share of it (beside light) from 10 rows: 11 > 32 / 3
+HEAVY, HEAVY_TOKENS, LIGHT_TOKENS = 24, 60, 150
+
+
+@pytest.fixture
+def slow_echo(redis_url: str, tiny_model_dir: Path) -> Iterator[Any]:
+    from tests.gateway.harness import make_config, run_gateway
+
+    config = make_config(engine="echo", model=str(tiny_model_dir), echo_step_ms=20.0)
+    with run_gateway(config, redis_url) as gw:
+        drainer = gw.services.worker.drainer
+        drainer.row_limit = lambda: BOUND
+        yield gw
+
+
+def test_a_heavy_burst_is_paced_and_a_light_request_starts_ahead_of_it(
+        slow_echo: Any, redis_url: str) -> None:
+    gw, ns = slow_echo, slow_echo.config.namespace
+    heavy, light = tenant_key(redis_url, ns, "tp-heavy"), tenant_key(redis_url, ns, "tp-light")
+    first_step: dict[str, int] = {}
+    steps = [0]
+
+    def record(outputs: list[RequestOutput]) -> None:
+        steps[0] += 1
+        for o in outputs:
+            if o.new_token_ids:
+                first_step.setdefault(o.request_id, steps[0])
+
+    gw.engine.add_step_callback(record)
+
+    async def post(c: httpx.AsyncClient, key: str, tokens: int) -> str:
+        r = await c.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                         json={"model": "echo", "prompt": "x y z", "max_tokens": tokens,
+                               "service_tier": TIER})
+        assert r.status_code == 200, r.text
+        return str(r.json()["id"])
+
+    async def go() -> tuple[str, list[str], str, int]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60,
+                                     limits=httpx.Limits(max_connections=100)) as c:
+            holder = asyncio.create_task(post(c, light, LIGHT_TOKENS))  # light holds a row
+            deadline = time.monotonic() + 30
+            while gw.engine.load().num_running < 1:
+                assert time.monotonic() < deadline, "the light request did not start"
+                await asyncio.sleep(0.01)
+            burst = [asyncio.create_task(post(c, heavy, HEAVY_TOKENS)) for _ in range(HEAVY)]
+            # heavy past its share (10 rows of its own beside light's), the rest queued
+            while gw.engine.load().num_running < 12 and not all(t.done() for t in burst):
+                assert time.monotonic() < deadline, "the heavy burst did not start"
+                await asyncio.sleep(0.005)
+            queued_behind = not_picked(redis_url, ns)  # heavy entries queued ahead of it
+            late = await post(c, light, 1)
+            return await holder, list(await asyncio.gather(*burst)), late, queued_behind
+
+    holder, heavy_ids, late, queued_behind = asyncio.run(go())
+    # paced: a backlog formed in Redis instead of every heavy request starting at once
+    assert queued_behind >= 5, queued_behind
+    assert first_step[holder] < min(first_step[h] for h in heavy_ids)
+    after = [h for h in heavy_ids if first_step[h] > first_step[late]]
+    # the late light request went ahead of the heavy entries queued before it (one heavy
+    # start may share its step, one more may have been picked while it was posted)
+    assert len(after) >= queued_behind - 2, (len(after), queued_behind)
+    starts = Counter(first_step[h] for h in heavy_ids)
+    over_share_from = sorted(first_step[h] for h in heavy_ids)[10]  # its 11th start
+    # about one a step once over its share (two when a pick straddles the step's start)
+    assert max(n for s, n in starts.items() if s > over_share_from) <= 2, starts

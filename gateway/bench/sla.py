@@ -263,7 +263,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fair-tier", default=BATCH, choices=tuple(STREAM_TIERS.values()),
                    help="the tier of the light and the heavy tenant")
     p.add_argument("--small-seats", type=int, default=0, metavar="N",
-                   help="also the overload row on a server with --max-num-seqs N (e.g. 32)")
+                   help=f"also the overload row on a server with --max-num-seqs N (e.g. 32); "
+                        f"with --rows, only when it names {SMALL_ROW}")
     p.add_argument("--rows", type=_row_names, default=None, metavar="NAMES",
                    help=f"comma-separated rows to run, in the fixed order (default: all of "
                         f"{','.join(ROWS)}, and {SMALL_ROW} with --small-seats); naming "

@@ -91,3 +91,18 @@ def test_a_heavy_burst_is_paced_and_a_light_request_starts_ahead_of_it(
     over_share_from = sorted(first_step[h] for h in heavy_ids)[10]  # its 11th start
     # about one a step once over its share (two when a pick straddles the step's start)
     assert max(n for s, n in starts.items() if s > over_share_from) <= 2, starts
+
+
+def test_the_count_restarts_when_the_engine_steps() -> None:
+    from gateway.worker.tenant_pace import TenantPace
+
+    step = [7]
+    pace = TenantPace(lambda: step[0])
+    held = {"heavy": 20, "light": 2}
+    assert pace.skip(TIER, held, {}, 32) == frozenset()
+    pace.started([(TIER, "heavy"), ("best-effort", "heavy")])
+    assert pace.skip(TIER, held, {}, 32) == {"heavy"}
+    assert pace.skip("best-effort", {"heavy": 20, "other": 1}, {}, 32) == {"heavy"}
+    assert pace.skip("interactive", held, {}, 32) == frozenset()  # counted per tier
+    step[0] += 1  # the requests started joined a step: a new one may start
+    assert pace.skip(TIER, held, {}, 32) == frozenset()

@@ -1,0 +1,88 @@
+"""The linear-only ceiling of a run: what its steps would cost if they were only the model's
+linear layers, run by the engine's own kernels on the model's own weights.
+
+Contract: ``linear_ops(model)`` lists the loaded model's linears in forward order (each layer's
+qkv, o, gate_up, down; then the LM head) with their shapes; ``linear_seconds(model, tokens,
+head_rows)`` times one pass of all of them (best of ``repeats``) on random inputs of ``tokens``
+rows (``head_rows`` for the LM head, which only runs on the rows that sample) and returns the
+seconds and the FLOPs it did; ``linear_ceiling(model, steps, useful_tokens)`` sums that over a
+run's steps, each at the batch sizes it really ran, and returns tokens/s.
+
+Why this and not ``engine.bench.engine.matmul_ceiling`` (kept, printed beside it): that one
+times ``torch.mm`` (aten/MKL) with one random (k, n) matrix per shape reused for all layers, so
+the weights sit in cache, while a real step streams every layer's distinct weights (540 MB for
+SmolLM2 fp32) and the engine's fp32 linears run oneDNN on packed weights
+(``kernels.cpu_linear``), which is faster than aten at small M. That ceiling was both easier
+than the engine's real work (cached weights) and slower than the engine's own linears; this
+one is exactly the matmul work of the step the engine did, and nothing else (no attention,
+norms, sampling or Python between the ops).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.models.llama import LlamaForCausalLM
+
+
+@dataclass(frozen=True)
+class LinearOp:
+    name: str
+    in_features: int
+    out_features: int
+    fn: Callable[[torch.Tensor], torch.Tensor]
+    is_head: bool = False
+
+
+def linear_ops(model: LlamaForCausalLM) -> list[LinearOp]:
+    """The model's linears in forward order: what one forward's matmuls are."""
+    ops: list[LinearOp] = []
+    for i, layer in enumerate(model.layers):
+        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            # nn.Linear, OneDNNLinear or an int8 dynamic linear: all carry these two sizes
+            mod: Any = layer.get_submodule(name)
+            ops.append(LinearOp(f"layers.{i}.{name}", mod.in_features, mod.out_features, mod))
+    a = model.args
+    # compute_logits: the packed head where routed, else F.linear on the (tied) weight
+    ops.append(LinearOp("lm_head", a.hidden_size, a.vocab_size, model.compute_logits,
+                        is_head=True))
+    return ops
+
+
+def linear_flops(ops: Iterable[LinearOp], tokens: int, head_rows: int) -> float:
+    return sum(2.0 * (head_rows if op.is_head else tokens) * op.in_features * op.out_features
+               for op in ops)
+
+
+def linear_seconds(
+    model: LlamaForCausalLM, tokens: int, head_rows: int, repeats: int = 2
+) -> tuple[float, float]:
+    """Best time of one pass over every linear at these row counts, and its FLOPs."""
+    ops = linear_ops(model)
+    dtype = model.embed_tokens.weight.dtype
+    rows = {op.name: head_rows if op.is_head else tokens for op in ops}
+    # one input per op: activations are small and a step's sit in cache too
+    inputs = {op.name: torch.randn(rows[op.name], op.in_features, dtype=dtype) for op in ops}
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for op in ops:
+                if rows[op.name]:
+                    op.fn(inputs[op.name])
+            best = min(best, time.perf_counter() - t0)
+    return best, linear_flops(ops, tokens, head_rows)
+
+
+def linear_ceiling(
+    model: LlamaForCausalLM, steps: Iterable[tuple[int, int]], useful_tokens: int, repeats: int = 2
+) -> float:
+    """Tokens/s if each step, a (matmul rows, LM-head rows) pair, cost only its linears."""
+    total = sum(c * linear_seconds(model, t, h, repeats)[0] for (t, h), c in Counter(steps).items())
+    return useful_tokens / total

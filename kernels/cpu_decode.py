@@ -27,6 +27,73 @@ _SOURCE = VEXP + r"""
 #include <algorithm>
 #include <vector>
 
+// One task per row: its blocks are read front to back, each token's keys (all KV heads,
+// Hk * D floats) contiguous, which the prefetcher streams; scores for all query heads. Loops
+// walk (block, token in block, KV head, query head of its group): no integer division in the
+// inner loops (they cost more than the dot products), and DC > 0 fixes the head dim at compile
+// time so each dot is a few unrolled vector FMAs (DC = 0: any head dim).
+template <int64_t DC>
+static void decode_rows(const float* qp, const float* kc, const float* vc, const int* bt,
+                        const int* lens, float* op, int64_t R, int64_t Hq, int64_t Hk,
+                        int64_t Drt, int64_t B, int64_t M, float sc) {
+  const int64_t D = DC > 0 ? DC : Drt, G = Hq / Hk, tok = Hk * D;
+  at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s, acc(Hq * D);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t ctx = lens[r];
+      s.resize(Hq * ctx);
+      float* sp = s.data();
+      const float* qr = qp + r * Hq * D;
+      const int* tab = bt + r * M;
+      for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += B, ++b) {
+        const int64_t n = std::min(B, ctx - t0);
+        const float* kb = kc + static_cast<int64_t>(tab[b]) * B * tok;
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t h = 0; h < Hk; ++h) {
+            const float* kp = kb + i * tok + h * D;
+            for (int64_t hq = h * G; hq < (h + 1) * G; ++hq) {
+              const float* qh = qr + hq * D;
+              float dot = 0.f;
+              #pragma omp simd reduction(+:dot)
+              for (int64_t d = 0; d < D; ++d) dot += qh[d] * kp[d];
+              sp[hq * ctx + t0 + i] = dot * sc;
+            }
+          }
+        }
+      }
+      for (int64_t hq = 0; hq < Hq; ++hq) {
+        float* sh = sp + hq * ctx;
+        float mx = sh[0];
+        #pragma omp simd reduction(max:mx)
+        for (int64_t t = 0; t < ctx; ++t) mx = sh[t] > mx ? sh[t] : mx;
+        float sum = 0.f;
+        #pragma omp simd reduction(+:sum)
+        for (int64_t t = 0; t < ctx; ++t) { sh[t] = carpool_vexp(sh[t] - mx); sum += sh[t]; }
+        const float inv = 1.f / sum;
+        #pragma omp simd
+        for (int64_t t = 0; t < ctx; ++t) sh[t] *= inv;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += B, ++b) {
+        const int64_t n = std::min(B, ctx - t0);
+        const float* vb = vc + static_cast<int64_t>(tab[b]) * B * tok;
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t h = 0; h < Hk; ++h) {
+            const float* vp = vb + i * tok + h * D;
+            for (int64_t hq = h * G; hq < (h + 1) * G; ++hq) {
+              const float w = sp[hq * ctx + t0 + i];
+              float* ah = acc.data() + hq * D;
+              #pragma omp simd
+              for (int64_t d = 0; d < D; ++d) ah[d] += w * vp[d];
+            }
+          }
+        }
+      }
+      std::copy(acc.begin(), acc.end(), op + r * Hq * D);
+    }
+  });
+}
+
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor block_tables, torch::Tensor seq_lens, double scale) {
   TORCH_CHECK(q.dtype() == torch::kFloat32 && k_cache.dtype() == torch::kFloat32 &&
@@ -53,49 +120,13 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
       TORCH_CHECK(bt[r * M + b] >= 0 && bt[r * M + b] < N, "paged_decode: block out of range");
     }
   }
-  // One task per row: its blocks are read front to back, each token's keys (all KV heads,
-  // Hk * D floats) contiguous, which the prefetcher streams; scores for all query heads.
-  at::parallel_for(0, R, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s, acc(Hq * D);
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t ctx = lens[r];
-      s.resize(Hq * ctx);
-      const float* qr = qp + r * Hq * D;
-      for (int64_t t = 0; t < ctx; ++t) {
-        const float* kt = kc + (static_cast<int64_t>(bt[r * M + t / B]) * B + t % B) * Hk * D;
-        for (int64_t hq = 0; hq < Hq; ++hq) {
-          const float* kp = kt + (hq / G) * D;
-          const float* qh = qr + hq * D;
-          float dot = 0.f;
-          #pragma omp simd reduction(+:dot)
-          for (int64_t d = 0; d < D; ++d) dot += qh[d] * kp[d];
-          s[hq * ctx + t] = dot * sc;
-        }
-      }
-      for (int64_t hq = 0; hq < Hq; ++hq) {
-        float* sh = s.data() + hq * ctx;
-        const float mx = *std::max_element(sh, sh + ctx);
-        float sum = 0.f;
-        #pragma omp simd reduction(+:sum)
-        for (int64_t t = 0; t < ctx; ++t) { sh[t] = carpool_vexp(sh[t] - mx); sum += sh[t]; }
-        const float inv = 1.f / sum;
-        #pragma omp simd
-        for (int64_t t = 0; t < ctx; ++t) sh[t] *= inv;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = 0; t < ctx; ++t) {
-        const float* vt = vc + (static_cast<int64_t>(bt[r * M + t / B]) * B + t % B) * Hk * D;
-        for (int64_t hq = 0; hq < Hq; ++hq) {
-          const float w = s[hq * ctx + t];
-          const float* vp = vt + (hq / G) * D;
-          float* ah = acc.data() + hq * D;
-          #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) ah[d] += w * vp[d];
-        }
-      }
-      std::copy(acc.begin(), acc.end(), op + r * Hq * D);
-    }
-  });
+  if (D == 64) {
+    decode_rows<64>(qp, kc, vc, bt, lens, op, R, Hq, Hk, D, B, M, sc);
+  } else if (D == 128) {
+    decode_rows<128>(qp, kc, vc, bt, lens, op, R, Hq, Hk, D, B, M, sc);
+  } else {
+    decode_rows<0>(qp, kc, vc, bt, lens, op, R, Hq, Hk, D, B, M, sc);
+  }
   return out;
 }
 """

@@ -6,7 +6,9 @@ seats: the batch bound (``policies.batch_bound``) when there is one, and never t
 ``policies.admission`` keeps for interactive. Only non-urgent requests count against it:
 interactive rows are governed by the engine's urgent row cap, which gives the lower tiers
 seats by weight beside them; counting interactive here starved them (every tier backlogged,
-interactive alone filled the bound and best-effort got a third of its share).
+interactive alone filled the bound and best-effort got a third of its share). For the same
+reason the limit grows to the seats the row cap owes the lower tiers beside interactive rows
+past the cap: those seats need lower rows in the engine to run.
 
 The fair pick in Redis chooses *whose* request goes next, but only when a seat frees. A heavy
 tenant alone in its tier would otherwise fill every seat, and a light tenant's request that
@@ -31,11 +33,12 @@ RESERVE_DIVISOR = 16
 MIN_RESERVE = 2
 
 
-def lower_limit(load: EngineLoad, bound: int | None) -> int:
-    """The seats non-urgent work may fill: the bound (None: none), never the urgent reserve
-    of ``policies.admission``."""
+def lower_limit(load: EngineLoad, bound: int | None, owed: int = 0) -> int:
+    """The seats non-urgent work may fill: the bound (None: none) or, when more, the seats
+    the row cap owes it beside urgent rows past the cap (``policies.owed_seats``), never the
+    urgent reserve of ``policies.admission``."""
     seats = load.max_num_seqs - reserved_seats(load, URGENT_PRIORITY + 1)
-    return seats if bound is None else min(bound, seats)
+    return seats if bound is None else min(max(bound, owed), seats)
 
 
 def tenant_reserve(limit: int) -> int:

@@ -15,12 +15,14 @@ keeping their KV blocks (paused, no recompute cost; only the usual memory rules 
 With no urgent request present no cap applies.
 
 Interactive may not starve the others when it alone overloads the engine: when ``weights``
-also weighs the urgent priority, each lower priority with demand is owed seats for the urgent
-rows *past the cap* (urgent work filling the protected batch on its own), ``(urgent - cap) *
-its weight / urgent weight`` (floored), on top of the cap. So with every tier backlogged the
-rows follow the weights, while urgent work within the cap keeps it whole (bench sla: owing
-seats for every urgent row took interactive's TPOT to 2x alone at 0.5x capacity, ten urgent
-rows beside a cap of seven).
+also weighs the urgent priority, the lower priorities with demand are owed seats on top of
+the cap for the urgent rows *past the cap* (urgent work filling the protected batch on its
+own), and for every urgent row once they pass three caps (``policies.owed_seats``: their
+weights' share of those rows, the total floored once and spread by the weighted round-robin,
+so best-effort gets its fraction over time). So with every tier backlogged the rows follow
+the weights, while urgent work within the cap keeps it whole (bench sla: owing seats for
+every urgent row took interactive's TPOT to 2x alone at 0.5x capacity, ten urgent rows
+beside a cap of seven).
 
 Why: a step's cost grows with its rows, so every lower-tier row slows every urgent one; the
 cap (set by the worker from a step-cost model and a TPOT target) bounds the urgent rows'
@@ -34,7 +36,11 @@ work this step by ``weights`` (else the most urgent of them, always backlogged u
 took it all and best-effort's seats sat unstarted: 0.28 of its WRR share instead of 0.75);
 longer prompts are chunked over several steps
 (bench sla, --max-num-seqs 32: six bulk requests starting in one step made it ~250 ms longer,
-and every interactive request arriving then paid it in TTFT).
+and every interactive request arriving then paid it in TTFT). Seats owed past the cap add as
+many prompt tokens to the allowance: a lower request brings about as many prompt tokens as
+it yields output tokens, so owed seats without their prompts could never be turned over
+(bench sla, every tier backlogged: 16 tokens a step held the lower tiers to ~16 rows' worth
+of new work beside 75 interactive rows).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from dataclasses import dataclass, field
 
 from engine.core.request import Request
 from engine.core.request_queue import RequestQueue
+from policies.owed_seats import owed_seats
 from policies.wrr import smooth_wrr_pick
 
 
@@ -134,7 +141,8 @@ def plan_step(cap: RowCap, running: Iterable[Request], waiting: RequestQueue,
     urgent += sum(n for p, n in queued.items() if p <= up)
     demand = {p: len(lower.get(p, ())) + queued.get(p, 0)
               for p in set(lower) | set(queued) if p > up}
-    seats = max(cap.cap - urgent, _owed(urgent - cap.cap, up, demand, cap.weights))
+    owed = owed_seats(urgent, cap.cap, up, cap.weights, demand)
+    seats = max(cap.cap - urgent, owed)
     for rows in lower.values():
         rows.sort(key=lambda r: (r.last_scheduled_step, r.arrival_time))
     alloc = _share_seats(seats, demand, cap.weights, scores)
@@ -151,7 +159,7 @@ def plan_step(cap: RowCap, running: Iterable[Request], waiting: RequestQueue,
         prompting = {r.priority for rows in lower.values() for r in rows
                      if r.request_id in kept and r.num_tokens - r.num_computed_tokens > 1}
         prompting.update(p for p, n in starts.items() if n > 0)
-        prefill = _split_tokens(cap.lower_prefill_tokens, prompting, cap.weights)
+        prefill = _split_tokens(cap.lower_prefill_tokens + owed, prompting, cap.weights)
     return StepRowCap(urgent + sum(alloc.values()), up, held, starts, prefill)
 
 
@@ -161,16 +169,6 @@ def _split_tokens(tokens: int, priorities: Iterable[int], weights: Mapping[int, 
     w = {p: max(1, weights.get(p, 1)) for p in priorities}
     total = sum(w.values())
     return {p: max(1, tokens * wp // total) for p, wp in w.items()}
-
-
-def _owed(urgent: int, up: int, demand: Mapping[int, int], weights: Mapping[int, int]) -> int:
-    """Lower seats owed beside ``urgent`` rows (those past the cap) by the weights (0 when
-    the urgent priority is not weighted): each lower priority with demand is owed ``urgent *
-    its weight / the urgent weight``, at most its demand."""
-    w_urgent = weights.get(up, 0)
-    if w_urgent <= 0 or urgent <= 0:
-        return 0
-    return sum(min(n, urgent * weights.get(p, 1) // w_urgent) for p, n in demand.items())
 
 
 def _share_seats(seats: int, demand: Mapping[int, int], weights: Mapping[int, int],

@@ -19,7 +19,8 @@ steps are mostly prompts, so the mean overprices a decode row and the cap errs s
 
 The same steps give the batch bound for non-urgent rows (``row_limit``, ``policies.batch_bound``:
 the knee of the tokens/s curve of their seconds-per-row law, or shorter steps for the tightest
-lower-tier TTFT target, ``lower_ttft_s``), which the drainer applies.
+lower-tier TTFT target, ``lower_ttft_s``), which the drainer applies, raised to the rows the
+cap owes the lower tiers while interactive rows pass it (``owed_lower_rows``).
 
 With the cap goes an allowance of lower-tier prompt tokens per step (``lower_prefill_tokens``):
 the tokens the model says fit in what the capped step leaves of the target, at least
@@ -37,6 +38,7 @@ from collections.abc import Callable, Mapping
 from engine.core.outputs import SchedulerOutput
 from engine.protocol import EngineClient
 from policies.batch_bound import row_limit, rows_law
+from policies.owed_seats import owed_seats
 from policies.step_cost import StepCostModel
 from policies.tiers import (
     DEFAULT_TIER_SLOS,
@@ -196,6 +198,14 @@ class StepBudget:
             return None
         spare = self.target_s - self.model.predict_decode(cap, self.model.mean_kv_per_row())
         return max(MIN_LOWER_PREFILL_TOKENS, int(spare / per_token))
+
+    def owed_lower_rows(self, urgent_rows: int) -> int:
+        """Lower-tier rows the engine's row cap owes beside ``urgent_rows`` interactive rows
+        (``policies.owed_seats``, every lower tier counted): the drainer lets the lower tiers
+        hold that many past the batch bound, else those seats find no rows to run."""
+        if self.cap is None:
+            return 0
+        return owed_seats(urgent_rows, self.cap, self.urgent_priority, self.seat_weights)
 
     def _set(self, cap: int | None, lower_prefill_tokens: int | None) -> int | None:
         if (cap, lower_prefill_tokens) != (self.cap, self.lower_prefill_tokens):

@@ -67,7 +67,8 @@ class Worker:
         self.queues = TierQueues(redis, self.keys, TIERS)
         self.writer = OutputWriter(redis, self.keys, config.stream_ttl_s)
         self.drainer = Drainer(self.queues, engine, self.consumer, config.tier_weights, self._start,
-                               row_limit=lambda: self.step_budget.row_limit, held=self._held)
+                               row_limit=lambda: self.step_budget.row_limit, held=self._held,
+                               owed_rows=lambda urgent: self.step_budget.owed_lower_rows(urgent))
         self.inflight: dict[str, Inflight] = {}
         self.step_budget = StepBudget(engine, config.tier_slos[INTERACTIVE],
                                       tier_weights=config.tier_weights)

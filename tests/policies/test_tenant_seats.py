@@ -27,6 +27,14 @@ def test_lower_limit_is_the_bound_within_the_urgent_reserve() -> None:
     assert lower_limit(load(32), 57) == 32 - 32 // 8
 
 
+def test_lower_limit_grows_to_the_seats_owed_past_the_cap() -> None:
+    """The row cap's owed seats need lower rows to run: the limit is the larger of the bound
+    and the owed seats, still within the urgent reserve; no bound stays no bound."""
+    for owed in range(0, 300, 7):
+        assert lower_limit(load(256), 57, owed) == min(max(57, owed), 256 - 256 // 8)
+        assert lower_limit(load(256), None, owed) == 256 - 256 // 8
+
+
 def test_reserve_size() -> None:
     for limit in range(1, 600):
         want = max(MIN_RESERVE, -(-limit // RESERVE_DIVISOR))

@@ -199,8 +199,11 @@ WEIGHTS = {0: 6, 1: 3, 2: 1}  # interactive, batch, best-effort (the default dra
 def _reference_seats(cap: int, urgent: int, steps: int) -> dict[int, int]:
     """Row-steps per priority when every priority has more demand than seats: the urgent
     rows all run; the lower tiers get the cap's rest or, when more, what the weights owe
-    them for the urgent rows past the cap (floored per tier), spread 3:1 by smooth WRR."""
-    owed = sum(max(0, urgent - cap) * WEIGHTS[p] // WEIGHTS[0] for p in (1, 2))
+    them for the urgent rows past the cap (every urgent row from three caps on), floored
+    once, spread 3:1 by smooth WRR."""
+    past = max(0, urgent - cap)
+    counted = urgent if urgent >= 3 * cap else past if urgent <= 2 * cap else 2 * past - cap
+    owed = counted * (WEIGHTS[1] + WEIGHTS[2]) // WEIGHTS[0]
     lower = max(cap - urgent, owed)
     picks = wrr_sequence({"1": WEIGHTS[1], "2": WEIGHTS[2]}, lower * steps)
     return {0: urgent * steps, 1: picks.count("1"), 2: picks.count("2")}
@@ -208,9 +211,9 @@ def _reference_seats(cap: int, urgent: int, steps: int) -> dict[int, int]:
 
 def test_interactive_alone_past_the_cap_does_not_starve_the_other_tiers() -> None:
     """Interactive alone fills the cap (30 rows, cap 5): batch and best-effort are still
-    owed seats by the weights for the 25 urgent rows past it, so best-effort's share of the
-    rows is over half its WRR share; the old rule (urgent first, lower only under the cap)
-    gave them none."""
+    owed seats by the weights, for every urgent row since they are six caps, so best-effort's
+    share of the rows is over half its WRR share; the old rule (urgent first, lower only
+    under the cap) gave them none."""
     sched = make_scheduler(num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=256)
     runner = FakeRunner(sched)
     urgent = make_requests(30, prompt_len=4, max_tokens=120, priority=0)

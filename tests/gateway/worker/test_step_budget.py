@@ -16,6 +16,7 @@ from engine.frontend.async_engine import AsyncEngine
 from gateway.worker.step_budget import MIN_LOWER_PREFILL_TOKENS, StepBudget
 from gateway.worker.worker import Worker
 from policies.admission import EngineLoad
+from policies.owed_seats import owed_seats
 from policies.step_cost import StepCostModel
 from policies.tiers import DERIVED_TPOT_HEADROOM, SMALL_BATCH_ROWS, TierSLO
 from tests.gateway.harness import make_config
@@ -174,3 +175,18 @@ async def test_a_worker_sets_the_cap_on_the_real_engine(redis_url: str,
         await worker.stop()
         await engine.shutdown()
         await client.aclose()
+
+
+def test_owed_lower_rows_follow_the_cap_in_force() -> None:
+    """The drainer's lower limit past the bound: ``policies.owed_seats`` beside the cap last
+    set, every lower tier counted; none before a cap is set."""
+    engine = RecordingEngine()
+    budget = StepBudget(engine)  # type: ignore[arg-type]
+    budget.attach()
+    assert budget.owed_lower_rows(100) == 0  # no cap yet
+    feed(budget, engine, 200)
+    cap = budget.update()
+    assert cap is not None
+    for urgent in range(4 * cap):
+        assert budget.owed_lower_rows(urgent) == owed_seats(urgent, cap, 0, {0: 6, 1: 3, 2: 1})
+    assert budget.owed_lower_rows(3 * cap) == 3 * cap * 4 // 6  # every urgent row counts

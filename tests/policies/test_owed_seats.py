@@ -1,0 +1,89 @@
+"""Seats owed to the lower tiers beside urgent rows past the cap, against a straightforward
+reference in exact fractions."""
+
+from __future__ import annotations
+
+import math
+import random
+from fractions import Fraction
+
+import pytest
+
+from policies.owed_seats import counted_rows, owed_seats
+
+WEIGHTS = {0: 6, 1: 3, 2: 1}  # interactive, batch, best-effort (the default drain weights)
+
+
+def reference_counted(urgent: int, cap: int) -> int:
+    """Piece by piece: none within the cap, the rows past it up to two caps, every row from
+    three caps on, and the straight line between (2u - 3c) in between."""
+    if urgent <= cap:
+        return 0
+    if urgent <= 2 * cap:
+        return urgent - cap
+    if urgent >= 3 * cap:
+        return urgent
+    return 2 * urgent - 3 * cap
+
+
+def reference_owed(urgent: int, cap: int, weights: dict[int, int],
+                   demand: dict[int, int]) -> int:
+    counted = reference_counted(urgent, cap)
+    total = Fraction(0)
+    for p, n in demand.items():
+        if p > 0 and n > 0:
+            total += min(Fraction(n), Fraction(counted * weights.get(p, 1), weights[0]))
+    return math.floor(total)
+
+
+def test_counted_rows_is_the_piecewise_line() -> None:
+    for cap in range(30):
+        for urgent in range(120):
+            assert counted_rows(urgent, cap) == reference_counted(urgent, cap)
+
+
+def test_counted_rows_is_continuous_and_never_shrinks() -> None:
+    for cap in range(30):
+        steps = [counted_rows(u + 1, cap) - counted_rows(u, cap) for u in range(120)]
+        assert all(0 <= s <= 2 for s in steps)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_owed_matches_the_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(500):
+        weights = {0: rng.randint(1, 8), 1: rng.randint(0, 5), 2: rng.randint(0, 3)}
+        demand = {p: rng.randint(0, 40) for p in (1, 2) if rng.random() < 0.8}
+        urgent, cap = rng.randint(0, 80), rng.randint(0, 20)
+        assert owed_seats(urgent, cap, 0, weights, demand) == reference_owed(
+            urgent, cap, weights, demand)
+
+
+def test_the_total_is_floored_once_not_per_tier() -> None:
+    """Three urgent rows past the cap owe batch 1.5 and best-effort 0.5 seats: 2 in all (per
+    tier floors gave 1, and best-effort nothing until six rows past the cap)."""
+    assert owed_seats(8, 5, 0, WEIGHTS, {1: 10, 2: 10}) == 2
+    assert owed_seats(8, 5, 0, WEIGHTS, {2: 10}) == 0  # best-effort alone: 0.5, floored
+    assert owed_seats(11, 5, 0, WEIGHTS, {2: 10}) == 1
+
+
+def test_no_seats_owed_within_the_cap_or_without_an_urgent_weight() -> None:
+    assert owed_seats(5, 5, 0, WEIGHTS, {1: 10, 2: 10}) == 0
+    assert owed_seats(30, 5, 0, {1: 3, 2: 1}, {1: 10, 2: 10}) == 0
+
+
+def test_without_demand_every_weighted_lower_tier_counts() -> None:
+    """The drainer's count: every lower tier may have rows (none bounded by its demand)."""
+    for urgent in range(60):
+        want = reference_owed(urgent, 7, WEIGHTS, {1: 10**6, 2: 10**6})
+        assert owed_seats(urgent, 7, 0, WEIGHTS) == want
+
+
+def test_far_past_the_cap_the_rows_follow_the_weights() -> None:
+    """Every tier backlogged: from three caps on the urgent rows and the owed seats split the
+    step 6 : 4, best-effort's share of the rows within one seat of its weight's."""
+    for urgent in range(21, 200):
+        owed = owed_seats(urgent, 7, 0, WEIGHTS, {1: 10**6, 2: 10**6})
+        assert owed == urgent * 4 // 6
+        best_effort = owed / 4  # its part of the seats by smooth WRR over time (3:1)
+        assert best_effort / (urgent + owed) == pytest.approx(0.1, abs=1 / (urgent + owed))

@@ -120,12 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Commands whose engine shares the cores with an event loop and Redis. OpenMP's default
 # busy-wait between parallel regions starves those threads (measured: a 4-request decode step
-# went from 67 to 975 ms with one competing busy core; 109 ms with PASSIVE). Issue 12 measured
-# the alternatives on 2 cores (decode step ms, batch 1 / 16, quiet | one busy neighbour):
-# PASSIVE 51-52 / 119-150 | 50-52 / 188-190; default spin 49-59 / 102-119 | 118-195 / 407-441;
-# GOMP_SPINCOUNT=1000 52-53 / 120-128 | 59-114 / 202-297; 1 thread 51-58 / 135-176 | 51-67 /
-# 132-259. No batch-1 cost of PASSIVE showed there, and only PASSIVE held under the
-# neighbour: it stays. Must be set
+# went from 67 to 975 ms with one competing busy core; 109 ms with PASSIVE). Measured again
+# with oneDNN linears (`python -m engine.bench.omp_wait`, 2-core AMD EPYC VM shared with other
+# work, decode step ms median of 3 runs, batch 1 / 8 / 32, quiet | one busy Python process):
+# PASSIVE 42-47 / 46-60 / 83-102 | 50-54 / 60 / 126; GOMP_SPINCOUNT=500 41 / 51 / 97 | 56 / 65
+# / 140; 1000 42 / 42 / 87 | 61 / 69 / 150; 2000 41-46 / 51-53 / 76-98 | 72 / 78-81 / 152-170;
+# 20000 39 / 41 / 74 | 152 / 147 / 302; default spin 40 / 34 / 68 | 95 / 168 / 276; 1 thread
+# 49 / 53-59 / 114-124 | 48-57 / 56-58 / 124-129. PASSIVE costs a futex wake of the second thread per parallel region (121
+# a step at 1 row, all oneDNN linears; ~70-95 us each on this VM for the small ones: ~8 ms of
+# linears at 1 row), and served 1-stream ITL p50 was 46-57 ms vs 35-44 with GOMP_SPINCOUNT=
+# 20000; but every spin count lost beside the busy process (500: 4-11%, 20000: 140-200%),
+# the short ones gained nothing clear quiet, and one thread is slower quiet: no setting has
+# both on this machine, and PASSIVE stays (the README's serving-speed section). Must be set
 # before torch loads libgomp, i.e. before any subcommand imports the engine. Written at run time
 # in main(), for those commands only, not when this module is imported (tests import it), and
 # the one environment write in the gateway: gateway/config.py only reads.

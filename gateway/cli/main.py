@@ -126,15 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
 # PASSIVE 42-47 / 46-60 / 83-102 | 50-54 / 60 / 126; GOMP_SPINCOUNT=500 41 / 51 / 97 | 56 / 65
 # / 140; 1000 42 / 42 / 87 | 61 / 69 / 150; 2000 41-46 / 51-53 / 76-98 | 72 / 78-81 / 152-170;
 # 20000 39 / 41 / 74 | 152 / 147 / 302; default spin 40 / 34 / 68 | 95 / 168 / 276; 1 thread
-# 49 / 53-59 / 114-124 | 48-57 / 56-58 / 124-129. PASSIVE costs a futex wake of the second thread per parallel region (121
-# a step at 1 row, all oneDNN linears; ~70-95 us each on this VM for the small ones: ~8 ms of
-# linears at 1 row), and served 1-stream ITL p50 was 46-57 ms vs 35-44 with GOMP_SPINCOUNT=
-# 20000; but every spin count lost beside the busy process (500: 4-11%, 20000: 140-200%),
-# the short ones gained nothing clear quiet, and one thread is slower quiet: no setting has
-# both on this machine, and PASSIVE stays (the README's serving-speed section). Must be set
-# before torch loads libgomp, i.e. before any subcommand imports the engine. Written at run time
-# in main(), for those commands only, not when this module is imported (tests import it), and
-# the one environment write in the gateway: gateway/config.py only reads.
+# 49 / 53-59 / 114-124 | 48-57 / 56-58 / 124-129. PASSIVE costs a futex wake of the second thread
+# per parallel region (121 a step at 1 row, all oneDNN linears; ~70-95 us each on this VM for the
+# small ones: ~8 ms of linears at 1 row), and served 1-stream ITL p50 was 46-57 ms vs 35-44 with
+# GOMP_SPINCOUNT=20000; but every spin count lost beside the busy process (500: 4-11%, 20000:
+# 140-200%), the short ones gained nothing clear quiet, and one thread is slower quiet: no
+# setting has both on this machine, and PASSIVE stays (the README's serving-speed section). Must
+# be set before torch loads libgomp, i.e. before any subcommand imports the engine. Written at
+# run time in main(), for those commands only, not when this module is imported (tests import
+# it), and the one environment write in the gateway: gateway/config.py only reads.
 _SHARED_CORE_COMMANDS = ("serve", "loadtest", "calibrate", "plan")
 
 

@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 # / 140; 1000 42 / 42 / 87 | 61 / 69 / 150; 2000 41-46 / 51-53 / 76-98 | 72 / 78-81 / 152-170;
 # 20000 39 / 41 / 74 | 152 / 147 / 302; default spin 40 / 34 / 68 | 95 / 168 / 276; 1 thread
 # 49 / 53-59 / 114-124 | 48-57 / 56-58 / 124-129. PASSIVE costs a futex wake of the second thread
-# per parallel region (121 a step at 1 row, all oneDNN linears; ~70-95 us each on this VM for the
+# per parallel region (121 a step at 1 row, all oneDNN linears; ~50-95 us each on this VM for the
 # small ones: ~8 ms of linears at 1 row), and served 1-stream ITL p50 was 46-57 ms vs 35-44 with
 # GOMP_SPINCOUNT=20000; but every spin count lost beside the busy process (500: 4-11%, 20000:
 # 140-200%), the short ones gained nothing clear quiet, and one thread is slower quiet: no

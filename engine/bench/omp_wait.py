@@ -4,13 +4,16 @@ libgomp reads its environment once, when torch loads it, so every setting runs i
 child process (``--child``) with its own environment: ``OMP_WAIT_POLICY=PASSIVE`` (what
 ``carpool serve`` sets), ``GOMP_SPINCOUNT`` 2000 / 20000 / 200000 with ``OMP_WAIT_POLICY``
 unset (libgomp spins about 100 000 times a millisecond, then sleeps on a futex), the default
-(both unset: about 3 ms of spin), and one torch thread (no parallel region ever wakes a
-second thread). Each child builds the fp32 engine, and for each batch size R decodes R rows
-(seed-workload prompts, ``ignore_eos``) and times ``--steps`` decode steps quiet, then as many
+(both unset: about 3 ms of spin), one torch thread (no parallel region ever wakes a second
+thread), and a spin with one thread beside the neighbour (what a per-step thread count chosen
+by contention would do, the contention known). Each child builds the fp32 engine, and for each
+batch size R decodes R rows (seed-workload prompts, ``ignore_eos``) and times ``--steps`` decode steps quiet, then as many
 with one busy neighbour process (a pure-Python loop: one core's worth, not pinned, as an
 event loop or a Redis server would be). Settings run interleaved ``--repeats`` times, so the
 machine's other load spreads over all of them. One table: per setting and batch size, the
-median step ms of each repeat as median [min-max] over the repeats, and the CPU model.
+median step ms of each repeat as median [min-max] over the repeats, and the CPU model; under
+it the mean of /proc/stat's runnable tasks seen before each step, quiet and busy (the signal
+such a thread count could read).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import sys
 import time
 from typing import Any
 
-# setting -> (environment entries, torch threads; 0 = the engine's default, one per core)
+# setting -> (environment entries, torch threads; 0 = the engine's default, one per core;
+# -1 = the default quiet and 1 beside the neighbour: what a contention signal would choose)
 SETTINGS: dict[str, tuple[dict[str, str], int]] = {
     "PASSIVE": ({"OMP_WAIT_POLICY": "PASSIVE"}, 0),
     "GOMP_SPINCOUNT=2000": ({"GOMP_SPINCOUNT": "2000"}, 0),
@@ -32,6 +36,7 @@ SETTINGS: dict[str, tuple[dict[str, str], int]] = {
     "GOMP_SPINCOUNT=200000": ({"GOMP_SPINCOUNT": "200000"}, 0),
     "default spin": ({}, 0),
     "1 thread (PASSIVE)": ({"OMP_WAIT_POLICY": "PASSIVE"}, 1),
+    "GOMP_SPINCOUNT=20000, 1 thread when busy": ({"GOMP_SPINCOUNT": "20000"}, -1),
 }
 _OMP_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 _SPIN = "GOMP_SPINCOUNT="
@@ -54,18 +59,36 @@ def child_env(name: str) -> dict[str, str]:
     return env
 
 
-def _timed_steps(engine: Any, steps: int) -> float:
-    """Median wall ms of ``steps`` engine steps."""
-    times = []
+def runnable() -> int:
+    """Tasks runnable now, machine-wide (/proc/stat procs_running; the caller is one); -1 if
+    unreadable. The contention signal a per-step thread choice could use."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("procs_running"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def _timed_steps(engine: Any, steps: int) -> tuple[float, float]:
+    """Median wall ms of ``steps`` engine steps, and the mean ``runnable()`` before them."""
+    times, seen = [], []
     for _ in range(steps):
+        seen.append(runnable())
         t0 = time.perf_counter()
         engine.step()
         times.append(1000 * (time.perf_counter() - t0))
-    return statistics.median(times)
+    return statistics.median(times), statistics.mean(seen)
 
 
-def measure_rows(engine: Any, rows: int, steps: int, warm: int) -> dict[str, float]:
-    """Decode step ms at ``rows`` rows, quiet and beside one busy neighbour process."""
+def measure_rows(engine: Any, rows: int, steps: int, warm: int,
+                 busy_threads: int = 0) -> dict[str, float]:
+    """Decode step ms at ``rows`` rows, quiet and beside one busy neighbour process (there on
+    ``busy_threads`` torch threads if given), with the mean runnable tasks seen in each."""
+    import torch
+
     from engine.bench.engine import make_workload
     from engine.core.sampling_params import SamplingParams
 
@@ -76,16 +99,22 @@ def measure_rows(engine: Any, rows: int, steps: int, warm: int) -> dict[str, flo
         engine.add_request(prompt, params, request_id=f"w{rows}-{i}")
     for _ in range(warm):  # prefill, then a few decode steps
         engine.step()
-    quiet = _timed_steps(engine, steps)
+    quiet, quiet_seen = _timed_steps(engine, steps)
+    threads = torch.get_num_threads()
     neighbour = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP])
     try:
+        if busy_threads:
+            torch.set_num_threads(busy_threads)
         time.sleep(0.3)  # let it reach the loop
-        busy = _timed_steps(engine, steps)
+        busy, busy_seen = _timed_steps(engine, steps)
+        busy_ran_on = torch.get_num_threads()
     finally:
+        torch.set_num_threads(threads)
         neighbour.kill()
         neighbour.wait()
     engine.abort_all()
-    return {"quiet": quiet, "busy": busy}
+    return {"quiet": quiet, "busy": busy, "quiet_runnable": quiet_seen,
+            "busy_runnable": busy_seen, "quiet_threads": threads, "busy_threads": busy_ran_on}
 
 
 def run_child(rows: list[int], steps: int, warm: int, threads: int,
@@ -96,12 +125,14 @@ def run_child(rows: list[int], steps: int, warm: int, threads: int,
     from engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_kwargs(model=model, dtype="float32", max_num_seqs=max(rows))
-    if threads:
+    if threads > 0:
         torch.set_num_threads(threads)
-    measure_rows(engine, 2, 3, 3)  # warm-up: first-call costs, weight pages
+    busy_threads = 1 if threads < 0 else 0
+    measure_rows(engine, 2, 3, 3, busy_threads)  # warm-up: first-call costs, weight pages
     return {"threads": torch.get_num_threads(),
             "env": {k: os.environ.get(k) for k in _OMP_VARS},  # what libgomp read
-            "rows": {str(r): measure_rows(engine, r, steps, warm) for r in rows}}
+            "rows": {str(r): measure_rows(engine, r, steps, warm, busy_threads)
+                     for r in rows}}
 
 
 def spawn(name: str, rows: list[int], steps: int, warm: int,
@@ -142,6 +173,15 @@ def table(results: dict[str, list[dict[str, Any]]], rows: list[int]) -> list[str
     return out
 
 
+def runnable_line(results: dict[str, list[dict[str, Any]]]) -> str:
+    """The contention signal's mean over every cell, quiet and busy."""
+    cells = [c for runs in results.values() for run in runs for c in run["rows"].values()]
+    quiet = statistics.mean(c["quiet_runnable"] for c in cells)
+    busy = statistics.mean(c["busy_runnable"] for c in cells)
+    return (f"runnable tasks before a step (/proc/stat procs_running, the step thread one of "
+            f"them), mean: quiet {quiet:.2f}, busy {busy:.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.bench.omp_wait", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
           f"pure-Python busy process beside it; load average {load0:.1f} at the start, "
           f"{os.getloadavg()[0]:.1f} at the end")
     print("\n".join(table(results, args.rows)))
+    print(runnable_line(results))
     return 0
 
 

@@ -37,7 +37,10 @@ def test_a_child_runs_under_its_setting(tiny_model_dir: Path) -> None:
                               else os.cpu_count())
     assert set(res["rows"]) == {"1", "3"}
     for cond in res["rows"].values():
-        assert set(cond) == {"quiet", "busy"} and all(v > 0 for v in cond.values())
+        assert set(cond) == {"quiet", "busy", "quiet_runnable", "busy_runnable",
+                             "quiet_threads", "busy_threads"}
+        assert cond["quiet"] > 0 and cond["busy"] > 0
+        assert cond["busy_runnable"] >= 1  # the step thread itself, at least
 
 
 def test_table_prints_median_and_range_over_repeats() -> None:
@@ -48,6 +51,25 @@ def test_table_prints_median_and_range_over_repeats() -> None:
     quiet = statistics.median([30.0, 50.0, 40.0])
     assert lines[2] == f"| PASSIVE | {quiet:.1f} [30-50] | 80.0 [70-90] |"
     assert omp_wait.cell([12.34]) == "12.3"
+
+
+def test_busy_phase_on_one_thread_then_the_threads_come_back(tiny_model_dir: Path) -> None:
+    import torch
+
+    from engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_kwargs(model=str(tiny_model_dir), dtype="float32", max_num_seqs=2)
+    before = torch.get_num_threads()
+    res = omp_wait.measure_rows(engine, 2, steps=1, warm=2, busy_threads=1)
+    assert res["quiet_threads"] == before and res["busy_threads"] == 1
+    assert torch.get_num_threads() == before
+    assert not engine.has_unfinished_requests()
+
+
+def test_runnable_reads_proc_stat() -> None:
+    with open("/proc/stat") as f:
+        assert any(line.startswith("procs_running") for line in f)
+    assert omp_wait.runnable() >= 1  # this test's own thread is running
 
 
 def test_any_spin_count_is_a_setting_and_unknown_names_fail() -> None:

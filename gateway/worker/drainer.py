@@ -20,7 +20,10 @@ a light tenant arriving beside a heavy one finds a seat at once. While two tenan
 hold rows, one over its share starts at most one request an engine step (``policies.tenant_pace``,
 counted by ``tenant_pace.TenantPace``): a heavy tenant's burst of prompts would otherwise pile
 into one step, which the light tenant's first token waits for or shares; such a tier is read one
-entry a round, so the fair pick sees each start.
+entry a round, so the fair pick sees each start. While the worker's interactive rows pass the
+engine's row cap, the non-urgent tiers may hold as many rows as the cap owes them beside those
+(``owed_rows``: ``policies.owed_seats``) when that is more than the bound, else the seats owed
+find no rows to run.
 """
 
 from __future__ import annotations

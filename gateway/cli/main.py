@@ -131,10 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
 # small ones: ~8 ms of linears at 1 row), and served 1-stream ITL p50 was 46-57 ms vs 35-44 with
 # GOMP_SPINCOUNT=20000; but every spin count lost beside the busy process (500: 4-11%, 20000:
 # 140-200%), the short ones gained nothing clear quiet, and one thread is slower quiet: no
-# setting has both on this machine, and PASSIVE stays (the README's serving-speed section). Must
-# be set before torch loads libgomp, i.e. before any subcommand imports the engine. Written at
-# run time in main(), for those commands only, not when this module is imported (tests import
-# it), and the one environment write in the gateway: gateway/config.py only reads.
+# setting has both on this machine, and PASSIVE stays. GOMP_SPINCOUNT=20000 with one torch thread
+# while a neighbour runs had both (1 row 32 | 47 ms, 32 rows 68 | 118 vs PASSIVE's 42 | 52, 93 |
+# 124): a per-step thread count chosen by contention, not built yet (the README's serving-speed
+# section). Must be set before torch loads libgomp, i.e. before any subcommand imports the
+# engine. Written at run time in main(), for those commands only, not when this module is
+# imported (tests import it), and the one environment write in the gateway: gateway/config.py
+# only reads.
 _SHARED_CORE_COMMANDS = ("serve", "loadtest", "calibrate", "plan")
 
 

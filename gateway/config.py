@@ -78,6 +78,9 @@ class GatewayConfig:
     # unknown top-level request fields: False = ignored (as OpenAI does), True = 400
     strict_api: bool = False
     max_n: int = 8  # the most choices (``n``) one request may ask for
+    # the engine's step thread picks its torch thread count each step by contention
+    # (CARPOOL_ADAPTIVE_THREADS=1: opt-in; gateway/cli/main.py then spins OpenMP)
+    adaptive_threads: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

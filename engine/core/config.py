@@ -90,6 +90,9 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     use_triton: bool | None = None  # None = Triton on CUDA, torch references on CPU
+    # the step thread's torch thread count chosen each step by contention
+    # (engine/runner/step_threads.py); off by default: rounding may differ between counts
+    adaptive_threads: bool = False
 
     def __post_init__(self) -> None:
         if self.use_triton is None and os.environ.get(FORCE_TRITON_ENV) == "1":

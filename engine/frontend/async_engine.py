@@ -21,6 +21,7 @@ from engine.core.stats import EngineStats
 from engine.frontend.threaded import ThreadedEngine
 from engine.llm_engine import LLMEngine
 from engine.runner.fresh_thread import run_on_fresh_thread
+from engine.runner.step_threads import StepThreads
 from policies.admission import EngineLoad
 
 _IDLE_WAIT_S = 0.05
@@ -38,6 +39,7 @@ class AsyncEngine(ThreadedEngine):
         self.tokenizer: Any = self.engine.tokenizer
         # One list: LLMEngine.step() calls the observers itself, right after each step.
         self.step_observers = self.engine.step_observers
+        self.step_threads = StepThreads(self.engine.config.adaptive_threads)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> AsyncEngine:
@@ -79,11 +81,18 @@ class AsyncEngine(ThreadedEngine):
     # -- step thread ----------------------------------------------------------------------
 
     def _steps(self) -> None:
+        try:
+            self._step_loop()
+        finally:
+            self.step_threads.restore()
+
+    def _step_loop(self) -> None:
         while not self._stop.is_set():
             self._drain_inbox()
             if not self.engine.has_unfinished_requests():
                 self._inbox.wait(_IDLE_WAIT_S)
                 continue
+            self.step_threads.before_step()  # torch threads for this step, if adaptive
             outputs = self.engine.step()
             if outputs:
                 self._publish(outputs)

@@ -139,6 +139,22 @@ def build_parser() -> argparse.ArgumentParser:
 # imported (tests import it), and the one environment write in the gateway: gateway/config.py
 # only reads.
 _SHARED_CORE_COMMANDS = ("serve", "loadtest", "calibrate", "plan")
+# Opt-in (CARPOOL_ADAPTIVE_THREADS=1, read by GatewayConfig): the spin that is faster quiet, with
+# the step thread dropping to fewer torch threads while other tasks hold cores
+# (policies/step_threads.py); it was not measured against PASSIVE served, so not the default.
+# An OMP_WAIT_POLICY or GOMP_SPINCOUNT already in the environment wins either way.
+ADAPTIVE_SPINCOUNT = "20000"
+
+
+def _set_openmp_wait() -> None:
+    from gateway.config import GatewayConfig
+
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return
+    if GatewayConfig.from_env().adaptive_threads:
+        os.environ["GOMP_SPINCOUNT"] = ADAPTIVE_SPINCOUNT
+    else:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # bench serve: its offline row runs under the policy of the server it is compared with
     serve_bench = args.command == "bench" and args.target == "serve"
     if args.command in _SHARED_CORE_COMMANDS or serve_bench:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        _set_openmp_wait()
     return int(args.func(args) or 0)
 
 

@@ -20,4 +20,5 @@ def build_engine(config: GatewayConfig, info: ModelInfo | None = None) -> Engine
     from engine.core.config import EngineConfig
     from engine.frontend.async_engine import AsyncEngine
 
-    return AsyncEngine(EngineConfig.from_kwargs(model=config.model, **dict(config.engine_options)))
+    options = {"adaptive_threads": config.adaptive_threads, **dict(config.engine_options)}
+    return AsyncEngine(EngineConfig.from_kwargs(model=config.model, **options))

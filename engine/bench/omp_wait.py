@@ -37,6 +37,8 @@ SETTINGS: dict[str, tuple[dict[str, str], int]] = {
     "default spin": ({}, 0),
     "1 thread (PASSIVE)": ({"OMP_WAIT_POLICY": "PASSIVE"}, 1),
     "GOMP_SPINCOUNT=20000, 1 thread when busy": ({"GOMP_SPINCOUNT": "20000"}, -1),
+    # the engine's own choice (engine/runner/step_threads.py) before every step, busy or not
+    "GOMP_SPINCOUNT=20000, adaptive threads": ({"GOMP_SPINCOUNT": "20000"}, -2),
 }
 _OMP_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 _SPIN = "GOMP_SPINCOUNT="
@@ -73,11 +75,15 @@ def runnable() -> int:
 
 
 def _timed_steps(engine: Any, steps: int) -> tuple[float, float]:
-    """Median wall ms of ``steps`` engine steps, and the mean ``runnable()`` before them."""
+    """Median wall ms of ``steps`` engine steps, and the mean ``runnable()`` before them
+    (the engine's adaptive thread hook, if the setting has one, runs inside the timing)."""
     times, seen = [], []
+    hook = getattr(engine, "step_threads", None)
     for _ in range(steps):
         seen.append(runnable())
         t0 = time.perf_counter()
+        if hook is not None:
+            hook.before_step()
         engine.step()
         times.append(1000 * (time.perf_counter() - t0))
     return statistics.median(times), statistics.mean(seen)
@@ -127,7 +133,11 @@ def run_child(rows: list[int], steps: int, warm: int, threads: int,
     engine = LLMEngine.from_kwargs(model=model, dtype="float32", max_num_seqs=max(rows))
     if threads > 0:
         torch.set_num_threads(threads)
-    busy_threads = 1 if threads < 0 else 0
+    busy_threads = 1 if threads == -1 else 0
+    if threads == -2:  # the engine decides each step (a plain attribute: LLMEngine has none)
+        from engine.runner.step_threads import StepThreads
+
+        engine.step_threads = StepThreads(True)
     measure_rows(engine, 2, 3, 3, busy_threads)  # warm-up: first-call costs, weight pages
     return {"threads": torch.get_num_threads(),
             "env": {k: os.environ.get(k) for k in _OMP_VARS},  # what libgomp read

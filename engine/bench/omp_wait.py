@@ -137,7 +137,7 @@ def run_child(rows: list[int], steps: int, warm: int, threads: int,
     if threads == -2:  # the engine decides each step (a plain attribute: LLMEngine has none)
         from engine.runner.step_threads import StepThreads
 
-        engine.step_threads = StepThreads(True)
+        setattr(engine, "step_threads", StepThreads(True))  # noqa: B010 - LLMEngine has none
     measure_rows(engine, 2, 3, 3, busy_threads)  # warm-up: first-call costs, weight pages
     return {"threads": torch.get_num_threads(),
             "env": {k: os.environ.get(k) for k in _OMP_VARS},  # what libgomp read

@@ -115,7 +115,8 @@ def measure_rows(engine: Any, rows: int, steps: int, warm: int,
         busy, busy_seen = _timed_steps(engine, steps)
         busy_ran_on = torch.get_num_threads()
     finally:
-        torch.set_num_threads(threads)
+        if busy_threads:  # an adaptive engine's hook owns the count: left to it
+            torch.set_num_threads(threads)
         neighbour.kill()
         neighbour.wait()
     engine.abort_all()

@@ -10,7 +10,7 @@ from typing import Any
 
 from gateway.bus.messages import SubmitMsg
 from gateway.bus.queues import Envelope
-from gateway.worker.drainer import Drainer
+from gateway.worker.drainer import CLOSED_BLOCK_S, IDLE_BLOCK_S, Drainer
 from policies.admission import EngineLoad
 from policies.tiers import DEFAULT_TIER_WEIGHTS, TIERS
 
@@ -24,6 +24,7 @@ class RecordingQueues:
     def __init__(self, reads: list[list[str]]) -> None:
         self.reads = list(reads)  # per wait: the tiers of the entries the pick then returns
         self.calls: list[str] = []
+        self.timeouts: list[float] = []
 
     async def backlogs(self) -> dict[str, int]:
         self.calls.append("backlogs")
@@ -31,6 +32,7 @@ class RecordingQueues:
 
     async def wait(self, tiers: Any, timeout_s: float) -> str | None:
         self.calls.append("wait")
+        self.timeouts.append(timeout_s)
         await asyncio.sleep(0)  # a real wait yields to the loop
         if self.reads and not self.reads[0]:
             self.reads.pop(0)
@@ -110,3 +112,14 @@ async def test_a_full_engine_ends_quiet_mode_like_a_hold() -> None:
     room["open"] = True
     await drainer._step()
     assert queues.calls == ["backlogs", "wait", "read count=1", "backlogs", "wait"]
+
+
+async def test_the_wait_is_short_while_a_tier_is_closed_for_room() -> None:
+    """A step's end opens a closed tier and wakes nobody: the wait on the open ones must
+    not outlast it (a request of the closed tier would miss a step)."""
+    drainer, queues, _ = make_drainer([])
+    await drainer._step()  # every tier open: the long idle wait
+    drainer.engine.has_capacity = lambda priority: priority == 0  # type: ignore[method-assign]
+    await drainer._step()  # the lower tiers closed: the short one
+    assert queues.timeouts == [IDLE_BLOCK_S, CLOSED_BLOCK_S]
+    assert CLOSED_BLOCK_S < IDLE_BLOCK_S

@@ -232,7 +232,7 @@ def header(args: argparse.Namespace, wl: Workload) -> str:
                f"64-token answers to 32-token prompts" if args.streams else "")
     return (f"carpool bench serve: {n} chat requests at once, {short}/{long} output tokens "
             f"(ignore_eos, greedy){streams}; CPU: {cpu_model()}, {os.cpu_count()} cores; "
-            f"OMP_WAIT_POLICY (Carpool rows): "
+            f"OMP_WAIT_POLICY (Carpool rows; llama-server runs under its own defaults): "
             f"{child_env().get('OMP_WAIT_POLICY', 'libgomp default')}; "
             f"decode attention: {'C++ op' if cpu_decode.available() else 'torch gather'}")
 

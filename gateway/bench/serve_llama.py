@@ -20,6 +20,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -112,6 +113,17 @@ def configs(args: argparse.Namespace, binary: str, gguf: Path) -> list[LlamaConf
     return out + [LlamaConfig(f32, "F32", s) for s in args.llama_f32_slots]
 
 
+# Carpool's CLI sets these for its own rows (gateway/cli/main.py); a llama-server built with
+# OpenMP reads them too, and PASSIVE cost it ~40% at one stream (ITL 36 vs 21 ms): the baseline
+# runs as its users run it, under its own defaults.
+CARPOOL_OPENMP_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def baseline_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without the OpenMP wait settings meant for Carpool's rows."""
+    return {k: v for k, v in env.items() if k not in CARPOOL_OPENMP_KEYS}
+
+
 def llama_rows(wl: Workload, args: argparse.Namespace) -> list[Row]:
     binary, gguf = llama_server_binary(args.llama_server), args.gguf or bundled_gguf()
     if binary is None or gguf is None:
@@ -130,7 +142,7 @@ def llama_rows(wl: Workload, args: argparse.Namespace) -> list[Row]:
         port = free_port()
         cmd = [binary, "-m", str(cfg.gguf), "--host", "127.0.0.1", "--port", str(port),
                "-np", str(cfg.slots), "-c", str(cfg.slots * ctx), "-t", str(args.llama_threads)]
-        with process(cmd, child_env(), args.server_log) as proc:
+        with process(cmd, baseline_env(child_env()), args.server_log) as proc:
             wait_http(f"http://127.0.0.1:{port}", proc, "/health", 300)
             target = ChatTarget("127.0.0.1", port, "gguf")
             wall, traces = run_loop(warm_and_run(target, "none", wl))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gateway.bench import serve, serve_llama
+from gateway.process import child_env
 
 FAKE_QUANTIZE = """#!/bin/sh
 # a stand-in llama-quantize: log argv and whether the output existed already, then write it
@@ -95,3 +96,15 @@ def test_llama_baseline_without_a_binary_says_so(capsys: pytest.CaptureFixture[s
 def test_bundled_gguf_is_the_model_wheels() -> None:
     gguf = serve_llama.bundled_gguf()
     assert gguf is not None and gguf.suffix == ".gguf" and gguf.stat().st_size > 1 << 20
+
+
+def test_llama_server_runs_without_carpools_openmp_wait_settings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """PASSIVE, set by Carpool's CLI for its own rows, must not reach the baseline (it cost
+    llama-server ~40% at one stream): the rest of the environment does."""
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "20000")
+    monkeypatch.setenv("CARPOOL_SOMETHING", "kept")
+    env = serve_llama.baseline_env(child_env())
+    assert "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env
+    assert env["CARPOOL_SOMETHING"] == "kept" and env["PATH"]

@@ -6,8 +6,9 @@ decode step is faster than under ``OMP_WAIT_POLICY=PASSIVE`` while no other task
 52 ms). So: every configured thread while quiet, fewer while others hold cores.
 
 The signal is the machine's runnable-task count read before each step (``/proc/stat``
-``procs_running``), less ``own`` (the step thread itself, running as it reads): the other
-tasks that want a core. Measured before each step: 1.24 quiet, 2.51 beside one busy process.
+``procs_running``), less ``own`` (this process's running tasks: the step thread reading it,
+OpenMP workers still spinning, the event loop): the other tasks that want a core. Counting our
+own as neighbours dropped a served engine to one thread (bench serve: 49% of 2 cores used). Measured before each step: 1.24 quiet, 2.51 beside one busy process.
 
 The rule, per sample: ``level`` = EWMA of the others (weight ``alpha`` for the newest sample),
 then ``held`` (cores deemed held by others) moves with hysteresis: up to k while

@@ -13,7 +13,14 @@ import torch
 
 from engine.core.sampling_params import SamplingParams
 from engine.frontend.async_engine import AsyncEngine
-from engine.runner.step_threads import cores, parse_procs_running, runnable_tasks
+from engine.runner.step_threads import (
+    StepThreads,
+    cores,
+    own_running_tasks,
+    parse_procs_running,
+    runnable_tasks,
+    task_state,
+)
 
 STAT = (b"cpu  2255 34 2290 22625563 6290 127 456 0 0 0\n"
         b"cpu0 1132 34 1441 11311718 3675 127 438 0 0 0\n"
@@ -68,3 +75,36 @@ async def test_the_step_thread_drops_to_one_thread_only_when_adaptive(
         assert later == [seen[0]]
     else:
         assert changes == 0 and seen[-1] == seen[0] > 1
+
+
+def _task_dir(tmp_path: Path, states: list[str]) -> Path:
+    tasks = tmp_path / "task"
+    for tid, state in enumerate(states, start=100):
+        (tasks / str(tid)).mkdir(parents=True)
+        (tasks / str(tid) / "stat").write_bytes(
+            f"{tid} (py (worker) x) {state} 1 2 3 4".encode())
+    return tasks
+
+
+def test_counts_this_processs_running_tasks(tmp_path: Path) -> None:
+    assert task_state(b"7 (a) b) c) S 1") == b"S"  # the name may hold ") "
+    assert task_state(b"") == b""
+    assert own_running_tasks(str(_task_dir(tmp_path, ["R", "S", "R", "D"]))) == 2
+    assert own_running_tasks(str(tmp_path / "missing")) == -1
+    if os.path.exists("/proc/self/task"):
+        assert own_running_tasks() >= 1  # the reader itself is running
+
+
+@pytest.mark.parametrize("ours", [1, 2])
+def test_our_own_running_tasks_are_not_neighbours(tmp_path: Path, ours: int) -> None:
+    """Two tasks running machine-wide for several steps: a neighbour holds a core only when
+    one of them is not ours (spinning OpenMP workers and the event loop are ours)."""
+    stat = tmp_path / "stat"
+    stat.write_bytes(STAT.replace(b"procs_running 3", b"procs_running 2"))
+    hook = StepThreads(True, str(stat), str(_task_dir(tmp_path, ["R"] * ours + ["S"])))
+    try:
+        for _ in range(10):
+            hook.before_step()
+    finally:
+        hook.restore()
+    assert hook.state.held == (1 if ours == 1 else 0)

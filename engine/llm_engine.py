@@ -114,12 +114,14 @@ class LLMEngine:
 
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
                            weights: Mapping[int, int] | None = None,
-                           lower_prefill_tokens: int | None = None) -> None:
+                           lower_prefill_tokens: int | None = None,
+                           urgent_backlogged: bool = False) -> None:
         """While urgent work (priority <= ``urgent_priority``) is present, at most ``cap`` rows
         a step, the lower seats shared by ``weights``, lower prompts chunked to
-        ``lower_prefill_tokens`` (``Scheduler.set_urgent_row_cap``); None lifts it. On the
-        stepping thread."""
-        self.scheduler.set_urgent_row_cap(cap, urgent_priority, weights, lower_prefill_tokens)
+        ``lower_prefill_tokens``, seats owed for every urgent row while ``urgent_backlogged``
+        (``Scheduler.set_urgent_row_cap``); None lifts it. On the stepping thread."""
+        self.scheduler.set_urgent_row_cap(cap, urgent_priority, weights, lower_prefill_tokens,
+                                          urgent_backlogged)
         self._stats = self.scheduler.stats
 
     def has_unfinished_requests(self) -> bool:

@@ -17,12 +17,13 @@ With no urgent request present no cap applies.
 Interactive may not starve the others when it alone overloads the engine: when ``weights``
 also weighs the urgent priority, the lower priorities with demand are owed seats on top of
 the cap for the urgent rows *past the cap* (urgent work filling the protected batch on its
-own), and for every urgent row once they pass three caps (``policies.owed_seats``: their
-weights' share of those rows, the total floored once and spread by the weighted round-robin,
-so best-effort gets its fraction over time). So with every tier backlogged the rows follow
-the weights, while urgent work within the cap keeps it whole (bench sla: owing seats for
-every urgent row took interactive's TPOT to 2x alone at 0.5x capacity, ten urgent rows
-beside a cap of seven).
+own), and for every urgent row once they pass three caps, or at once while the worker judges
+the urgent tier backlogged (``urgent_backlogged``: it asks more than the capped batch gives)
+(``policies.owed_seats``: their weights' share of those rows, the total floored once and
+spread by the weighted round-robin, so best-effort gets its fraction over time). So with every
+tier backlogged the rows follow the weights, while urgent work within the cap that is not
+backlogged keeps it whole (bench sla: owing seats for every urgent row took interactive's TPOT
+to 2x alone at 0.5x capacity, ten urgent rows beside a cap of seven).
 
 Why: a step's cost grows with its rows, so every lower-tier row slows every urgent one; the
 cap (set by the worker from a step-cost model and a TPOT target) bounds the urgent rows'
@@ -64,6 +65,9 @@ class RowCap:
     # Prompt tokens lower-priority rows may compute in one step while urgent work is
     # present; None: no bound beyond the step's token budget.
     lower_prefill_tokens: int | None = None
+    # The urgent tier asks for more than its weight's share (the worker's judgement): the
+    # lower priorities are owed seats for every urgent row, not only for those past the cap.
+    urgent_backlogged: bool = False
 
     def __post_init__(self) -> None:
         if self.cap < 0:
@@ -141,7 +145,7 @@ def plan_step(cap: RowCap, running: Iterable[Request], waiting: RequestQueue,
     urgent += sum(n for p, n in queued.items() if p <= up)
     demand = {p: len(lower.get(p, ())) + queued.get(p, 0)
               for p in set(lower) | set(queued) if p > up}
-    owed = owed_seats(urgent, cap.cap, up, cap.weights, demand)
+    owed = owed_seats(urgent, cap.cap, up, cap.weights, demand, cap.urgent_backlogged)
     seats = max(cap.cap - urgent, owed)
     for rows in lower.values():
         rows.sort(key=lambda r: (r.last_scheduled_step, r.arrival_time))

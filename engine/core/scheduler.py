@@ -140,16 +140,18 @@ class Scheduler(PreemptionMixin, ForkMixin):
 
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
                            weights: Mapping[int, int] | None = None,
-                           lower_prefill_tokens: int | None = None) -> None:
+                           lower_prefill_tokens: int | None = None,
+                           urgent_backlogged: bool = False) -> None:
         """While a request of priority <= ``urgent_priority`` is present, schedule at most
         ``cap`` rows a step (urgent ones first, the lower seats shared by ``weights``:
         priority -> weight) and at most ``lower_prefill_tokens`` lower-priority prompt tokens
         (only with chunked prefill: unchunked prompts would never fit); None lifts the cap.
-        See ``engine.core.row_cap``."""
+        ``urgent_backlogged``: seats are owed for every urgent row. See
+        ``engine.core.row_cap``."""
         if not self.config.enable_chunked_prefill:
             lower_prefill_tokens = None
         self._row_cap = None if cap is None else RowCap(
-            cap, urgent_priority, dict(weights or {}), lower_prefill_tokens)
+            cap, urgent_priority, dict(weights or {}), lower_prefill_tokens, urgent_backlogged)
 
     @property
     def urgent_row_cap(self) -> RowCap | None:

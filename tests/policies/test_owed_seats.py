@@ -9,14 +9,17 @@ from fractions import Fraction
 
 import pytest
 
-from policies.owed_seats import counted_rows, owed_seats
+from policies.owed_seats import counted_rows, owed_seats, urgent_backlogged
 
 WEIGHTS = {0: 6, 1: 3, 2: 1}  # interactive, batch, best-effort (the default drain weights)
 
 
-def reference_counted(urgent: int, cap: int) -> int:
-    """Piece by piece: none within the cap, the rows past it up to two caps, every row from
-    three caps on, and the straight line between (2u - 3c) in between."""
+def reference_counted(urgent: int, cap: int, backlogged: bool = False) -> int:
+    """Piece by piece: every row while the urgent tier is backlogged; else none within the
+    cap, the rows past it up to two caps, every row from three caps on, and the straight
+    line between (2u - 3c) in between."""
+    if backlogged:
+        return urgent
     if urgent <= cap:
         return 0
     if urgent <= 2 * cap:
@@ -27,8 +30,8 @@ def reference_counted(urgent: int, cap: int) -> int:
 
 
 def reference_owed(urgent: int, cap: int, weights: dict[int, int],
-                   demand: dict[int, int]) -> int:
-    counted = reference_counted(urgent, cap)
+                   demand: dict[int, int], backlogged: bool = False) -> int:
+    counted = reference_counted(urgent, cap, backlogged)
     total = Fraction(0)
     for p, n in demand.items():
         if p > 0 and n > 0:
@@ -55,8 +58,20 @@ def test_owed_matches_the_reference(seed: int) -> None:
         weights = {0: rng.randint(1, 8), 1: rng.randint(0, 5), 2: rng.randint(0, 3)}
         demand = {p: rng.randint(0, 40) for p in (1, 2) if rng.random() < 0.8}
         urgent, cap = rng.randint(0, 80), rng.randint(0, 20)
-        assert owed_seats(urgent, cap, 0, weights, demand) == reference_owed(
-            urgent, cap, weights, demand)
+        backlogged = rng.random() < 0.5
+        assert owed_seats(urgent, cap, 0, weights, demand, backlogged) == reference_owed(
+            urgent, cap, weights, demand, backlogged)
+
+
+def test_a_backlogged_urgent_tier_owes_for_every_row_within_the_cap() -> None:
+    """The backlog row's regime (2): 13 interactive rows beside a cap of 12 owed nothing
+    (counted 1, 4/6 floored); backlogged, the lower tiers get their weights' share of all
+    13 (8.67, floored: 8), and within the cap too."""
+    assert owed_seats(13, 12, 0, WEIGHTS, {1: 50, 2: 50}) == 0
+    assert owed_seats(13, 12, 0, WEIGHTS, {1: 50, 2: 50}, backlogged=True) == 13 * 4 // 6
+    assert owed_seats(6, 12, 0, WEIGHTS, {1: 50, 2: 50}, backlogged=True) == 4
+    assert owed_seats(6, 12, 0, WEIGHTS, {2: 50}, backlogged=True) == 1  # its own 1/6 only
+    assert owed_seats(13, 12, 0, {1: 3, 2: 1}, backlogged=True) == 0  # no urgent weight
 
 
 def test_the_total_is_floored_once_not_per_tier() -> None:
@@ -87,3 +102,18 @@ def test_far_past_the_cap_the_rows_follow_the_weights() -> None:
         assert owed == urgent * 4 // 6
         best_effort = owed / 4  # its part of the seats by smooth WRR over time (3:1)
         assert best_effort / (urgent + owed) == pytest.approx(0.1, abs=1 / (urgent + owed))
+
+
+def test_backlogged_when_the_demand_would_keep_more_rows_than_the_cap() -> None:
+    """Little's law against the cap, on the backlog and overload rows' traced figures: 129
+    decode tokens/s asked beside a cap of 9 in 85 ms steps keeps ~11 rows (backlogged); 77
+    beside a cap of 15 in 120 ms steps ~9 (not); unknown demand or no cap: never."""
+    assert urgent_backlogged(129.0, 9, 0.085)
+    assert not urgent_backlogged(77.0, 15, 0.12)
+    assert not urgent_backlogged(100.0, 10, 0.1)  # exactly the cap's rows: within it
+    assert not urgent_backlogged(None, 9, 0.085)
+    assert not urgent_backlogged(1e6, None, 0.085)
+    rng = random.Random(7)
+    for _ in range(1000):
+        rate, cap, step = rng.uniform(0, 300), rng.randint(0, 40), rng.uniform(0.01, 0.5)
+        assert urgent_backlogged(rate, cap, step) == (rate * step > cap)

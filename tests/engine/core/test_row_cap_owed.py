@@ -89,3 +89,36 @@ def test_owed_seats_bring_their_prompt_tokens() -> None:
     run_to_completion(sched, runner)
     for r in urgent + batch + best_effort:
         assert r.output_token_ids == reference_tokens(r)
+
+
+def test_an_urgent_backlog_owes_seats_for_every_urgent_row() -> None:
+    """Twelve urgent rows beside a cap of twelve, every tier with work: within the cap no
+    seat is owed and the lower tiers sit out (the row cap's promise to an interactive tier
+    that is not backlogged); with the urgent tier backlogged they are owed 12 * 4 / 6 = 8
+    seats a step, shared 3:1 by smooth WRR, so the rows follow the weights 6:3:1."""
+    def lower_rows(backlogged: bool, steps: int) -> dict[int, int]:
+        sched = make_scheduler(num_blocks=1024, max_num_seqs=64, max_num_batched_tokens=256)
+        runner = FakeRunner(sched)
+        urgent = make_requests(12, prompt_len=4, max_tokens=200, priority=0)
+        batch = make_requests(10, prompt_len=4, max_tokens=200, priority=1, start_time=1.0)
+        best_effort = make_requests(10, prompt_len=4, max_tokens=200, priority=2,
+                                    start_time=2.0)
+        decoding(sched, runner, urgent + batch + best_effort)
+        sched.set_urgent_row_cap(12, urgent_priority=0, weights=WEIGHTS,
+                                 urgent_backlogged=backlogged)
+        seats = {1: 0, 2: 0}
+        for _ in range(steps):
+            rows = rows_by_priority(sched, runner)
+            assert len(rows[0]) == 12  # every urgent row runs either way
+            for p in seats:
+                seats[p] += len(rows.get(p, {}))
+        run_to_completion(sched, runner)
+        for r in urgent + batch + best_effort:
+            assert r.output_token_ids == reference_tokens(r)
+        return seats
+
+    steps = 20
+    assert lower_rows(False, steps) == {1: 0, 2: 0}
+    want = wrr_sequence({"1": 3, "2": 1}, 12 * (3 + 1) // 6 * steps)
+    assert lower_rows(True, steps) == {1: want.count("1"), 2: want.count("2")}
+    assert want.count("1") == 3 * want.count("2")  # batch : best-effort = 3 : 1

@@ -26,6 +26,14 @@ With the cap goes an allowance of lower-tier prompt tokens per step (``lower_pre
 the tokens the model says fit in what the capped step leaves of the target, at least
 ``MIN_LOWER_PREFILL_TOKENS``. Without it a burst of lower-tier arrivals prefilled together in
 one step several times the target long (bench sla: +250 ms of interactive TTFT).
+
+And whether interactive is backlogged (``urgent_backlogged``): the decode tokens per second it
+asks (``demand``: ``urgent_demand.UrgentDemand``, fed by the worker) would keep more rows
+running than the cap at the modelled step at the cap (``policies.owed_seats.urgent_backlogged``).
+Then the engine's row cap and the drainer owe the lower tiers seats by weight for every
+interactive row, not only for those past the cap: interactive asks more than the protected
+batch gives, its TPOT promise broken by its own load, and the weights are the contract among
+backlogged tiers. Never while the model is cold.
 """
 
 from __future__ import annotations
@@ -37,8 +45,9 @@ from collections.abc import Callable, Mapping
 
 from engine.core.outputs import SchedulerOutput
 from engine.protocol import EngineClient
+from gateway.worker.urgent_demand import UrgentDemand
 from policies.batch_bound import row_limit, rows_law
-from policies.owed_seats import owed_seats
+from policies.owed_seats import owed_seats, urgent_backlogged
 from policies.step_cost import StepCostModel
 from policies.tiers import (
     DEFAULT_TIER_SLOS,
@@ -88,6 +97,8 @@ class StepBudget:
         self.lower_ttft_s: float | None = None  # the tightest lower-tier TTFT target
         self._bound_said: int | None = None  # the bound last logged at info
         self.lower_prefill_tokens: int | None = None  # the allowance set with it
+        self.demand = UrgentDemand()  # what interactive asks (the worker feeds it)
+        self.urgent_backlogged = False  # set with the cap: seats owed for every urgent row
 
     def attach(self) -> None:
         """Start watching the engine's steps (idempotent)."""
@@ -119,20 +130,26 @@ class StepBudget:
                                 if cold else self.refit_interval_s)
             try:
                 self._set(*await asyncio.to_thread(self._plan_with_allowance,
-                                                   self.engine.load().max_num_seqs))
+                                                   self.engine.load().max_num_seqs,
+                                                   self.demand.tokens_per_s()))
             except Exception:  # a bad fit must not end the loop; the last cap stays
                 log.exception("step budget update failed")
 
     def update(self) -> int | None:
         """Feed the steps seen since the last call to the model, refit, set the cap; returns
         the cap in force."""
-        return self._set(*self._plan_with_allowance(self.engine.load().max_num_seqs))
+        return self._set(*self._plan_with_allowance(self.engine.load().max_num_seqs,
+                                                    self.demand.tokens_per_s()))
 
-    def _plan_with_allowance(self, max_rows: int) -> tuple[int | None, int | None]:
-        """``plan`` and the cap's prefill allowance (both walk the model's window: run off
+    def _plan_with_allowance(self, max_rows: int, urgent_tokens_s: float | None
+                             ) -> tuple[int | None, int | None, bool]:
+        """``plan``, the cap's prefill allowance and whether interactive, asking
+        ``urgent_tokens_s``, is backlogged beside it (all walk the model's window: run off
         the event loop)."""
         cap = self.plan(max_rows)
-        return cap, self._prefill_allowance(cap)
+        backlogged = cap is not None and not self.cold and urgent_backlogged(
+            urgent_tokens_s, cap, self.model.predict_decode(cap, self.model.mean_kv_per_row()))
+        return cap, self._prefill_allowance(cap), backlogged
 
     def plan(self, max_rows: int) -> int | None:
         """Feed the pending steps to the model, refit and return the cap (None: no cap).
@@ -205,13 +222,16 @@ class StepBudget:
         hold that many past the batch bound, else those seats find no rows to run."""
         if self.cap is None:
             return 0
-        return owed_seats(urgent_rows, self.cap, self.urgent_priority, self.seat_weights)
+        return owed_seats(urgent_rows, self.cap, self.urgent_priority, self.seat_weights,
+                          backlogged=self.urgent_backlogged)
 
-    def _set(self, cap: int | None, lower_prefill_tokens: int | None) -> int | None:
-        if (cap, lower_prefill_tokens) != (self.cap, self.lower_prefill_tokens):
+    def _set(self, cap: int | None, lower_prefill_tokens: int | None,
+             backlogged: bool = False) -> int | None:
+        now = (cap, lower_prefill_tokens, backlogged)
+        if now != (self.cap, self.lower_prefill_tokens, self.urgent_backlogged):
             self.engine.set_urgent_row_cap(cap, self.urgent_priority, self.seat_weights,
-                                           lower_prefill_tokens)
-            log.debug("urgent row cap %s, lower prefill %s tokens (target %s s)", cap,
-                      lower_prefill_tokens, self.target_s)
-            self.cap, self.lower_prefill_tokens = cap, lower_prefill_tokens
+                                           lower_prefill_tokens, backlogged)
+            log.debug("urgent row cap %s, lower prefill %s tokens, interactive backlogged %s "
+                      "(target %s s)", cap, lower_prefill_tokens, backlogged, self.target_s)
+            self.cap, self.lower_prefill_tokens, self.urgent_backlogged = now
         return cap

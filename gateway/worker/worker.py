@@ -26,7 +26,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from engine.core.finish import FinishReason
+from engine.core.finish import COMPLETED, FinishReason
 from engine.core.outputs import RequestOutput
 from engine.protocol import EngineClient
 from gateway.bus.backoff import run_forever
@@ -163,6 +163,9 @@ class Worker:
             items.append((rec, out))
             if out.finished:
                 del self.inflight[out.request_id]
+                # what interactive asks, for the step budget (a cancelled one says little)
+                if rec.tier == INTERACTIVE and out.finish_reason in COMPLETED:
+                    self.step_budget.demand.finished(out.num_output_tokens)
         self.writer.submit(items)
         self.drainer.room.set()
         self.events.engine_step(len(outputs), self.engine.load(), outputs)
@@ -312,6 +315,8 @@ class Worker:
         wait = max(0.0, time.time() - msg.arrival_unix) if msg.arrival_unix else 0.0
         rec.queue_wait_s = wait  # the FinishMsg carries it to the gateway's request span
         self.tier_status.record_start(rec.tier)
+        if rec.tier == INTERACTIVE:
+            self.step_budget.demand.started()
         self.events.dispatched(rec.tier, rec.request_id, wait, traceparent=msg.traceparent)
         return None
 

@@ -14,6 +14,7 @@ from engine.core.outputs import ScheduledRequest, SchedulerOutput
 from engine.core.sampling_params import SamplingParams
 from engine.frontend.async_engine import AsyncEngine
 from gateway.worker.step_budget import MIN_LOWER_PREFILL_TOKENS, StepBudget
+from gateway.worker.urgent_demand import UrgentDemand
 from gateway.worker.worker import Worker
 from policies.admission import EngineLoad
 from policies.owed_seats import owed_seats
@@ -37,13 +38,16 @@ class RecordingEngine:
         self.caps: list[tuple[int | None, int]] = []
         self.weights: list[dict[int, int]] = []
         self.prefill: list[int | None] = []
+        self.backlogged: list[bool] = []
         self.observers: list[Any] = []
 
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
-                           weights: Any = None, lower_prefill_tokens: Any = None) -> None:
+                           weights: Any = None, lower_prefill_tokens: Any = None,
+                           urgent_backlogged: bool = False) -> None:
         self.caps.append((cap, urgent_priority))
         self.weights.append(dict(weights or {}))
         self.prefill.append(lower_prefill_tokens)
+        self.backlogged.append(urgent_backlogged)
 
     def add_step_observer(self, observer: Any) -> Any:
         self.observers.append(observer)
@@ -190,3 +194,43 @@ def test_owed_lower_rows_follow_the_cap_in_force() -> None:
     for urgent in range(4 * cap):
         assert budget.owed_lower_rows(urgent) == owed_seats(urgent, cap, 0, {0: 6, 1: 3, 2: 1})
     assert budget.owed_lower_rows(3 * cap) == 3 * cap * 4 // 6  # every urgent row counts
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("fill", [0.8, 1.25])
+def test_interactive_is_backlogged_when_its_demand_passes_the_capped_batch(fill: float) -> None:
+    """Interactive asking ``fill`` x the cap's rows at the modelled capped step (Little's law:
+    rows = tokens/s x step): past it, the engine and the drainer owe the lower tiers seats
+    for every interactive row; within it, only past the cap (today's rule)."""
+    engine = RecordingEngine()
+    budget = StepBudget(engine)  # type: ignore[arg-type]
+    clock = Clock()
+    budget.demand = UrgentDemand(window_s=10.0, clock=clock)
+    budget.attach()
+    feed(budget, engine, 200)
+    cap = budget.update()
+    assert cap is not None and engine.backlogged == [False]  # nothing finished: unknown
+    kv = budget.model.mean_kv_per_row()
+    step = true_cost(cap, cap, 0) + D * cap * kv  # the true law at the cap
+    tokens = 40  # every request's output
+    rate = fill * cap / step / tokens  # requests a second that ask fill x cap rows
+    clock.now += 10.0
+    for i in range(round(rate * 10)):  # a window of starts, evenly spread
+        clock.now += 10.0 / round(rate * 10)
+        budget.demand.started()
+        budget.demand.finished(tokens)
+    assert budget.update() == cap
+    backlogged = fill > 1
+    assert engine.backlogged[-1] is backlogged and budget.urgent_backlogged is backlogged
+    assert len(engine.backlogged) == 1 + backlogged  # set again only when it changes
+    urgent = cap // 2  # within the cap: owed only when backlogged
+    assert budget.owed_lower_rows(urgent) == owed_seats(urgent, cap, 0, {0: 6, 1: 3, 2: 1},
+                                                        backlogged=backlogged)
+    assert budget.owed_lower_rows(urgent) == (urgent * 4 // 6 if backlogged else 0)

@@ -1,0 +1,49 @@
+"""What the urgent (interactive) tier asks of the engine: decode tokens per second, from the
+requests the worker started and the output they came to.
+
+``tokens_per_s`` is the requests started per second over the last ``window_s`` times the mean
+output tokens of the last ``kept`` finished ones (None until one has finished). Arrivals, not
+service: the step budget compares it with what the capped batch gives (``policies.owed_seats.
+urgent_backlogged``), and owing the lower tiers seats slows the steps and the tokens served,
+never the tokens asked. The worker calls ``started`` and ``finished`` on its event loop; the
+step budget reads ``tokens_per_s`` there too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+WINDOW_S = 10.0  # the tier status's rate window: ~20 starts at 0.5x capacity on the dev box
+KEPT = 64  # finished requests averaged for the output tokens a request comes to
+
+
+class UrgentDemand:
+    def __init__(self, window_s: float = WINDOW_S, kept: int = KEPT,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self._since = clock()
+        self._starts: deque[float] = deque()
+        self._tokens: deque[int] = deque(maxlen=kept)
+
+    def started(self) -> None:
+        """An urgent request was handed to the engine."""
+        self._starts.append(self.clock())
+
+    def finished(self, output_tokens: int) -> None:
+        """An urgent request finished with ``output_tokens``."""
+        self._tokens.append(output_tokens)
+
+    def tokens_per_s(self) -> float | None:
+        """Decode tokens per second asked (None: no request has finished yet)."""
+        if not self._tokens:
+            return None
+        now = self.clock()
+        starts = self._starts
+        while starts and starts[0] < now - self.window_s:
+            starts.popleft()
+        # a young worker has seen less than a window: its rate over what it has seen
+        seen = max(min(self.window_s, now - self._since), 1.0)
+        return len(starts) / seen * sum(self._tokens) / len(self._tokens)

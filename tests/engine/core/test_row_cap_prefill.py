@@ -113,3 +113,71 @@ def test_allowance_must_be_positive() -> None:
     sched = make_scheduler()
     with pytest.raises(ValueError, match="prefill"):
         sched.set_urgent_row_cap(4, lower_prefill_tokens=0)
+
+
+def _urgent_arrivals(sched: Scheduler, runner: FakeRunner, urgent: list[Request],
+                     bulk: list[Request], steps: int, every: int, max_tokens: int = 4
+                     ) -> list[tuple[int, int, int]]:
+    """Step ``steps`` times, an urgent request with a 9-token prompt arriving every ``every``
+    steps; per step: (urgent rows, urgent prompt tokens, lower prompt tokens)."""
+    seen = []
+    for i in range(steps):
+        if i % every == 1:
+            (u,) = make_requests(1, prompt_len=9, max_tokens=max_tokens, priority=0,
+                                 start_time=10.0 + i)
+            sched.add_request(u)
+            urgent.append(u)
+        rows = scheduled(sched, runner)
+        urgent_rows = sum(r.request_id in rows for r in urgent)
+        seen.append((urgent_rows, prompt_tokens(rows, urgent), prompt_tokens(rows, bulk)))
+    return seen
+
+
+def test_a_step_computing_an_urgent_prompt_carries_no_lower_prompt_tokens() -> None:
+    # That step is the urgent request's first token (bench sla's 32-seat row: its TTFT tail
+    # was those steps carrying lower chunks); the lower prompts run in the other steps.
+    sched = make_scheduler(num_blocks=256, max_num_seqs=16, max_num_batched_tokens=512)
+    runner = FakeRunner(sched)
+    (first,) = make_requests(1, prompt_len=5, max_tokens=60, priority=0)
+    sched.add_request(first)
+    step(sched, runner)
+    sched.set_urgent_row_cap(12, urgent_priority=0, weights={1: 3, 2: 1},
+                             lower_prefill_tokens=ALLOWANCE)
+    bulk = make_requests(4, prompt_len=40, max_tokens=5, priority=[1, 2], start_time=2.0)
+    for r in bulk:
+        sched.add_request(r)
+    urgent = [first]
+    seen = _urgent_arrivals(sched, runner, urgent, bulk, steps=40, every=3)
+    beside = [lower for _, urgent_prompt, lower in seen if urgent_prompt]
+    alone = [lower for _, urgent_prompt, lower in seen if not urgent_prompt]
+    assert len(beside) >= 10 and not any(beside)
+    assert sum(1 for lower in alone if lower) >= 5  # the lower prompts still ran
+    assert max(alone) <= ALLOWANCE
+    run_to_completion(sched, runner)
+    for r in urgent + bulk:
+        assert r.output_token_ids == reference_tokens(r)
+
+
+def test_lower_prompts_still_run_beside_an_urgent_prompt_while_seats_are_owed() -> None:
+    # Urgent rows past the cap owe the lower tiers seats (policies.owed_seats): those need
+    # prompts, so the allowance stays even in a step that computes an urgent prompt.
+    cap = 2
+    sched = make_scheduler(num_blocks=256, max_num_seqs=16, max_num_batched_tokens=512)
+    runner = FakeRunner(sched)
+    first = make_requests(4, prompt_len=5, max_tokens=60, priority=0)
+    for r in first:
+        sched.add_request(r)
+    step(sched, runner)
+    sched.set_urgent_row_cap(cap, urgent_priority=0, weights={0: 6, 1: 3, 2: 1},
+                             lower_prefill_tokens=ALLOWANCE)
+    bulk = make_requests(4, prompt_len=80, max_tokens=5, priority=[1, 2], start_time=2.0)
+    for r in bulk:
+        sched.add_request(r)
+    urgent = list(first)
+    seen = _urgent_arrivals(sched, runner, urgent, bulk, steps=12, every=3, max_tokens=20)
+    # four urgent rows and more beside a cap of 2: at least one lower seat owed every step
+    beside = [lower for rows, urgent_prompt, lower in seen if urgent_prompt and rows >= cap + 2]
+    assert len(beside) >= 3 and sum(1 for lower in beside if lower) >= 2
+    run_to_completion(sched, runner)
+    for r in urgent + bulk:
+        assert r.output_token_ids == reference_tokens(r)

@@ -5,7 +5,14 @@ Large Language Models", OSDI 2024), as pure functions. No I/O; ``bus/scripts.py`
 Each tenant of a tier has a counter: the service it received, in tokens divided by its weight
 (prompt tokens charged when its request is picked, output tokens as they are generated). The
 next request of a tier comes from the *backlogged* tenant (one with entries not yet picked)
-with the least counter; ties go to the smaller tenant id, so the pick is deterministic.
+with the least counter. Ties are common, not rare: a tenant that becomes backlogged is lifted
+to exactly the least backlogged counter (below), so a light tenant's every request ties with
+the heavy tenant it is lifted to. A tie goes to the tenant *least served* (its service in
+tokens / weight, never lifted: the light one, which received less), then to the one whose
+next entry is the oldest (first come, first served among equals), and only then to the
+smaller tenant id, so the pick stays deterministic. (The tie went to the smaller id before:
+in ``carpool bench sla`` "sla-heavy" sorts before "sla-light", so the heavy tenant won every
+tie.)
 
 No banked credit: when a tenant becomes backlogged (its first queued entry), its counter is
 lifted to ``max(own, min over the backlogged tenants)``; with nobody backlogged, to
@@ -24,21 +31,26 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+# a tenant whose next entry is unknown sorts after every known one
+NO_HEAD = (float("inf"), float("inf"))
 
-def pick(counters: Mapping[str, float], backlogged: Iterable[str]) -> str | None:
-    """The backlogged tenant with the least counter (absent = 0); None if none is."""
-    best: str | None = None
-    best_c = 0.0
-    for tenant in backlogged:
-        c = counters.get(tenant, 0.0)
-        if best is None or c < best_c or (c == best_c and tenant < best):
-            best, best_c = tenant, c
-    return best
+
+def pick(counters: Mapping[str, float], backlogged: Iterable[str],
+         served: Mapping[str, float] | None = None,
+         heads: Mapping[str, tuple[float, float]] | None = None) -> str | None:
+    """The backlogged tenant with the least counter (absent = 0); ties to the least
+    ``served`` (absent = 0), then the oldest head entry (``heads``: tenant -> its next
+    entry's stream id as (milliseconds, sequence); absent = ``NO_HEAD``), then the smaller
+    id. None if none is backlogged."""
+    served, heads = served or {}, heads or {}
+    return min(backlogged, default=None, key=lambda t: (
+        counters.get(t, 0.0), served.get(t, 0.0), heads.get(t, NO_HEAD), t))
 
 
 def charge(counters: Mapping[str, float], tenant: str, tokens: int, weight: float
            ) -> dict[str, float]:
-    """Counters after ``tenant`` was served ``tokens`` (``counters`` is not mutated)."""
+    """Counters after ``tenant`` was served ``tokens`` (``counters`` is not mutated); the
+    same charge keeps the ``served`` tallies of ``pick``."""
     if weight <= 0:
         raise ValueError(f"weight must be > 0, got {weight!r}")
     out = dict(counters)

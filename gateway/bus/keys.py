@@ -3,7 +3,8 @@
     {ns}:q:{tier}:{tenant}   stream  queued/running SubmitMsg envelopes (group "workers")
     {ns}:qt:{tier}           set     tenants that have a stream in the tier (reclaim, depth)
     {ns}:qa:{tier}           hash    tenant -> entries not yet picked (the backlogged tenants)
-    {ns}:vtc:{tier}          hash    tenant -> virtual token counter; ":last" -> last picked
+    {ns}:vtc:{tier}          hash    tenant -> virtual token counter; ":s:{tenant}" -> its service
+                                     (never lifted: the pick's tie-break); ":last" -> last picked
     {ns}:wake:{tier}         list    a token per admission, for an idle drainer's BLPOP
     {ns}:out:{request}       stream  TokenMsg... FinishMsg; expires; deleted by its reader
     {ns}:req:{request}       hash    owner tenant, tier, state, queue entry id (BOLA checks)

@@ -166,21 +166,52 @@ return out
 # ARGV: stream prefix, group, consumer, count, then tenants to skip (over their seat share,
 # ``policies.tenant_seats``: their entries stay queued)
 # The fair pick (``policies.fair_queue``): up to ``count`` times, the backlogged tenant with
-# the least counter (ties: the smaller id) gives its next entry (XREADGROUP, which makes it
-# pending for ``consumer``), and is charged its prompt tokens / weight (the entry's 'n' and
-# 'w'). Returns {stream key, entry id, fields} per entry. A tenant whose stream had nothing
-# left to deliver (the index outlived its entries) leaves the index; a stream without its
-# group (NOGROUP) gets the group again.
+# the least counter gives its next entry (XREADGROUP, which makes it pending for
+# ``consumer``), and is charged its prompt tokens / weight (the entry's 'n' and 'w') on its
+# counter and on its service (':s:' .. tenant, never lifted). Ties go to the least served,
+# then the oldest next entry (read only on such a tie: the group's last delivered id, then
+# the first entry after it), then the smaller id. Returns {stream key, entry id, fields} per
+# entry. A tenant whose stream had nothing left to deliver (the index outlived its entries)
+# leaves the index; a stream without its group (NOGROUP) gets the group again.
 PICK_LUA = """
 local prefix, group, consumer = ARGV[1], ARGV[2], ARGV[3]
 local out = {}
 local skip = {}
 for i = 5, #ARGV do skip[ARGV[i]] = true end
+local function head(t)
+  local key = prefix .. t
+  if redis.call('EXISTS', key) == 0 then return {math.huge, math.huge} end
+  local groups = redis.pcall('XINFO', 'GROUPS', key)
+  if type(groups) ~= 'table' or groups.err then return {math.huge, math.huge} end
+  local last = '0-0'
+  for _, g in ipairs(groups) do
+    local name, id
+    for j = 1, #g, 2 do
+      if g[j] == 'name' then name = g[j + 1] elseif g[j] == 'last-delivered-id' then id = g[j + 1] end
+    end
+    if name == group then last = id end
+  end
+  local nxt = redis.call('XRANGE', key, '(' .. last, '+', 'COUNT', 1)[1]
+  if not nxt then return {math.huge, math.huge} end
+  local ms, seq = string.match(nxt[1], '(%d+)-(%d+)')
+  return {tonumber(ms), tonumber(seq)}
+end
+local function before(t, c, s, best, bc, bs)
+  if c ~= bc then return c < bc end
+  if s ~= bs then return s < bs end
+  local ht, hb = head(t), head(best)
+  if ht[1] ~= hb[1] then return ht[1] < hb[1] end
+  if ht[2] ~= hb[2] then return ht[2] < hb[2] end
+  return t < best
+end
 while #out < tonumber(ARGV[4]) do
-  local best, best_c
+  local best, best_c, best_s
   for _, t in ipairs(redis.call('HKEYS', KEYS[1])) do
-    local c = not skip[t] and tonumber(redis.call('HGET', KEYS[2], t) or '0')
-    if c and (not best or c < best_c or (c == best_c and t < best)) then best, best_c = t, c end
+    if not skip[t] then
+      local c = tonumber(redis.call('HGET', KEYS[2], t) or '0')
+      local s = tonumber(redis.call('HGET', KEYS[2], ':s:' .. t) or '0')
+      if not best or before(t, c, s, best, best_c, best_s) then best, best_c, best_s = t, c, s end
+    end
   end
   if not best then break end
   local key = prefix .. best
@@ -202,7 +233,9 @@ while #out < tonumber(ARGV[4]) do
     for j = 1, #f, 2 do
       if f[j] == 'n' then n = tonumber(f[j + 1]) elseif f[j] == 'w' then w = tonumber(f[j + 1]) end
     end
-    redis.call('HINCRBYFLOAT', KEYS[2], best, string.format('%.17g', n / w))
+    local cost = string.format('%.17g', n / w)
+    redis.call('HINCRBYFLOAT', KEYS[2], best, cost)
+    redis.call('HINCRBYFLOAT', KEYS[2], ':s:' .. best, cost)
     redis.call('HSET', KEYS[2], ':last', best)
     out[#out + 1] = {key, entry[1], f}
   end
@@ -267,7 +300,8 @@ return st
 # The first write also marks the request 'sent' (the claim script's 'lost': its reader has
 # output, even once a held-back stream has expired). A finish is written once: a retried write
 # whose first try was applied finds the request finished and only acks again. The output
-# tokens written are charged to the tenant's counter (``policies.fair_queue``) as they go.
+# tokens written are charged to the tenant's counter and its service, ':s:' .. tenant
+# (``policies.fair_queue``), as they go.
 STEP_LUA = """
 local ttl, low, group = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 for i = 0, (#KEYS - 1) / 4 - 1 do
@@ -301,6 +335,7 @@ for i = 0, (#KEYS - 1) / 4 - 1 do
   end
   if fresh and ARGV[a + 7] ~= '' then
     redis.call('HINCRBYFLOAT', KEYS[5 + 4 * i], ARGV[a + 6], ARGV[a + 7])
+    redis.call('HINCRBYFLOAT', KEYS[5 + 4 * i], ':s:' .. ARGV[a + 6], ARGV[a + 7])
   end
 end
 """

@@ -7,9 +7,11 @@ weights, and a newly active tenant gets no banked credit."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -47,7 +49,10 @@ class Sim:
 
     def step(self) -> None:
         while len(self.running) < SLOTS and self.backlogged():
-            tenant = pick(self.counters, self.backlogged()) if self.fair else self.arrivals[0]
+            # a tenant's next request is its oldest arrival still queued
+            heads = {t: (float(self.arrivals.index(t)), 0.0) for t in self.backlogged()}
+            tenant = (pick(self.counters, self.backlogged(), self.served, heads)
+                      if self.fair else self.arrivals[0])
             assert tenant is not None
             self.arrivals.remove(tenant)  # its oldest arrival
             prompt, output = self.queues[tenant].popleft()
@@ -148,6 +153,58 @@ def test_pick_least_counter_ties_to_smaller_id_and_charge_divides_by_weight() ->
     assert pick({"a": 3.0, "b": 1.0, "c": 1.0}, ["a", "c", "b"]) == "b"
     assert pick({"a": 3.0}, ["a", "z"]) == "z"  # absent = 0
     assert pick({}, []) is None
+    # ties: the least served, then the oldest head entry, before the id
+    assert pick({"a": 1.0, "b": 1.0}, ["a", "b"], {"a": 9.0, "b": 2.0}) == "b"
+    assert pick({"a": 1.0, "b": 1.0}, ["a", "b"], {}, {"a": (5.0, 0.0), "b": (4.0, 7.0)}) == "b"
+    assert pick({"a": 1.0, "b": 1.0}, ["a", "b"], {}, {"b": (4.0, 0.0)}) == "b"  # a: unknown
     assert charge({"a": 1.0}, "a", 6, 2.0) == {"a": 4.0}
     with pytest.raises(ValueError, match="weight"):
         charge({}, "a", 1, 0)
+
+
+def _before(t: str, u: str, c: dict[str, float], s: dict[str, float],
+            h: dict[str, tuple[float, float]]) -> bool:
+    """Reference: does ``t`` go before ``u``, field by field as the docstring says."""
+    if c.get(t, 0.0) != c.get(u, 0.0):
+        return c.get(t, 0.0) < c.get(u, 0.0)
+    if s.get(t, 0.0) != s.get(u, 0.0):
+        return s.get(t, 0.0) < s.get(u, 0.0)
+    ht, hu = h.get(t, (math.inf, math.inf)), h.get(u, (math.inf, math.inf))
+    if ht[0] != hu[0]:
+        return ht[0] < hu[0]
+    if ht[1] != hu[1]:
+        return ht[1] < hu[1]
+    return t < u
+
+
+small = st.integers(0, 2).map(float)  # few values: ties at every level
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from("abcde"), st.tuples(
+    small, small, st.one_of(st.none(), st.tuples(small, small))), min_size=1))
+def test_pick_matches_a_pairwise_reference(tenants: dict[str, tuple[float, float, Any]]
+                                           ) -> None:
+    c = {t: v[0] for t, v in tenants.items()}
+    s = {t: v[1] for t, v in tenants.items()}
+    h = {t: v[2] for t, v in tenants.items() if v[2] is not None}
+    want = [t for t in tenants if all(_before(t, u, c, s, h) for u in tenants if u != t)]
+    assert [pick(c, list(tenants), s, h)] == want
+
+
+def test_a_light_request_lifted_to_a_heavy_counter_is_picked_next() -> None:
+    # "heavy" sorts before "light": with ties to the smaller id, every light request
+    # (lifted to exactly heavy's counter) waited for a heavy pick first
+    sim = Sim({"heavy": 1.0, "light": 1.0})
+    rng = random.Random(3)
+    for _ in range(30):
+        while len(sim.queues.get("heavy", ())) < 2 * SLOTS:
+            sim.arrive("heavy", rng.randint(10, 40), rng.randint(2, 6))
+        for _ in range(3):
+            sim.step()
+        sim.arrive("light", 8, 2)
+        assert sim.counters["light"] == sim.counters["heavy"]  # a tie, by the lift
+        sim.picks.clear()
+        while not sim.picks:
+            sim.step()
+        assert sim.picks[0] == "light", sim.picks

@@ -1,11 +1,13 @@
 """The fair queue in Redis (``ADMIT_LUA``'s lift, ``PICK_LUA``'s pick and prompt charge,
 ``STEP_LUA``'s output charge, ``CANCEL_LUA``'s backlog count) against the pure functions of
-``policies.fair_queue`` on random workloads: same picks in the same order, same counters. A
-pick may skip tenants (over their seat share, ``policies.tenant_seats``): the model picks
-among the others."""
+``policies.fair_queue`` on random workloads: same picks in the same order, same counters and
+services (the tie-break: least served, then the oldest next entry, then the id). A pick may
+skip tenants (over their seat share, ``policies.tenant_seats``): the model picks among the
+others. Then ties made on purpose: a tenant lifted to another's counter, fresh tenants."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from collections import deque
@@ -35,25 +37,35 @@ class Model:
 
     def __init__(self) -> None:
         self.counters: dict[str, float] = {}
-        self.queued: dict[str, deque[tuple[str, int]]] = {t: deque() for t in WEIGHTS}
+        self.served: dict[str, float] = {}  # tokens / weight, never lifted
+        # (request id, prompt tokens, stream entry id as (ms, seq)) per queued request
+        self.queued: dict[str, deque[tuple[str, int, tuple[int, int]]]] = {
+            t: deque() for t in WEIGHTS}
         self.last: str | None = None
 
     def backlogged(self) -> list[str]:
         return [t for t, q in self.queued.items() if q]
 
-    def admit(self, tenant: str, rid: str, prompt: int) -> None:
+    def admit(self, tenant: str, rid: str, prompt: int, entry_id: str) -> None:
         if not self.queued[tenant]:
             self.counters[tenant] = lift(self.counters, tenant, self.backlogged(), self.last)
-        self.queued[tenant].append((rid, prompt))
+        ms, seq = entry_id.split("-")
+        self.queued[tenant].append((rid, prompt, (int(ms), int(seq))))
 
     def pick(self, skip: frozenset[str] = frozenset()) -> str | None:
-        tenant = pick(self.counters, [t for t in self.backlogged() if t not in skip])
+        heads = {t: q[0][2] for t, q in self.queued.items() if q}
+        tenant = pick(self.counters, [t for t in self.backlogged() if t not in skip],
+                      self.served, heads)
         if tenant is None:
             return None
-        rid, prompt = self.queued[tenant].popleft()
-        self.counters = charge(self.counters, tenant, prompt, WEIGHTS[tenant])
+        rid, prompt, _ = self.queued[tenant].popleft()
+        self.serve(tenant, prompt)
         self.last = tenant
         return rid
+
+    def serve(self, tenant: str, tokens: int) -> None:
+        self.counters = charge(self.counters, tenant, tokens, WEIGHTS[tenant])
+        self.served = charge(self.served, tenant, tokens, WEIGHTS[tenant])
 
     def cancel(self, rid: str) -> None:
         for q in self.queued.values():
@@ -65,6 +77,11 @@ class Model:
 async def counters(client: Any, keys: RedisKeys) -> dict[str, float]:
     raw = await client.hgetall(keys.vtc(TIER))
     return {k.decode(): float(v) for k, v in raw.items() if not k.startswith(b":")}
+
+
+async def services(client: Any, keys: RedisKeys) -> dict[str, float]:
+    raw = await client.hgetall(keys.vtc(TIER))
+    return {k.decode()[3:]: float(v) for k, v in raw.items() if k.startswith(b":s:")}
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -83,9 +100,10 @@ async def test_the_scripts_pick_and_count_as_the_pure_functions(redis_url: str, 
                 tenant, n = rng.choice(list(WEIGHTS)), n + 1
                 prompt = rng.randint(1, 40)
                 msg = SubmitMsg(f"r{n}", tenant, TIER, 1, [7] * prompt, 4)
-                status, _ = await entries.admit(msg, tenant, weight=WEIGHTS[tenant], **ADMIT)
+                status, entry_id = await entries.admit(msg, tenant, weight=WEIGHTS[tenant],
+                                                       **ADMIT)
                 assert status == "ok"
-                model.admit(tenant, msg.request_id, prompt)
+                model.admit(tenant, msg.request_id, prompt, entry_id)
             elif op < 0.75:  # a worker picks one to three, at times skipping some tenants
                 count = rng.randint(1, 3)
                 skip = frozenset(t for t in WEIGHTS if rng.random() < 0.25)
@@ -103,7 +121,7 @@ async def test_the_scripts_pick_and_count_as_the_pure_functions(redis_url: str, 
                          FinishMsg(FinishReason.STOP, 1, out) if done else None,
                          tenant=env.tenant, charge=out / env.weight)
                 await entries.write_step(step)
-                model.counters = charge(model.counters, env.tenant, out, WEIGHTS[env.tenant])
+                model.serve(env.tenant, out)
                 if not done:
                     running.append(env)
             elif model.backlogged():  # a queued request is cancelled
@@ -111,11 +129,51 @@ async def test_the_scripts_pick_and_count_as_the_pure_functions(redis_url: str, 
                 rid = rng.choice(model.queued[tenant])[0]
                 assert await entries.cancel(rid, True, "test", 60) == "queued"
                 model.cancel(rid)
-            got_c = await counters(client, keys)
+            got_c, got_s = await counters(client, keys), await services(client, keys)
             assert {t: got_c.get(t, 0.0) for t in WEIGHTS} == {
                 t: model.counters.get(t, 0.0) for t in WEIGHTS}
+            assert {t: got_s.get(t, 0.0) for t in WEIGHTS} == {
+                t: model.served.get(t, 0.0) for t in WEIGHTS}
             backlog = sum(len(q) for q in model.queued.values())
             assert (await queues.backlogs())[TIER] == backlog
+    finally:
+        await queues.close()
+        await client.delete(*[k async for k in client.scan_iter(f"{keys.ns}:*")])
+        await client.aclose()
+
+
+async def _admit(entries: QueueEntries, tenant: str, rid: str, prompt: int = 8) -> None:
+    msg = SubmitMsg(rid, tenant, TIER, 1, [7] * prompt, 4)
+    assert (await entries.admit(msg, tenant, weight=1.0, **ADMIT))[0] == "ok"
+
+
+async def test_ties_go_to_the_least_served_then_the_oldest_entry_not_the_id(
+        redis_url: str) -> None:
+    client: Any = aioredis.Redis.from_url(redis_url)
+    keys = RedisKeys(f"fq{uuid.uuid4().hex[:8]}")
+    entries, queues = QueueEntries(client, keys, None), TierQueues(client, keys, TIERS)
+
+    async def picks(n: int) -> list[str]:
+        got = await queues.pick(TIER, "w1", n)
+        return [e.msg.request_id for e in got if e.msg]
+
+    try:
+        # fresh tenants (equal counters and services): first come, first served, though
+        # "zz" sorts after "aa"
+        await _admit(entries, "zz", "z1")
+        await asyncio.sleep(0.005)  # entry ids order by the millisecond across streams
+        await _admit(entries, "aa", "a1")
+        assert await picks(2) == ["z1", "a1"]
+        # "heavy" (the smaller id) was served and keeps a backlog; "light" becomes
+        # backlogged and is lifted to exactly heavy's counter: the tie goes to the tenant
+        # that received less, ahead of the heavy entries queued before it
+        for i in range(4):
+            await _admit(entries, "heavy", f"h{i}", prompt=30)
+        assert await picks(1) == ["h0"]
+        await _admit(entries, "light", "l0")
+        vtc = await counters(client, keys)
+        assert vtc["light"] == vtc["heavy"]
+        assert await picks(2) == ["l0", "h1"]
     finally:
         await queues.close()
         await client.delete(*[k async for k in client.scan_iter(f"{keys.ns}:*")])

@@ -136,6 +136,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
         out = self.scheduler.schedule()
+        # Readers see what this step placed as running, not as waiting, while it runs (the
+        # snapshot from the adds before it counted them waiting for a whole step: the
+        # worker's short engine queue looked full and closed its tier to new requests).
+        self._stats = self.scheduler.stats
         res = self.runner.execute(out)
         changed = self.scheduler.update_from_output(out, res)
         outputs = [self._emit(r) for r in changed]

@@ -9,6 +9,15 @@ the tier's ``TierSLO.tpot_p99_s`` or, when unset, ``policies.tiers.derived_tpot_
 predicted small-batch step. A cap that would allow every seat is lifted (None): with no
 interactive work present the engine applies no cap anyway, so lower tiers keep the whole batch.
 
+A lower-tier row is priced with its prompt: beside the ``urgent_rows`` interactive rows the
+worker holds, each row under the cap is a lower one that also brings about a prompt token a
+step (``LOWER_PROMPT_PER_OUTPUT``: a request has about as many prompt tokens as output
+tokens; they reach the step as chunks under the prefill allowance), so the cap is the largest
+row count whose decode step plus those rows' prompt tokens stays within the target. Why: TPOT
+is the mean step, and the lower prompts ran on top of a cap priced for decode rows alone
+(bench sla's 32-seat row, traced: decode-only steps at the cap 53 ms against 41 alone, on
+target; a step with a lower chunk 120-150 ms, one in four; interactive TPOT 1.52x alone).
+
 Cold start: until the model has ``min_samples`` steps it is the mean seconds per row of the
 steps seen (``StepCostModel.fit``), and the cap and allowance are provisional ones from it
 (the smallest prefill allowance: a per-row mean cannot price a token), refit every
@@ -68,6 +77,10 @@ COLD_REFIT_INTERVAL_S = 0.1
 # Lower-tier prompt tokens a capped step may always compute: a KV block's worth, so a short
 # prompt starts within a few steps even when the cap leaves no time to spare.
 MIN_LOWER_PREFILL_TOKENS = 16
+# Prompt tokens a lower-tier request computes per output token it yields, about (bench sla's
+# requests: ~44 prompt tokens, 32-64 output tokens): what a lower row under the cap costs on
+# top of its decode, on average.
+LOWER_PROMPT_PER_OUTPUT = 1.0
 
 
 class StepBudget:
@@ -99,6 +112,8 @@ class StepBudget:
         self.lower_prefill_tokens: int | None = None  # the allowance set with it
         self.demand = UrgentDemand()  # what interactive asks (the worker feeds it)
         self.urgent_backlogged = False  # set with the cap: seats owed for every urgent row
+        # interactive rows beside which the lower ones are priced (the worker counts its own)
+        self.urgent_rows: Callable[[], int] = lambda: SMALL_BATCH_ROWS
 
     def attach(self) -> None:
         """Start watching the engine's steps (idempotent)."""
@@ -131,7 +146,8 @@ class StepBudget:
             try:
                 self._set(*await asyncio.to_thread(self._plan_with_allowance,
                                                    self.engine.load().max_num_seqs,
-                                                   self.demand.tokens_per_s()))
+                                                   self.demand.tokens_per_s(),
+                                                   self.urgent_rows()))
             except Exception:  # a bad fit must not end the loop; the last cap stays
                 log.exception("step budget update failed")
 
@@ -139,21 +155,24 @@ class StepBudget:
         """Feed the steps seen since the last call to the model, refit, set the cap; returns
         the cap in force."""
         return self._set(*self._plan_with_allowance(self.engine.load().max_num_seqs,
-                                                    self.demand.tokens_per_s()))
+                                                    self.demand.tokens_per_s(),
+                                                    self.urgent_rows()))
 
-    def _plan_with_allowance(self, max_rows: int, urgent_tokens_s: float | None
+    def _plan_with_allowance(self, max_rows: int, urgent_tokens_s: float | None,
+                             urgent_rows: int = SMALL_BATCH_ROWS
                              ) -> tuple[int | None, int | None, bool]:
         """``plan``, the cap's prefill allowance and whether interactive, asking
         ``urgent_tokens_s``, is backlogged beside it (all walk the model's window: run off
         the event loop)."""
-        cap = self.plan(max_rows)
+        cap = self.plan(max_rows, urgent_rows)
         backlogged = cap is not None and not self.cold and urgent_backlogged(
             urgent_tokens_s, cap, self.model.predict_decode(cap, self.model.mean_kv_per_row()))
         return cap, self._prefill_allowance(cap), backlogged
 
-    def plan(self, max_rows: int) -> int | None:
-        """Feed the pending steps to the model, refit and return the cap (None: no cap).
-        Touches only the model and the pending steps: safe off the event loop."""
+    def plan(self, max_rows: int, urgent_rows: int = SMALL_BATCH_ROWS) -> int | None:
+        """Feed the pending steps to the model, refit and return the cap (None: no cap), the
+        rows past ``urgent_rows`` priced with their prompts. Touches only the model and the
+        pending steps: safe off the event loop."""
         pending = self._pending
         while pending:
             self.model.observe(*pending.popleft())
@@ -167,7 +186,13 @@ class StepBudget:
                 self._log_bound(bound, max_rows, law)
                 self.row_limit = bound
         target = self._target()
-        cap = self.model.max_rows_within(target, limit=max_rows)
+        cap = self.model.max_rows_within(target, limit=max_rows)  # decode rows alone
+        if not self.cold:  # a cold model's per-row mean cannot price a token
+            kv = self.model.mean_kv_per_row()
+            prompt_s = self.model.cost.per_token * LOWER_PROMPT_PER_OUTPUT
+            while cap > urgent_rows and (self.model.predict_decode(cap, kv)
+                                         + (cap - urgent_rows) * prompt_s > target):
+                cap -= 1
         return None if cap >= max_rows else cap
 
     @property

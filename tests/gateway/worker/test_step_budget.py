@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from engine.core.outputs import ScheduledRequest, SchedulerOutput
 from engine.core.sampling_params import SamplingParams
 from engine.frontend.async_engine import AsyncEngine
-from gateway.worker.step_budget import MIN_LOWER_PREFILL_TOKENS, StepBudget
+from gateway.worker.step_budget import LOWER_PROMPT_PER_OUTPUT, MIN_LOWER_PREFILL_TOKENS, StepBudget
 from gateway.worker.urgent_demand import UrgentDemand
 from gateway.worker.worker import Worker
 from policies.admission import EngineLoad
@@ -29,6 +29,12 @@ MAX_SEQS = 256
 
 def true_cost(rows: int, tokens: int, kv: int) -> float:
     return A + B * rows + C * tokens + D * kv
+
+
+def capped_step(rows: int, kv: float, urgent: int = SMALL_BATCH_ROWS) -> float:
+    """The true law's step of ``rows`` decode rows at ``kv`` context, the rows past
+    ``urgent`` lower ones each with a prompt token on top (LOWER_PROMPT_PER_OUTPUT)."""
+    return true_cost(rows, rows, 0) + D * rows * kv + max(0, rows - urgent) * C * LOWER_PROMPT_PER_OUTPUT
 
 
 class RecordingEngine:
@@ -105,7 +111,7 @@ def test_a_cold_model_sets_a_provisional_cap_from_the_first_steps(slo: TierSLO) 
     kv = budget.model.mean_kv_per_row()
     assert not budget.cold and budget.target_s is not None
     assert cap == max(r for r in range(MAX_SEQS + 1)
-                      if true_cost(r, r, 0) + D * r * kv <= budget.target_s * (1 + 1e-9))
+                      if capped_step(r, kv) <= budget.target_s * (1 + 1e-9))
 
 
 def test_derived_target_gives_the_cap_the_cost_law_implies() -> None:
@@ -117,8 +123,8 @@ def test_derived_target_gives_the_cap_the_cost_law_implies() -> None:
     kv = budget.model.mean_kv_per_row()  # the decode context the model plans with
     small = A + (B + C + D * kv) * SMALL_BATCH_ROWS
     assert budget.target_s == pytest.approx(DERIVED_TPOT_HEADROOM * small, rel=1e-6)
-    expected = max(r for r in range(MAX_SEQS + 1) if true_cost(r, r, 0) + D * r * kv
-                   <= budget.target_s * (1 + 1e-9))
+    expected = max(r for r in range(MAX_SEQS + 1)
+                   if capped_step(r, kv) <= budget.target_s * (1 + 1e-9))
     assert cap == expected and engine.caps == [(cap, 0)]
     # the seats under the cap follow the drain weights, by priority (interactive's included)
     assert engine.weights == [{0: 6, 1: 3, 2: 1}]
@@ -129,6 +135,31 @@ def test_derived_target_gives_the_cap_the_cost_law_implies() -> None:
     assert budget.update() == cap and len(engine.caps) == 1  # set again only when it changes
 
 
+@pytest.mark.parametrize("urgent", [0, SMALL_BATCH_ROWS, 9])
+def test_lower_rows_under_the_cap_are_priced_with_their_prompts(urgent: int) -> None:
+    """TPOT is the mean step: past the worker's ``urgent`` interactive rows, each row under
+    the cap is a lower one bringing about a prompt token a step, so the cap is the most rows
+    whose decode step plus those tokens stays within the target under the true law (a cap
+    priced for decode rows alone ran the 32-seat bench row at 1.52x alone's TPOT)."""
+    engine = RecordingEngine()
+    budget = StepBudget(engine)  # type: ignore[arg-type]
+    budget.urgent_rows = lambda: urgent
+    budget.attach()
+    feed(budget, engine, 200)
+    cap = budget.update()
+    kv = budget.model.mean_kv_per_row()
+    target = budget.target_s
+    assert cap is not None and target is not None
+    decode_only = max(r for r in range(MAX_SEQS + 1)
+                      if true_cost(r, r, 0) + D * r * kv <= target * (1 + 1e-9))
+    assert cap == max(r for r in range(decode_only + 1)
+                      if capped_step(r, kv, urgent) <= target * (1 + 1e-9))
+    if urgent + 1 < decode_only:  # lower rows fit beside the urgent ones: fewer of them
+        assert cap < decode_only
+    else:  # the urgent rows alone fill the decode cap: nothing to price
+        assert cap == decode_only
+
+
 def test_explicit_target_and_no_cap_when_it_allows_every_seat() -> None:
     engine = RecordingEngine()
     budget = StepBudget(engine, slo=TierSLO(tpot_p99_s=0.2))  # type: ignore[arg-type]
@@ -136,8 +167,7 @@ def test_explicit_target_and_no_cap_when_it_allows_every_seat() -> None:
     feed(budget, engine, 100, context=100)
     cap = budget.update()
     kv = budget.model.mean_kv_per_row()
-    assert cap == max(
-        r for r in range(MAX_SEQS + 1) if true_cost(r, r, 0) + D * r * kv <= 0.2 + 1e-12)
+    assert cap == max(r for r in range(MAX_SEQS + 1) if capped_step(r, kv) <= 0.2 + 1e-12)
     budget.slo = TierSLO(tpot_p99_s=100.0)  # every seat fits: the cap is lifted
     assert budget.update() is None and engine.caps[-1] == (None, 0)
     assert engine.prefill[-1] is None  # and its prefill allowance with it

@@ -18,11 +18,21 @@ its share: a tenant may take one only while it holds fewer rows than its weighte
 seats among the tenants of its tier holding rows *plus one newcomer of its own weight*
 (``over_share``). A heavy tenant alone is thus held to the seats minus the reserve, and a light
 tenant arriving finds a seat at once; the reserve refills as heavy requests finish.
+
+The limit moves (the bound is refitted from the steps) and can fall under the rows already
+held, which leave only as they finish. A limit that closed every non-urgent tier then also
+closed the reserve: a light tenant's request waited in Redis until enough heavy rows
+finished (bench sla's heavy row, traced: 399 ms in Redis, its first token three steps after
+its arrival). So at or past the limit (``lower_room``) a tier where a tenant is over its
+share still serves its other tenants, one start a round and each only while under its share
+(so they overshoot the limit by at most their shares); its tenants over their share, and
+every tier where nobody is, wait for rows to finish.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from policies.admission import URGENT_PRIORITY, EngineLoad, reserved_seats
 
@@ -59,3 +69,35 @@ def over_share(held: Mapping[str, int], weights: Mapping[str, float], seats: int
         if rows + 1 > seats * w / (total + w):
             out.add(tenant)
     return frozenset(out)
+
+
+@dataclass(frozen=True)
+class LowerRoom:
+    """What the drainer may start of the non-urgent tiers this round."""
+
+    seats: int  # starts in all, at most
+    skip: dict[str, frozenset[str]]  # per tier, the tenants its pick skips (absent: none)
+    tiers: frozenset[str] | None = None  # the tiers open (None: every one, while seats > 0)
+
+
+def lower_room(rows: Mapping[str, Mapping[str, int]],
+               weights: Mapping[str, Mapping[str, float]], limit: int,
+               paced: Mapping[str, frozenset[str]]) -> LowerRoom:
+    """The room under ``limit`` for the non-urgent tiers holding ``rows`` (tier -> tenant ->
+    rows; ``weights`` likewise, absent means 1): past the reserve, everyone but the
+    ``paced`` tenants; inside it, only tenants under their share; at or past the limit, one
+    start a round for a tenant under its share in a tier where another is over it."""
+    free = limit - sum(n for tenants in rows.values() for n in tenants.values())
+    reserve = tenant_reserve(limit)
+    if free > reserve:
+        return LowerRoom(free - reserve, _nonempty(paced))
+    over = {t: over_share(rows[t], weights.get(t, {}), limit) for t in rows}
+    skip = {t: over[t] | paced.get(t, frozenset()) for t in rows}
+    if free > 0:
+        return LowerRoom(free, _nonempty(skip))
+    hogged = frozenset(t for t, ex in over.items() if ex)
+    return LowerRoom(1 if hogged else 0, {t: skip[t] for t in hogged}, hogged)
+
+
+def _nonempty(skip: Mapping[str, frozenset[str]]) -> dict[str, frozenset[str]]:
+    return {t: ex for t, ex in skip.items() if ex}

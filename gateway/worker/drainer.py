@@ -16,11 +16,14 @@ from the step-cost model: ``policies.batch_bound``), so their overload queues in
 the fair pick and shedding act, instead of swelling every step. The last few of those seats
 go only to tenants under their share (``policies.tenant_seats``): the pick skips a tier's
 tenants over it (``held``: the tier, tenant and weight of each request the worker holds), so
-a light tenant arriving beside a heavy one finds a seat at once. While two tenants of a tier
-hold rows, one over its share starts at most one request an engine step (``policies.tenant_pace``,
-counted by ``tenant_pace.TenantPace``): a heavy tenant's burst of prompts would otherwise pile
-into one step, which the light tenant's first token waits for or shares; such a tier is read one
-entry a round, so the fair pick sees each start. While the worker's interactive rows pass the
+a light tenant arriving beside a heavy one finds a seat at once, even when the bound moved
+down under the rows held (then only such tiers are open, one start a round). While two
+tenants of a tier hold rows, one over its share starts at most one request an engine step
+(``policies.tenant_pace``, counted by ``tenant_pace.TenantPace``): a heavy tenant's burst of
+prompts would otherwise pile into one step, which the light tenant's first token waits for or
+shares; such a tier is read one entry a round, so the fair pick sees each start. A round that
+finds only skipped tenants queued waits on the wake lists, briefly, so a light request that
+arrives meanwhile starts at once. While the worker's interactive rows pass the
 engine's row cap, the non-urgent tiers may hold as many rows as the cap owes them beside those
 (``owed_rows``: ``policies.owed_seats``) when that is more than the bound, else the seats owed
 find no rows to run.
@@ -39,7 +42,7 @@ from gateway.bus.queues import Envelope, TierQueues
 from gateway.worker.tenant_pace import TenantPace
 from policies.admission import URGENT_PRIORITY, pull_count
 from policies.tenant_pace import shared
-from policies.tenant_seats import lower_limit, over_share, tenant_reserve
+from policies.tenant_seats import LowerRoom, lower_limit, lower_room
 from policies.tiers import tier_priority
 from policies.wrr import smooth_wrr_pick
 
@@ -92,25 +95,27 @@ class Drainer:
     async def _step(self) -> None:
         """One round: wait for room, or pull and start what the queues hold. Nothing read is
         left unstarted when it returns (a subclass may hold the loop between rounds)."""
-        self.lower_seats, self.excluded = self._lower_room()
+        room = self._lower_room()
+        self.lower_seats, self.excluded = room.seats, room.skip
         open_tiers = [t for t in self.weights if self.engine.has_capacity(tier_priority(t))
-                      and (self.lower_seats > 0 or not _lower(t))]
+                      and (not _lower(t) or (room.seats > 0
+                                             and (room.tiers is None or t in room.tiers)))]
         if not open_tiers:
             self.quiet = False  # a backlog may build meanwhile: plan it by weight
             await self._wait_for_room()
             return
         envs = await self._pull(open_tiers)
+        if not envs and self.excluded:  # the backlog may be only tenants the pick skips
+            envs = await self._wait_for_admission(open_tiers)
         if envs:
             self.pace.started([(e.tier, e.tenant) for e in envs if e.tier in self.single])
             await self.start(envs)
-        elif self.excluded:  # the backlog may be only tenants over their share: no spinning
-            await self._wait_for_room()
 
-    def _lower_room(self) -> tuple[int, dict[str, frozenset[str]]]:
-        """Seats the non-urgent tiers may take this round and the tenants each tier's pick
-        skips: past the tenant reserve nobody is skipped; inside it, those over their share.
-        The worker's own requests of those tiers count (interactive ones do not: the row
-        cap shares the step with them)."""
+    def _lower_room(self) -> LowerRoom:
+        """Seats the non-urgent tiers may take this round, the tenants each tier's pick
+        skips and the tiers open (``policies.tenant_seats.lower_room``). The worker's own
+        requests of those tiers count (interactive ones do not: the row cap shares the step
+        with them)."""
         rows: dict[str, Counter[str]] = {}
         weights: dict[str, dict[str, float]] = {}
         urgent = 0
@@ -122,17 +127,9 @@ class Drainer:
                 urgent += 1
         # past the bound when the row cap owes the lower tiers seats beside urgent rows
         limit = lower_limit(self.engine.load(), self.row_limit(), self.owed_rows(urgent))
-        free = limit - sum(n for c in rows.values() for n in c.values())
-        reserve = tenant_reserve(limit)
         self.single = frozenset(t for t in rows if shared(rows[t]))
         paced = {t: self.pace.skip(t, rows[t], weights[t], limit) for t in self.single}
-        if free > reserve:
-            return free - reserve, {t: ex for t, ex in paced.items() if ex}
-        if free <= 0:
-            return 0, {}
-        excluded = {t: over_share(rows[t], weights[t], limit) | paced.get(t, frozenset())
-                    for t in rows}
-        return free, {t: ex for t, ex in excluded.items() if ex}
+        return lower_room(rows, weights, limit, paced)
 
     def _batch_size(self) -> int:
         return pull_count(self.engine.load())
@@ -178,6 +175,20 @@ class Drainer:
         envs = [e for t in tiers for e in got.get(t, [])]
         self.quiet = len(envs) <= 1
         return envs
+
+    async def _wait_for_admission(self, tiers: list[str]) -> list[Envelope]:
+        """While the backlog is only tenants the pick skips (over their share, paced): wait
+        for an admission to ``tiers``, at most ``CLOSED_BLOCK_S`` (a step's end, which wakes
+        nobody, lets them start again), and pick once from the tier woken for. Waiting for
+        the step's end alone (as before) left a light tenant's request that arrived
+        meanwhile queued until the next poll: one that came late in a step missed the next
+        step and waited a whole step more (bench sla's heavy row, traced)."""
+        woke = await self.queues.wait(tiers, CLOSED_BLOCK_S)
+        self.quiet = False  # a backlog is known: count it next round
+        if woke is None or woke not in tiers:
+            return []
+        got = await self.queues.read_counts({woke: 1}, self.consumer, self.excluded)
+        return got.get(woke, [])
 
     async def _wait_for_room(self) -> None:
         self.room.clear()

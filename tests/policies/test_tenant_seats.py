@@ -12,6 +12,7 @@ from policies.tenant_seats import (
     MIN_RESERVE,
     RESERVE_DIVISOR,
     lower_limit,
+    lower_room,
     over_share,
     tenant_reserve,
 )
@@ -73,3 +74,57 @@ def test_a_heavy_tenant_alone_leaves_the_reserve_and_a_light_one_may_take_it() -
     # weight 4 beside weight 1, with a newcomer of weight 4: owed 4/9 of the seats (25.3)
     assert over_share({"big": 24, "small": 3}, {"big": 4.0}, 57) == frozenset()
     assert over_share({"big": 25, "small": 3}, {"big": 4.0}, 57) == {"big"}
+
+
+def reference_may_start(rows: dict[str, dict[str, int]], weights: dict[str, dict[str, float]],
+                        limit: int, paced: dict[str, frozenset[str]], tier: str,
+                        tenant: str) -> bool:
+    """Whether ``tenant`` (perhaps holding no row yet) of ``tier`` may start now, as the
+    module docstring says, with the exact-arithmetic ``reference_over_share``."""
+    free = limit - sum(sum(t.values()) for t in rows.values())
+    held = rows.get(tier, {})
+    over = reference_over_share(held, weights.get(tier, {}), limit)
+    if tenant in paced.get(tier, frozenset()):
+        return False
+    if free > tenant_reserve(limit):
+        return True
+    if free > 0:
+        return tenant not in over
+    return tenant not in over and bool(over)  # past the limit: only beside a hog
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lower_room_matches_the_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(400):
+        rows = {tier: {f"t{i}": rng.randint(0, 30) for i in range(rng.randint(1, 3))}
+                for tier in ("batch", "best-effort") if rng.random() < 0.8}
+        weights = {tier: {t: rng.choice([0.5, 1.0, 2.0]) for t in held if rng.random() < 0.5}
+                   for tier, held in rows.items()}
+        limit = rng.randint(2, 90)
+        paced = {tier: frozenset(t for t in held if rng.random() < 0.2)
+                 for tier, held in rows.items()}
+        room = lower_room(rows, weights, limit, paced)
+        free = limit - sum(sum(t.values()) for t in rows.values())
+        reserve = tenant_reserve(limit)
+        want_seats = free - reserve if free > reserve else free if free > 0 else None
+        for tier in ("batch", "best-effort"):
+            for tenant in [*rows.get(tier, {}), "newcomer"]:
+                got = (room.seats > 0 and (room.tiers is None or tier in room.tiers)
+                       and tenant not in room.skip.get(tier, frozenset()))
+                assert got == reference_may_start(rows, weights, limit, paced, tier, tenant), (
+                    rows, weights, limit, paced, tier, tenant)
+        if want_seats is not None:
+            assert room.seats == want_seats
+        else:  # past the limit: one start a round, and only where someone is crowded out
+            assert room.seats == (1 if room.tiers else 0)
+
+
+def test_a_bound_fallen_under_the_heavy_rows_leaves_the_light_tenant_a_seat() -> None:
+    rows = {"batch": {"heavy": 40, "light": 3}, "best-effort": {"solo": 10}}
+    room = lower_room(rows, {}, 31, {})  # the bound fell from 46 to 31
+    assert room.seats == 1 and room.tiers == {"batch"}  # best-effort's one tenant waits
+    assert room.skip == {"batch": {"heavy"}}
+    # the light tenant past its share waits too
+    assert lower_room({"batch": {"heavy": 40, "light": 11}}, {}, 31, {}).skip == {
+        "batch": {"heavy", "light"}}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +19,10 @@ from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from engine.core.outputs import RequestOutput
+from policies.admission import EngineLoad
 from tests.gateway.worker.test_fair_drain import tenant_key
 from tests.gateway.worker.test_tenant_seats import TIER, not_picked
 
@@ -106,3 +109,69 @@ def test_the_count_restarts_when_the_engine_steps() -> None:
     assert pace.skip("interactive", held, {}, 32) == frozenset()  # counted per tier
     step[0] += 1  # the requests started joined a step: a new one may start
     assert pace.skip(TIER, held, {}, 32) == frozenset()
+
+
+class _Engine:
+    """Room for anything, a fixed step counter (one engine step for the whole test)."""
+
+    class _Stats:
+        class scheduler:  # mirrors EngineStats.scheduler
+            num_steps = 1
+
+    def has_capacity(self, priority: int) -> bool:
+        return True
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(0, 0, 0, 1000, 1000, 256, None)
+
+    def stats(self) -> Any:
+        return self._Stats()
+
+
+async def test_a_light_admission_starts_while_only_paced_tenants_are_backlogged(
+        redis_url: str) -> None:
+    """The heavy tenant (over its share beside light's rows) started its one request of
+    this step, and its backlog is all that is queued: the round must still start a light
+    request admitted while it waits, not sit out the step until the next poll."""
+    from gateway.bus.keys import RedisKeys
+    from gateway.bus.messages import SubmitMsg
+    from gateway.bus.queues import Envelope, QueueEntries, TierQueues
+    from gateway.worker.drainer import Drainer
+    from policies.tiers import DEFAULT_TIER_WEIGHTS, TIERS
+
+    client: Any = aioredis.Redis.from_url(redis_url)
+    keys = RedisKeys(f"tp{uuid.uuid4().hex[:8]}")
+    entries, queues = QueueEntries(client, keys, None), TierQueues(client, keys, TIERS)
+    admit = {"rpm": 0, "tpm": 0, "max_concurrency": 0, "queue_max_len": 1000, "cost": 1,
+             "lease_ms": 60_000, "req_ttl_s": 60}
+
+    async def send(tenant: str, rid: str) -> None:
+        msg = SubmitMsg(rid, tenant, TIER, 1, [7] * 8, 4)
+        assert (await entries.admit(msg, tenant, **admit))[0] == "ok"
+
+    started: list[str] = []
+
+    async def start(envs: list[Envelope]) -> None:
+        started.extend(e.msg.request_id for e in envs if e.msg)
+
+    held = [(TIER, "heavy", 1.0)] * 20 + [(TIER, "light", 1.0)] * 2  # heavy over its share
+    drainer = Drainer(queues, _Engine(), "w1", DEFAULT_TIER_WEIGHTS, start,  # type: ignore[arg-type]
+                      row_limit=lambda: BOUND, held=lambda: held)
+    real_wait = queues.wait
+
+    async def wait(tiers: Any, timeout_s: float) -> str | None:
+        await send("light", "l0")  # arrives while the drainer waits
+        return await real_wait(tiers, timeout_s)
+
+    try:
+        for i in range(4):
+            await send("heavy", f"h{i}")
+        await drainer._step()
+        assert started == ["h0"]  # its one start of this step
+        queues.wait = wait  # type: ignore[method-assign]
+        await drainer._step()
+        assert started == ["h0", "l0"]
+    finally:
+        await queues.close()
+        await client.delete(*[k async for k in client.scan_iter(f"{keys.ns}:*")])
+        await client.aclose()

@@ -90,3 +90,47 @@ def test_a_light_tenant_gets_a_reserved_seat_beside_a_heavy_one(bounded: Any,
     first_heavy = min(finished.index(h) for h in heavy_ids)
     assert all(finished.index(rid) < first_heavy for rid in light_ids), (
         "a light request waited for a heavy one to finish")
+
+
+def test_a_light_tenant_starts_when_the_bound_falls_under_the_heavy_rows(
+        bounded: Any, redis_url: str) -> None:
+    """The bound is refitted from the steps and can fall under the rows held; the heavy
+    tenant's rows leave only as they finish (600 steps each). The light tenant, under its
+    share, still starts at once: before, a limit at or under the rows held closed the tier
+    to everyone until heavy requests finished."""
+    gw, ns = bounded, bounded.config.namespace
+    heavy, light = tenant_key(redis_url, ns, "tb-heavy"), tenant_key(redis_url, ns, "tb-light")
+    finished: list[str] = []
+
+    def record(outputs: list[RequestOutput]) -> None:
+        finished.extend(o.request_id for o in outputs if o.finished)
+
+    gw.engine.add_step_callback(record)
+    held = BOUND - tenant_reserve(BOUND)
+    drainer = gw.services.worker.drainer
+
+    async def post(c: httpx.AsyncClient, key: str, tokens: int) -> str:
+        r = await c.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                         json={"model": "echo", "prompt": "x y z", "max_tokens": tokens,
+                               "service_tier": TIER})
+        assert r.status_code == 200, r.text
+        return str(r.json()["id"])
+
+    async def go() -> tuple[list[str], list[str], int]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60) as c:
+            heavy_calls = [asyncio.create_task(post(c, heavy, HEAVY_TOKENS))
+                           for _ in range(HEAVY)]
+            deadline = time.monotonic() + 30
+            while gw.engine.load().num_running < held:
+                assert time.monotonic() < deadline, "heavy requests did not start"
+                await asyncio.sleep(0.01)
+            drainer.row_limit = lambda: held // 2  # the bound falls under heavy's rows
+            light_ids = [await post(c, light, 1) for _ in range(LIGHT)]
+            left = not_picked(redis_url, ns)  # heavy's overload, still queued
+            return light_ids, list(await asyncio.gather(*heavy_calls)), left
+
+    light_ids, heavy_ids, left = asyncio.run(go())
+    assert left == HEAVY - held  # heavy started nothing past the fallen bound
+    first_heavy = min(finished.index(h) for h in heavy_ids)
+    assert all(finished.index(rid) < first_heavy for rid in light_ids), (
+        "a light request waited for a heavy one to finish")

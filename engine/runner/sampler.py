@@ -21,6 +21,7 @@ import torch
 
 from engine.core.outputs import TokenLogprob
 from engine.core.sampling_params import SamplingParams
+from engine.runner.greedy import row_argmax
 from engine.runner.logits_processors import History, min_p_filter, process_logits
 
 _MASK64 = (1 << 64) - 1
@@ -66,7 +67,7 @@ class Sampler:
         raw = logits
         logits = process_logits(logits, params, output_indices, histories or [None] * n,
                                 eos_ids or [None] * n)
-        tokens = logits.argmax(dim=-1).tolist()  # the common all-greedy case ends here
+        tokens = row_argmax(logits).tolist()  # the common all-greedy case ends here
         rows = [r for r, p in enumerate(params) if not p.greedy]
         if rows:
             picked = self._sample_rows(

@@ -38,7 +38,8 @@ one step several times the target long (bench sla: +250 ms of interactive TTFT).
 
 And whether interactive is backlogged (``urgent_backlogged``): the decode tokens per second it
 asks (``demand``: ``urgent_demand.UrgentDemand``, fed by the worker) would keep more rows
-running than the cap at the modelled step at the cap (``policies.owed_seats.urgent_backlogged``).
+running than the decode rows that fit the target, in such steps
+(``policies.owed_seats.urgent_backlogged``).
 Then the engine's row cap and the drainer owe the lower tiers seats by weight for every
 interactive row, not only for those past the cap: interactive asks more than the protected
 batch gives, its TPOT promise broken by its own load, and the weights are the contract among
@@ -165,9 +166,19 @@ class StepBudget:
         ``urgent_tokens_s``, is backlogged beside it (all walk the model's window: run off
         the event loop)."""
         cap = self.plan(max_rows, urgent_rows)
-        backlogged = cap is not None and not self.cold and urgent_backlogged(
-            urgent_tokens_s, cap, self.model.predict_decode(cap, self.model.mean_kv_per_row()))
+        backlogged = cap is not None and not self.cold and self._backlogged(urgent_tokens_s,
+                                                                            max_rows)
         return cap, self._prefill_allowance(cap), backlogged
+
+    def _backlogged(self, urgent_tokens_s: float | None, max_rows: int) -> bool:
+        """Would interactive, asking ``urgent_tokens_s``, keep more rows running than the
+        decode rows within the target, in such steps? Against those rows, not the cap in
+        force: that one also prices lower-tier prompts, which interactive's rows do not
+        bring (owing on it would judge interactive backlogged whenever lower prompts cost)."""
+        assert self.target_s is not None  # set by plan
+        rows = self.model.max_rows_within(self.target_s, limit=max_rows)
+        return urgent_backlogged(urgent_tokens_s, rows,
+                                 self.model.predict_decode(rows, self.model.mean_kv_per_row()))
 
     def plan(self, max_rows: int, urgent_rows: int = SMALL_BATCH_ROWS) -> int | None:
         """Feed the pending steps to the model, refit and return the cap (None: no cap), the

@@ -234,25 +234,40 @@ class Clock:
         return self.now
 
 
-@pytest.mark.parametrize("fill", [0.8, 1.25])
+# a law whose prompt tokens cost more than its rows: pricing the lower prompts cuts the cap in
+# force well under the decode rows that fit the target
+STEEP = (0.05, 0.002, 0.004, 0.0)
+
+
+@pytest.mark.parametrize("fill", [0.8, 0.95, 1.25])
 def test_interactive_is_backlogged_when_its_demand_passes_the_capped_batch(fill: float) -> None:
-    """Interactive asking ``fill`` x the cap's rows at the modelled capped step (Little's law:
-    rows = tokens/s x step): past it, the engine and the drainer owe the lower tiers seats
-    for every interactive row; within it, only past the cap (today's rule)."""
+    """Interactive asking ``fill`` x the decode rows that fit the TPOT target, in such steps
+    (Little's law: rows = tokens/s x step): past them, the engine and the drainer owe the
+    lower tiers seats for every interactive row; within them, only past the cap (today's
+    rule). The cap in force is smaller (it prices lower prompts): it is not the measure (by
+    it, 0.95 x those rows would be backlogged)."""
     engine = RecordingEngine()
-    budget = StepBudget(engine)  # type: ignore[arg-type]
+    budget = StepBudget(engine, slo=TierSLO(tpot_p99_s=0.2))  # type: ignore[arg-type]
     clock = Clock()
     budget.demand = UrgentDemand(window_s=10.0, clock=clock)
     budget.attach()
-    feed(budget, engine, 200)
+    a, b, c, _ = STEEP
+    for i in range(200):
+        out, _s = synthetic_step(1 + (i * 7) % 40, 200, prefill=(i % 3) * 50)
+        rows, tokens = len(out.scheduled), out.num_batched_tokens
+        engine.observers[0](out, a + b * rows + c * tokens)
     cap = budget.update()
     assert cap is not None and engine.backlogged == [False]  # nothing finished: unknown
-    kv = budget.model.mean_kv_per_row()
-    step = true_cost(cap, cap, 0) + D * cap * kv  # the true law at the cap
+    # the decode rows within the target and their step, by the true law (a decode row is
+    # one token)
+    rows = max(r for r in range(MAX_SEQS + 1) if a + (b + c) * r <= 0.2 * (1 + 1e-9))
+    step = a + (b + c) * rows
+    by_cap = fill * rows * (a + (b + c) * cap) / step > cap  # Little's law at the cap
+    assert cap < 0.8 * rows and by_cap is (fill > 0.9)
     tokens = 40  # every request's output
-    rate = fill * cap / step / tokens  # requests a second that ask fill x cap rows
+    rate = fill * rows / step / tokens  # requests a second that ask fill x those rows
     clock.now += 10.0
-    for i in range(round(rate * 10)):  # a window of starts, evenly spread
+    for _ in range(round(rate * 10)):  # a window of starts, evenly spread
         clock.now += 10.0 / round(rate * 10)
         budget.demand.started()
         budget.demand.finished(tokens)

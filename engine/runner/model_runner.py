@@ -10,7 +10,6 @@ layers is a single indexed copy.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,7 +17,8 @@ import torch
 from engine.core.config import CacheConfig, EngineConfig, ModelConfig
 from engine.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.core.sampling_params import SamplingParams
-from engine.models.llama import AttentionMetadata, LlamaArgs, LlamaForCausalLM
+from engine.models.llama import LlamaArgs, LlamaForCausalLM
+from engine.runner.inputs import StepInputs, build_inputs
 from engine.runner.loader import (
     eos_token_ids,
     load_hf_config,
@@ -39,15 +39,6 @@ DTYPES = {
 }
 GIB = 1 << 30
 _PAD_PARAMS = SamplingParams(max_tokens=1)
-
-
-@dataclass
-class StepInputs:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
-    logits_indices: torch.Tensor
-    sample_rows: list[ScheduledRequest]
 
 
 class ModelRunner:
@@ -122,7 +113,9 @@ class ModelRunner:
             hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
             if not step.sample_rows:
                 return ModelRunnerOutput()
-            logits = self.model.compute_logits(hidden[step.logits_indices])
+            # a pure decode step samples every row: the hidden rows are the logits rows
+            last = hidden if step.samples_every_token else hidden[step.logits_indices]
+            logits = self.model.compute_logits(last)
             rows = step.sample_rows
             sampled = self.sampler.sample_batch(
                 logits[: len(rows)],  # padding rows' logits are discarded
@@ -156,59 +149,15 @@ class ModelRunner:
     def prepare_inputs(
         self, scheduled: list[ScheduledRequest], num_padding_rows: int = 0
     ) -> StepInputs:
-        """Flatten the step into index tensors: one ``torch.tensor`` call per list.
+        """Flatten the step into index tensors (``engine.runner.inputs``).
 
         ``num_padding_rows`` dummy decode rows (a fixed-shape batch's finished seats) go last,
         with logits rows after the real ones. Like a padded ``generate`` row, each attends over
         the batch's longest context, here the scratch block read over and over, so a seat
         costs the same whether its request is still running or not.
         """
-        pad = self._padding_row(scheduled) if num_padding_rows else None
-        if pad is not None:
-            scheduled = [*scheduled, *[pad] * num_padding_rows]
-        ids: list[int] = []
-        positions: list[int] = []
-        qsl = [0]
-        seq_lens: list[int] = []
-        q_lens: list[int] = []
-        tables: list[list[int]] = []
-        logits_rows: list[int] = []
-        sample_rows: list[ScheduledRequest] = []
-        for s in scheduled:
-            n = len(s.token_ids)
-            ids.extend(s.token_ids)
-            end = s.start_pos + n
-            positions.extend(range(s.start_pos, end))
-            seq_lens.append(end)
-            q_lens.append(n)
-            qsl.append(qsl[-1] + n)
-            tables.append(s.block_ids)
-            if s.sample:
-                logits_rows.append(qsl[-1] - 1)
-                if s is not pad:
-                    sample_rows.append(s)
-        width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]
-        dev = self.device
-        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
-        table_t = torch.tensor(padded, dtype=torch.int32, device=dev)
-        lens = torch.tensor(q_lens, device=dev)
-        row_of_token = torch.repeat_interleave(torch.arange(len(scheduled), device=dev), lens)
-        bs = self.block_size
-        slots = table_t[row_of_token, pos // bs].long() * bs + pos % bs
-        meta = AttentionMetadata(
-            slot_mapping=slots,
-            block_tables=table_t,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-        )
-        return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=pos,
-            meta=meta,
-            logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=dev),
-            sample_rows=sample_rows,
-        )
+        pad = [self._padding_row(scheduled)] * num_padding_rows if num_padding_rows else None
+        return build_inputs(scheduled, self.block_size, self.device, pad)
 
 
 def _pick(explicit: int | None, configured: int | None, budget_gb: float, per_block: int) -> int:

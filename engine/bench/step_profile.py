@@ -3,7 +3,7 @@
 For each batch size R: R requests of the seed workload's prompts decode until their context
 is about ``context`` tokens, then ``steps`` steps are timed with a wall-clock timer around each
 part (CPU ops are synchronous, so the timers add up): the linear layers (projections, MLP, LM
-head), decode attention (the KV write and the attention op), RMSNorm (+ residual add), rotary,
+head), the KV-cache write of the new tokens, decode attention, RMSNorm (+ residual add), rotary,
 SiLU-mul, the embedding lookup, sampling, input preparation, and the rest of ``step()``
 (scheduler, output processing, Python between the ops). Each part is wrapped where the model
 calls it (the ``kernels`` functions, ``nn.Linear.forward``), so the tool measures whichever
@@ -30,7 +30,8 @@ from kernels.cpu_linear import OneDNNLinear
 
 # part name -> the kernels functions timed as that part
 _KERNEL_PARTS = {
-    "attention": ("paged_attention", "write_kv_cache"),
+    "KV write": ("write_kv_cache",),
+    "decode attention": ("paged_attention",),
     "rmsnorm (+ residual)": ("rms_norm", "fused_add_rms_norm"),
     "rotary": ("rotary_embedding",),
     "silu-mul": ("silu_and_mul",),

@@ -1,9 +1,13 @@
 """The CPU decode op (``kernels.cpu_decode``) against the torch reference and textbook
-attention, on ragged batches with shuffled, non-contiguous blocks; and the dispatch: fp32 CPU
-takes the op, other dtypes keep the reference. Built by ``make setup``; where no compiler was
+attention, on ragged batches with shuffled, non-contiguous blocks: the compiled head dims and
+group sizes and the generic path, batches large enough to be split across threads (rows cut
+between them and merged); and the dispatch: fp32 CPU takes the op, other dtypes keep the
+reference. Built by ``make setup``; where no compiler was
 found the op is absent and these tests are skipped with that reason."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -17,16 +21,47 @@ pytestmark = pytest.mark.skipif(not cpu_decode.available(),
                                 reason="kernels.cpu_decode not built (no C++ compiler at setup)")
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "block_size"), [(4, 2, 16), (9, 3, 16), (4, 4, 8),
-                                                               (6, 1, 32)])
-def test_matches_reference(heads: int, kv_heads: int, block_size: int) -> None:
+@pytest.fixture
+def threads() -> Iterator[None]:
+    saved = torch.get_num_threads()
+    yield
+    torch.set_num_threads(saved)
+
+
+# (heads, kv_heads, head_dim, block_size): SmolLM2's 9/3/64 and the compiled group sizes;
+# head dim 128; 80 and a group of 12 take the generic (runtime-shaped) path
+SHAPES = [(4, 2, 64, 16), (9, 3, 64, 16), (4, 4, 64, 8), (6, 1, 64, 32), (8, 1, 128, 16),
+          (6, 2, 80, 16), (12, 1, 32, 16)]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "block_size"), SHAPES)
+def test_matches_reference(heads: int, kv_heads: int, head_dim: int, block_size: int) -> None:
     ctx = [1, 17, 16, 100, 33, 64]
     batch = make_paged_batch([1] * len(ctx), ctx, num_heads=heads, num_kv_heads=kv_heads,
-                             block_size=block_size, seed=heads + block_size)
+                             head_dim=head_dim, block_size=block_size, seed=heads + block_size)
     b = batch
     got = cpu_decode.paged_decode(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.scale)
     torch.testing.assert_close(got, paged_attention_ref(*b.args()), atol=2e-6, rtol=2e-5)
     torch.testing.assert_close(got.double(), naive_attention(b), atol=1e-5, rtol=1e-5)
+
+
+# over 1024 tokens the op splits the batch's KV blocks evenly across the threads: one long
+# row cut in pieces, rows cut at uneven points, more threads than the machine has cores
+@pytest.mark.parametrize(("ctx", "n_threads"), [([3000], 2), ([3000], 5), ([1500, 7, 900, 33], 3),
+                                                ([700, 1, 700, 650], 4), ([40] * 30, 2)])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (6, 2, 80)])
+def test_rows_split_across_threads_match_reference(
+    threads: None, ctx: list[int], n_threads: int, heads: int, kv_heads: int, head_dim: int,
+) -> None:
+    b = make_paged_batch([1] * len(ctx), ctx, num_heads=heads, num_kv_heads=kv_heads,
+                         head_dim=head_dim, seed=len(ctx) + n_threads)
+    torch.set_num_threads(n_threads)
+    got = cpu_decode.paged_decode(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.scale)
+    torch.set_num_threads(1)  # the same numbers on one thread, no cut rows
+    one = cpu_decode.paged_decode(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.scale)
+    ref = paged_attention_ref(*b.args())
+    torch.testing.assert_close(got, ref, atol=2e-6, rtol=2e-5)
+    torch.testing.assert_close(one, ref, atol=2e-6, rtol=2e-5)
 
 
 def test_dispatch_uses_the_op_for_fp32_decode_rows_and_keeps_prefill_rows() -> None:

@@ -1,6 +1,6 @@
 """Hot ops of the engine. Each public function dispatches to a Triton kernel (CUDA, or forced
 under TRITON_INTERPRET=1) or, on CPU, to a C++ op when it is built and takes the dtype
-(fp32: ``kernels.cpu_layer_ops``, ``kernels.cpu_decode``) and to its torch reference
+(fp32: ``kernels.cpu_layer_ops``, ``kernels.cpu_decode``, the KV write) and to its torch reference
 otherwise (float64 always). Signatures are the contract the model code relies on. ``triton``
 forces a path (None = by device and dtype, see kernels.dispatch)."""
 
@@ -82,6 +82,10 @@ def write_kv_cache(
     """Scatters k, v [T, Hk, D] into the caches at slot_mapping; in place."""
     if use_triton(k, triton):
         write_kv_cache_triton(k, v, k_cache, v_cache, slot_mapping)
+    elif (k.dim() == 3 and k_cache.is_contiguous() and v_cache.is_contiguous()
+          and k.stride(1) == v.stride(1) == k.shape[2]
+          and cpu_layer_ops.usable(k, v, k_cache, v_cache)):
+        cpu_layer_ops.write_kv(k, v, k_cache, v_cache, slot_mapping)
     else:
         write_kv_cache_ref(k, v, k_cache, v_cache, slot_mapping)
 

@@ -2,7 +2,8 @@
 bit (the same products and sums), RMSNorm (+ residual) and SiLU-mul to fp32 rounding, on the
 strided q/k views one qkv projection gives; the dispatch (fp32 CPU takes the ops, float64 keeps
 the references) and the fallback when the ops are not built: the public functions then return
-the references' numbers exactly, and the engine still runs. Built by ``make setup``; where no
+the references' numbers exactly, and the engine still runs. The KV write equals
+``write_kv_cache_ref`` bit for bit (v a strided view of the projection, as the model has it). Built by ``make setup``; where no
 compiler was found the op tests are skipped with that reason."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import kernels
 from engine import LLM, SamplingParams
 from kernels import cpu_layer_ops
 from kernels.activation import silu_and_mul_ref
+from kernels.kv_cache import write_kv_cache_ref
 from kernels.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from kernels.rotary import rope_cos_sin, rotary_embedding_ref
 
@@ -100,6 +102,23 @@ def test_without_the_ops_the_public_functions_are_the_references(
     for got, ref in zip(kernels.rotary_embedding(positions, q, k, table),
                         rotary_embedding_ref(positions, q, k, table), strict=True):
         assert torch.equal(got, ref)
+
+
+@built
+@pytest.mark.parametrize(("tokens", "kv_heads", "dim"), [(1, 3, 64), (37, 2, 16)])
+def test_kv_write_equals_the_reference(tokens: int, kv_heads: int, dim: int) -> None:
+    qkv = _randn(tokens, 4 * kv_heads * dim, seed=11)
+    k = qkv[:, 2 * kv_heads * dim:3 * kv_heads * dim].contiguous().view(tokens, kv_heads, dim)
+    v = qkv[:, 3 * kv_heads * dim:].view(tokens, kv_heads, dim)  # rows strided
+    slots = torch.randperm(12 * 8, generator=torch.Generator().manual_seed(12))[:tokens]
+    kc, vc = _randn(12, 8, kv_heads, dim, seed=13), _randn(12, 8, kv_heads, dim, seed=14)
+    caches = [kc, vc, kc.clone(), vc.clone()]
+    kernels.write_kv_cache(k, v, caches[0], caches[1], slots)
+    write_kv_cache_ref(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert torch.equal(caches[0].view(-1, kv_heads, dim)[slots], k)  # the write happened
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu_layer_ops.write_kv(k, v, caches[0], caches[1], slots + 12 * 8)
 
 
 @built

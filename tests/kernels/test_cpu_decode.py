@@ -8,11 +8,13 @@ found the op is absent and these tests are skipped with that reason."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
 import kernels
+from engine import LLM, SamplingParams
 from kernels import cpu_decode
 from kernels.paged_attention import paged_attention_ref
 from tests.kernels.factories import make_paged_batch, naive_attention
@@ -79,3 +81,16 @@ def test_bad_block_id_raises_instead_of_reading_outside_the_cache() -> None:
     tables[1, 1] = b.k_cache.shape[0] + 5
     with pytest.raises(RuntimeError, match="out of range"):
         cpu_decode.paged_decode(b.q, b.k_cache, b.v_cache, tables, b.seq_lens, b.scale)
+
+
+def test_engine_gives_the_same_tokens_with_and_without_the_op(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    prompts = [[1, 2, 3, 4], [5, 6, 7], list(range(8, 60))]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    with_op = [o.token_ids for o in LLM(model=str(tiny_model_dir), num_blocks=32).generate(
+        prompts, params)]
+    monkeypatch.setattr(cpu_decode, "available", lambda: False)
+    without = [o.token_ids for o in LLM(model=str(tiny_model_dir), num_blocks=32).generate(
+        prompts, params)]
+    assert with_op == without

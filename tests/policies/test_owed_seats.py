@@ -117,3 +117,35 @@ def test_backlogged_when_the_demand_would_keep_more_rows_than_the_cap() -> None:
     for _ in range(1000):
         rate, cap, step = rng.uniform(0, 300), rng.randint(0, 40), rng.uniform(0.01, 0.5)
         assert urgent_backlogged(rate, cap, step) == (rate * step > cap)
+
+
+def reference_backlogged(rate: float, rows: int, decode_s: float, prompt_s: float,
+                         per_token: float) -> bool:
+    """Iterate the step to its fixed point: a step of t carries prompt_s * t prompt tokens
+    at per_token each beside the decode step (no fixed point: the prompts fill every step)."""
+    t = decode_s
+    for _ in range(10_000):
+        nxt = decode_s + per_token * prompt_s * t
+        if nxt > 1e6:
+            return rate > 0
+        if abs(nxt - t) < 1e-12:
+            break
+        t = nxt
+    return rate * t > rows
+
+
+def test_the_urgent_prompts_lengthen_the_step() -> None:
+    """0.7x per tier in bench sla: 160 decode tokens/s beside 10 rows in modelled 51 ms
+    decode steps keeps 8.2 rows (not backlogged), but its ~150 prompt tokens/s at 2 ms each
+    stretch the step to 73 ms: 11.7 rows, backlogged (10-13 were running)."""
+    assert not urgent_backlogged(160.0, 10, 0.051)
+    assert urgent_backlogged(160.0, 10, 0.051, 150.0, 0.002)
+    assert urgent_backlogged(1.0, 10, 0.05, 600.0, 0.002)  # the prompts alone fill the steps
+    rng = random.Random(11)
+    for _ in range(2000):
+        rate, rows, step = rng.uniform(0, 300), rng.randint(1, 40), rng.uniform(0.01, 0.3)
+        prompt, per_token = rng.uniform(0, 400), rng.uniform(0, 0.003)
+        if abs(1 - prompt * per_token) < 0.02:
+            continue  # the fixed point's iteration converges too slowly to compare there
+        want = reference_backlogged(rate, rows, step, prompt, per_token)
+        assert urgent_backlogged(rate, rows, step, prompt, per_token) == want

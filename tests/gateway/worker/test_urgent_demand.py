@@ -33,13 +33,14 @@ def test_matches_a_count_over_the_history(seed: int) -> None:
     born = clock.now
     window, kept = 10.0, 8
     demand = UrgentDemand(window_s=window, kept=kept, clock=clock)
-    starts: list[float] = []
+    starts: list[tuple[float, int]] = []
     finished: list[int] = []
     for _ in range(400):
         clock.now += rng.expovariate(4.0)
         if rng.random() < 0.6:
-            demand.started()
-            starts.append(clock.now)
+            prompt = rng.randint(1, 200)
+            demand.started(prompt)
+            starts.append((clock.now, prompt))
         else:
             tokens = rng.randint(1, 64)
             demand.finished(tokens)
@@ -47,8 +48,9 @@ def test_matches_a_count_over_the_history(seed: int) -> None:
         if not finished:
             continue
         now = clock.now
-        in_window = sum(1 for t in starts if t >= now - window)
+        in_window = [p for t, p in starts if t >= now - window]
         seen = max(1.0, min(window, now - born))
         last = finished[-kept:]
-        want = in_window / seen * sum(last) / len(last)
+        want = len(in_window) / seen * sum(last) / len(last)
         assert demand.tokens_per_s() == pytest.approx(want)
+        assert demand.prompt_tokens_per_s() == pytest.approx(sum(in_window) / seen)

@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 from engine.core.outputs import RequestOutput
 from policies.admission import EngineLoad
 from tests.gateway.worker.test_fair_drain import tenant_key
-from tests.gateway.worker.test_tenant_seats import TIER, not_picked
+from tests.gateway.worker.test_tenant_seats import TIER, not_picked, post
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -57,13 +57,6 @@ def test_a_heavy_burst_is_paced_and_a_light_request_starts_ahead_of_it(
                 first_step.setdefault(o.request_id, steps[0])
 
     gw.engine.add_step_callback(record)
-
-    async def post(c: httpx.AsyncClient, key: str, tokens: int) -> str:
-        r = await c.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
-                         json={"model": "echo", "prompt": "x y z", "max_tokens": tokens,
-                               "service_tier": TIER})
-        assert r.status_code == 200, r.text
-        return str(r.json()["id"])
 
     async def go() -> tuple[str, list[str], str, int]:
         async with httpx.AsyncClient(base_url=gw.url, timeout=60,

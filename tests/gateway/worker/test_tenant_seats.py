@@ -39,6 +39,26 @@ def not_picked(redis_url: str, ns: str) -> int:
         r.close()
 
 
+async def post(c: httpx.AsyncClient, key: str, tokens: int, tier: str = TIER) -> str:
+    """One completion of ``tier`` for the tenant of ``key``; its id."""
+    r = await c.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                     json={"model": "echo", "prompt": "x y z", "max_tokens": tokens,
+                           "service_tier": tier})
+    assert r.status_code == 200, r.text
+    return str(r.json()["id"])
+
+
+def finish_order(gw: Any) -> list[str]:
+    """The ids of the gateway's requests in the order the engine finishes them."""
+    finished: list[str] = []
+
+    def record(outputs: list[RequestOutput]) -> None:
+        finished.extend(o.request_id for o in outputs if o.finished)
+
+    gw.engine.add_step_callback(record)
+    return finished
+
+
 @pytest.fixture
 def bounded(echo_gateway: Any) -> Iterator[Any]:
     drainer = echo_gateway.services.worker.drainer
@@ -54,20 +74,8 @@ def test_a_light_tenant_gets_a_reserved_seat_beside_a_heavy_one(bounded: Any,
                                                                redis_url: str) -> None:
     gw, ns = bounded, bounded.config.namespace
     heavy, light = tenant_key(redis_url, ns, "ts-heavy"), tenant_key(redis_url, ns, "ts-light")
-    finished: list[str] = []
-
-    def record(outputs: list[RequestOutput]) -> None:
-        finished.extend(o.request_id for o in outputs if o.finished)
-
-    gw.engine.add_step_callback(record)
+    finished = finish_order(gw)
     held = BOUND - tenant_reserve(BOUND)
-
-    async def post(c: httpx.AsyncClient, key: str, tokens: int) -> str:
-        r = await c.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
-                         json={"model": "echo", "prompt": "x y z", "max_tokens": tokens,
-                               "service_tier": TIER})
-        assert r.status_code == 200, r.text
-        return str(r.json()["id"])
 
     async def go() -> tuple[list[str], list[str], list[int]]:
         async with httpx.AsyncClient(base_url=gw.url, timeout=60) as c:
@@ -100,21 +108,9 @@ def test_a_light_tenant_starts_when_the_bound_falls_under_the_heavy_rows(
     to everyone until heavy requests finished."""
     gw, ns = bounded, bounded.config.namespace
     heavy, light = tenant_key(redis_url, ns, "tb-heavy"), tenant_key(redis_url, ns, "tb-light")
-    finished: list[str] = []
-
-    def record(outputs: list[RequestOutput]) -> None:
-        finished.extend(o.request_id for o in outputs if o.finished)
-
-    gw.engine.add_step_callback(record)
+    finished = finish_order(gw)
     held = BOUND - tenant_reserve(BOUND)
     drainer = gw.services.worker.drainer
-
-    async def post(c: httpx.AsyncClient, key: str, tokens: int) -> str:
-        r = await c.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
-                         json={"model": "echo", "prompt": "x y z", "max_tokens": tokens,
-                               "service_tier": TIER})
-        assert r.status_code == 200, r.text
-        return str(r.json()["id"])
 
     async def go() -> tuple[list[str], list[str], int]:
         async with httpx.AsyncClient(base_url=gw.url, timeout=60) as c:

@@ -59,6 +59,23 @@ def finish_order(gw: Any) -> list[str]:
     return finished
 
 
+async def start_heavy(c: httpx.AsyncClient, gw: Any, key: str, held: int
+                      ) -> list[asyncio.Task[str]]:
+    """HEAVY long requests of the tenant of ``key``, once ``held`` of them run."""
+    calls = [asyncio.create_task(post(c, key, HEAVY_TOKENS)) for _ in range(HEAVY)]
+    deadline = time.monotonic() + 30
+    while gw.engine.load().num_running < held:
+        assert time.monotonic() < deadline, "heavy requests did not start"
+        await asyncio.sleep(0.01)
+    return calls
+
+
+def assert_light_first(finished: list[str], light_ids: list[str], heavy_ids: list[str]) -> None:
+    first_heavy = min(finished.index(h) for h in heavy_ids)
+    assert all(finished.index(rid) < first_heavy for rid in light_ids), (
+        "a light request waited for a heavy one to finish")
+
+
 @pytest.fixture
 def bounded(echo_gateway: Any) -> Iterator[Any]:
     drainer = echo_gateway.services.worker.drainer
@@ -79,12 +96,7 @@ def test_a_light_tenant_gets_a_reserved_seat_beside_a_heavy_one(bounded: Any,
 
     async def go() -> tuple[list[str], list[str], list[int]]:
         async with httpx.AsyncClient(base_url=gw.url, timeout=60) as c:
-            heavy_calls = [asyncio.create_task(post(c, heavy, HEAVY_TOKENS))
-                           for _ in range(HEAVY)]
-            deadline = time.monotonic() + 30
-            while gw.engine.load().num_running < held:
-                assert time.monotonic() < deadline, "heavy requests did not start"
-                await asyncio.sleep(0.01)
+            heavy_calls = await start_heavy(c, gw, heavy, held)
             running = []
             for _ in range(5):  # the rest of heavy's overload waits in Redis
                 running.append(gw.engine.load().num_running)
@@ -95,9 +107,7 @@ def test_a_light_tenant_gets_a_reserved_seat_beside_a_heavy_one(bounded: Any,
 
     light_ids, heavy_ids, running = asyncio.run(go())
     assert running == [held] * 5  # the bound minus the reserve, not every free seat
-    first_heavy = min(finished.index(h) for h in heavy_ids)
-    assert all(finished.index(rid) < first_heavy for rid in light_ids), (
-        "a light request waited for a heavy one to finish")
+    assert_light_first(finished, light_ids, heavy_ids)
 
 
 def test_a_light_tenant_starts_when_the_bound_falls_under_the_heavy_rows(
@@ -114,12 +124,7 @@ def test_a_light_tenant_starts_when_the_bound_falls_under_the_heavy_rows(
 
     async def go() -> tuple[list[str], list[str], int]:
         async with httpx.AsyncClient(base_url=gw.url, timeout=60) as c:
-            heavy_calls = [asyncio.create_task(post(c, heavy, HEAVY_TOKENS))
-                           for _ in range(HEAVY)]
-            deadline = time.monotonic() + 30
-            while gw.engine.load().num_running < held:
-                assert time.monotonic() < deadline, "heavy requests did not start"
-                await asyncio.sleep(0.01)
+            heavy_calls = await start_heavy(c, gw, heavy, held)
             drainer.row_limit = lambda: held // 2  # the bound falls under heavy's rows
             light_ids = [await post(c, light, 1) for _ in range(LIGHT)]
             left = not_picked(redis_url, ns)  # heavy's overload, still queued
@@ -127,6 +132,4 @@ def test_a_light_tenant_starts_when_the_bound_falls_under_the_heavy_rows(
 
     light_ids, heavy_ids, left = asyncio.run(go())
     assert left == HEAVY - held  # heavy started nothing past the fallen bound
-    first_heavy = min(finished.index(h) for h in heavy_ids)
-    assert all(finished.index(rid) < first_heavy for rid in light_ids), (
-        "a light request waited for a heavy one to finish")
+    assert_light_first(finished, light_ids, heavy_ids)

@@ -10,8 +10,9 @@ count toward the seats taken (no priority inversion between the drainer and the 
 queue). The short queue (``MAX_ENGINE_WAITING``) is kept per priority: the engine's urgent row
 cap gives each priority its own seats by weight (``engine.core.row_cap``), so more urgent
 queued work must not keep a tier's requests out of the engine (it did: batch's queue of four
-kept best-effort from ever being pulled while every tier was backlogged). Requests the engine
-has not placed yet count toward every priority's queue.
+kept best-effort from ever being pulled while every tier was backlogged). The real engine
+reports requests it has not placed yet by their priority (``engine.frontend.inbox``); any it
+cannot place by priority count toward every priority's queue.
 """
 
 from __future__ import annotations

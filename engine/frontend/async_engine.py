@@ -10,6 +10,7 @@ class adds the real engine's steps, prompt checks, load and stats.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,16 +52,20 @@ class AsyncEngine(ThreadedEngine):
     # -- load -----------------------------------------------------------------------------
 
     def load(self) -> EngineLoad:
+        """The scheduler's counts plus the requests posted and not yet placed, by priority
+        (``Inbox.pending``: counted as urgent, a burst of lower ones closed interactive)."""
         s = self.engine.stats
+        posted = self._inbox.pending()
+        waiting = Counter(dict(s.waiting_by_priority)) + Counter(dict(posted))
         return EngineLoad(
             num_running=s.num_running,
-            num_waiting=s.num_waiting + self._inbox.qsize(),
+            num_waiting=s.num_waiting + sum(n for _, n in posted),
             num_swapped=s.num_swapped,
             num_free_blocks=s.num_free_blocks,
             num_total_blocks=s.num_total_blocks,
             max_num_seqs=self.engine.config.scheduler.max_num_seqs,
             lowest_running_priority=s.lowest_running_priority,
-            waiting_by_priority=s.waiting_by_priority,
+            waiting_by_priority=tuple(sorted(waiting.items())),
             swapped_by_priority=s.swapped_by_priority,
         )
 

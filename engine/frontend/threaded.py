@@ -106,7 +106,7 @@ class ThreadedEngine:
         if self._loop is not None and not self.healthy:  # died or shut down: never hang it
             self._publish(_errors([request_id], self.step_error or RuntimeError("engine not running")))
             return
-        self._inbox.post("add", (request_id, ids, params, priority))
+        self._inbox.post("add", (request_id, ids, params, priority), priority)
 
     def _check_prompt(self, token_ids: list[int]) -> None:
         """Raise ValueError for a prompt the engine cannot take (default: any is fine)."""

@@ -6,6 +6,13 @@
 row, a chunk per prefill row), ``kv_tokens`` the sum of the scheduled rows' context lengths
 (the KV the attention reads). On a CPU a step's cost grows about linearly in each.
 
+A step may also report its ``prefill_rows`` (rows computing more than one token): the engine
+attends those one request at a time, a fixed cost per row that no other column carries
+(``per_prefill_row``, fitted beside the four; ``engine.sim.cost`` models it the same way). Why:
+without it a lower-tier prompt chunk's ~19 ms a row was spread over the base and the per-token
+cost, so the step budget priced a 16-token chunk at half its cost (bench sla's 32-seat row,
+traced: base 40 ms, 1.8 ms a token, 19 ms a prefill row).
+
 The coefficients are a non-negative least-squares fit over the last ``window`` observed steps
 (a bounded window forgets an old regime, e.g. a machine that got busier). With fewer than
 ``min_samples`` steps the model falls back to the mean seconds per row (``a = c = d = 0``):
@@ -74,14 +81,16 @@ class StepCostModel:
         if window < 1 or min_samples < 1:
             raise ValueError("need window >= 1 and min_samples >= 1")
         self.min_samples = min_samples
-        self._steps: deque[tuple[int, int, int, float]] = deque(maxlen=window)
+        self._steps: deque[tuple[int, int, int, float, int]] = deque(maxlen=window)
         self.cost = StepCost()
+        self.per_prefill_row = 0.0  # seconds a prefill row adds (fitted with ``cost``)
         self.fitted_samples = 0  # steps behind ``cost``
 
-    def observe(self, rows: int, tokens: int, kv_tokens: int, seconds: float) -> None:
+    def observe(self, rows: int, tokens: int, kv_tokens: int, seconds: float,
+                prefill_rows: int = 0) -> None:
         """Record one step (an empty step or a bad time teaches nothing and is ignored)."""
         if rows > 0 and seconds >= 0 and math.isfinite(seconds):
-            self._steps.append((rows, tokens, kv_tokens, seconds))
+            self._steps.append((rows, tokens, kv_tokens, seconds, prefill_rows))
 
     @property
     def num_samples(self) -> int:
@@ -90,26 +99,29 @@ class StepCostModel:
     def fit(self) -> StepCost:
         """Refit from the window; returns (and keeps) the coefficients."""
         steps = list(self._steps)  # a copy: the step thread may append meanwhile
+        self.per_prefill_row = 0.0
         if not steps:
             self.cost = StepCost()
         elif len(steps) < self.min_samples:
-            per_row = sum(s / r for r, _, _, s in steps) / len(steps)
+            per_row = sum(s / r for r, _, _, s, _ in steps) / len(steps)
             self.cost = StepCost(per_row=per_row)
         else:
             data = np.asarray(steps, dtype=float)
-            x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1], data[:, 2]])
-            self.cost = StepCost(*(float(v) for v in nnls(x, data[:, 3])))
+            x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1], data[:, 2],
+                                 data[:, 4]])
+            w = [float(v) for v in nnls(x, data[:, 3])]
+            self.cost, self.per_prefill_row = StepCost(*w[:4]), w[4]
         self.fitted_samples = len(steps)
         return self.cost
 
     def rows_and_seconds(self) -> list[tuple[int, float]]:
         """(rows, seconds) of each step in the window (the batch bound's rows-only law)."""
-        return [(r, sec) for r, _, _, sec in self._steps]
+        return [(r, sec) for r, _, _, sec, _ in self._steps]
 
     def mean_kv_per_row(self) -> float:
         """Context length per scheduled row over the window (0 with no data)."""
-        rows = sum(r for r, _, _, _ in self._steps)
-        return sum(kv for _, _, kv, _ in self._steps) / rows if rows else 0.0
+        rows = sum(r for r, *_ in self._steps)
+        return sum(kv for _, _, kv, *_ in self._steps) / rows if rows else 0.0
 
     def predict(self, rows: float, tokens: float, kv_tokens: float) -> float:
         return self.cost.predict(rows, tokens, kv_tokens)

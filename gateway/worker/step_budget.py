@@ -17,6 +17,10 @@ row count whose decode step plus those rows' prompt tokens stays within the targ
 is the mean step, and the lower prompts ran on top of a cap priced for decode rows alone
 (bench sla's 32-seat row, traced: decode-only steps at the cap 53 ms against 41 alone, on
 target; a step with a lower chunk 120-150 ms, one in four; interactive TPOT 1.52x alone).
+The budget is the *mean* step interactive runs in (``_priced_cap``): each lower chunk also pays
+the model's cost per prefill row, and interactive's own prompts, at the rate it sends them,
+take their share of every second first; only what is left goes to the decode step and the
+lower rows' prompts.
 
 Cold start: until the model has ``min_samples`` steps it is the mean seconds per row of the
 steps seen (``StepCostModel.fit``), and the cap and allowance are provisional ones from it
@@ -102,7 +106,7 @@ class StepBudget:
         self.model = model or StepCostModel()
         self.refit_interval_s = refit_interval_s
         # Steps seen on the step thread, not yet fed to the model (deque: thread-safe ends).
-        self._pending: deque[tuple[int, int, int, float]] = deque(maxlen=4096)
+        self._pending: deque[tuple[int, int, int, float, int]] = deque(maxlen=4096)
         self._remove: Callable[[], None] | None = None
         self.target_s: float | None = None  # the TPOT target in force (None: no data yet)
         self._target_said = False  # logged once, when the model is no longer cold
@@ -114,6 +118,7 @@ class StepBudget:
         self.demand = UrgentDemand()  # what interactive asks (the worker feeds it)
         self.urgent_backlogged = False  # set with the cap: seats owed for every urgent row
         self.urgent_prompt_s = 0.0  # interactive's prompt tokens/s, read with its demand
+        self.urgent_starts_s = 0.0  # and its requests started/s (a prefill row each)
         # interactive rows beside which the lower ones are priced (the worker counts its own)
         self.urgent_rows: Callable[[], int] = lambda: SMALL_BATCH_ROWS
 
@@ -135,7 +140,8 @@ class StepBudget:
             return
         tokens = out.num_batched_tokens
         kv_tokens = tokens + sum(s.start_pos for s in out.scheduled)  # each row's context
-        self._pending.append((rows, tokens, kv_tokens, seconds))
+        prefill_rows = sum(len(s.token_ids) > 1 for s in out.scheduled)
+        self._pending.append((rows, tokens, kv_tokens, seconds, prefill_rows))
 
     async def run(self) -> None:
         """Refit and set the cap every ``refit_interval_s`` (a worker task). The fit runs on a
@@ -147,6 +153,7 @@ class StepBudget:
                                 if cold else self.refit_interval_s)
             try:
                 self.urgent_prompt_s = self.demand.prompt_tokens_per_s()
+                self.urgent_starts_s = self.demand.starts_per_s()
                 self._set(*await asyncio.to_thread(self._plan_with_allowance,
                                                    self.engine.load().max_num_seqs,
                                                    self.demand.tokens_per_s(),
@@ -158,6 +165,7 @@ class StepBudget:
         """Feed the steps seen since the last call to the model, refit, set the cap; returns
         the cap in force."""
         self.urgent_prompt_s = self.demand.prompt_tokens_per_s()
+        self.urgent_starts_s = self.demand.starts_per_s()
         return self._set(*self._plan_with_allowance(self.engine.load().max_num_seqs,
                                                     self.demand.tokens_per_s(),
                                                     self.urgent_rows()))
@@ -206,12 +214,32 @@ class StepBudget:
         target = self._target()
         cap = self.model.max_rows_within(target, limit=max_rows)  # decode rows alone
         if not self.cold:  # a cold model's per-row mean cannot price a token
-            kv = self.model.mean_kv_per_row()
-            prompt_s = self.model.cost.per_token * LOWER_PROMPT_PER_OUTPUT
-            while cap > urgent_rows and (self.model.predict_decode(cap, kv)
-                                         + (cap - urgent_rows) * prompt_s > target):
-                cap -= 1
+            cap = self._priced_cap(cap, target, urgent_rows)
         return None if cap >= max_rows else cap
+
+    def _priced_cap(self, cap: int, target: float, urgent_rows: int) -> int:
+        """``cap`` lowered (not under ``urgent_rows``) until the mean step interactive runs
+        in stays within ``target``: the decode step at the cap, each lower row's prompt (a
+        token a step, in chunks of the allowance, each chunk a prefill row), and
+        interactive's own prompts at their rate (a step of t carries their tokens and rows
+        for t: t = (decode + lower prompts) / (1 - their share of each second)). Why the
+        mean: TPOT is the mean step; pricing the decode step alone at the target left the
+        lower chunks (+51 ms, 17 % of the steps) and interactive's prompts on top (bench
+        sla's 32-seat row, traced: decode steps 1.31x alone, TPOT 1.53x)."""
+        model, cost = self.model, self.model.cost
+        kv = model.mean_kv_per_row()
+        busy = (cost.per_token * self.urgent_prompt_s
+                + model.per_prefill_row * self.urgent_starts_s)
+        room = target * max(0.0, 1.0 - busy)
+        while cap > urgent_rows:
+            decode = model.predict_decode(cap, kv)
+            chunk = (max(MIN_LOWER_PREFILL_TOKENS, (target - decode) / cost.per_token)
+                     if cost.per_token > 0 else float(MIN_LOWER_PREFILL_TOKENS))
+            lower = LOWER_PROMPT_PER_OUTPUT * (cost.per_token + model.per_prefill_row / chunk)
+            if decode + (cap - urgent_rows) * lower <= room:
+                break
+            cap -= 1
+        return cap
 
     @property
     def cold(self) -> bool:

@@ -43,6 +43,10 @@ class UrgentDemand:
             return None
         return len(self._window()) / self._seen() * sum(self._tokens) / len(self._tokens)
 
+    def starts_per_s(self) -> float:
+        """Requests started per second (each brings one prompt: a prefill row)."""
+        return len(self._window()) / self._seen()
+
     def prompt_tokens_per_s(self) -> float:
         """Prompt tokens per second the started requests brought."""
         return sum(n for _, n in self._window()) / self._seen()

@@ -116,3 +116,21 @@ def test_max_rows_within_is_the_largest_row_count_under_the_target() -> None:
 def test_max_rows_with_no_marginal_cost_is_the_limit() -> None:
     model = StepCostModel(min_samples=1)
     assert model.max_rows_within(0.5, limit=64) == 64  # nothing known: nothing to cap
+
+
+def test_a_cost_per_prefill_row_is_fitted_beside_the_four() -> None:
+    """Steps that report their prefill rows: the fit matches numpy's lstsq on five columns,
+    and a decode step's prediction does not carry the prefill rows' cost."""
+    rng = np.random.default_rng(7)
+    data = synthetic_steps(rng, 400, (0.02, 0.004, 0.0005, 2e-6), noise=0.0)
+    prefill = (data[:, 1] > data[:, 0]).astype(float)  # a step with a prompt chunk: one row
+    data[:, 3] += 0.019 * prefill + rng.normal(0, 0.002, len(data))
+    model = StepCostModel()
+    for (r, t, kv, s), p in zip(data, prefill):
+        model.observe(int(r), int(t), int(kv), float(s), int(p))
+    got = model.fit()
+    ref, *_ = np.linalg.lstsq(np.column_stack([design(data), prefill]), data[:, 3], rcond=None)
+    assert np.all(ref > 0)  # the premise: unconstrained lstsq is already feasible here
+    assert np.allclose([got.base, got.per_row, got.per_token, got.per_kv_token,
+                        model.per_prefill_row], ref, rtol=1e-6, atol=1e-12)
+    assert model.predict_decode(10, 300) == pytest.approx(ref[:4] @ [1, 10, 10, 3000])

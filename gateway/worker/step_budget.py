@@ -193,7 +193,7 @@ class StepBudget:
         rows = self.model.max_rows_within(self.target_s, limit=max_rows)
         return urgent_backlogged(urgent_tokens_s, rows,
                                  self.model.predict_decode(rows, self.model.mean_kv_per_row()),
-                                 self.urgent_prompt_s, self.model.cost.per_token)
+                                 self.urgent_prompt_s, self._token_s())
 
     def plan(self, max_rows: int, urgent_rows: int = SMALL_BATCH_ROWS) -> int | None:
         """Feed the pending steps to the model, refit and return the cap (None: no cap), the
@@ -226,20 +226,24 @@ class StepBudget:
         mean: TPOT is the mean step; pricing the decode step alone at the target left the
         lower chunks (+51 ms, 17 % of the steps) and interactive's prompts on top (bench
         sla's 32-seat row, traced: decode steps 1.31x alone, TPOT 1.53x)."""
-        model, cost = self.model, self.model.cost
+        model, token_s = self.model, self._token_s()
         kv = model.mean_kv_per_row()
-        busy = (cost.per_token * self.urgent_prompt_s
-                + model.per_prefill_row * self.urgent_starts_s)
+        busy = token_s * self.urgent_prompt_s + model.per_prefill_row * self.urgent_starts_s
         room = target * max(0.0, 1.0 - busy)
         while cap > urgent_rows:
             decode = model.predict_decode(cap, kv)
-            chunk = (max(MIN_LOWER_PREFILL_TOKENS, (target - decode) / cost.per_token)
-                     if cost.per_token > 0 else float(MIN_LOWER_PREFILL_TOKENS))
-            lower = LOWER_PROMPT_PER_OUTPUT * (cost.per_token + model.per_prefill_row / chunk)
+            chunk = (max(MIN_LOWER_PREFILL_TOKENS, (target - decode) / token_s)
+                     if token_s > 0 else float(MIN_LOWER_PREFILL_TOKENS))
+            lower = LOWER_PROMPT_PER_OUTPUT * (token_s + model.per_prefill_row / chunk)
             if decode + (cap - urgent_rows) * lower <= room:
                 break
             cap -= 1
         return cap
+
+    def _token_s(self) -> float:
+        """Seconds a prompt token adds to a step: a token computed and a KV entry read (the
+        fit may put a prompt's cost in either: bench sla's 32-seat row had per_token 0)."""
+        return self.model.cost.per_token + self.model.cost.per_kv_token
 
     @property
     def cold(self) -> bool:
@@ -277,7 +281,7 @@ class StepBudget:
         """Lower-tier prompt tokens a step under ``cap`` may compute: what the target leaves
         beside ``cap`` decode rows, in the model's cost per token (None: no cap, or tokens
         cost nothing in the model)."""
-        per_token = self.model.cost.per_token
+        per_token = self._token_s()
         if cap is None or self.target_s is None:
             return None
         if self.cold:  # the per-row mean cannot price a token: the smallest allowance

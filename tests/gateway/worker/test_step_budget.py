@@ -33,8 +33,10 @@ def true_cost(rows: int, tokens: int, kv: int) -> float:
 
 def capped_step(rows: int, kv: float, urgent: int = SMALL_BATCH_ROWS) -> float:
     """The true law's step of ``rows`` decode rows at ``kv`` context, the rows past
-    ``urgent`` lower ones each with a prompt token on top (LOWER_PROMPT_PER_OUTPUT)."""
-    return true_cost(rows, rows, 0) + D * rows * kv + max(0, rows - urgent) * C * LOWER_PROMPT_PER_OUTPUT
+    ``urgent`` lower ones each with a prompt token on top (LOWER_PROMPT_PER_OUTPUT; a prompt
+    token is a token and a KV entry)."""
+    return (true_cost(rows, rows, 0) + D * rows * kv
+            + max(0, rows - urgent) * (C + D) * LOWER_PROMPT_PER_OUTPUT)
 
 
 class RecordingEngine:
@@ -131,7 +133,7 @@ def test_derived_target_gives_the_cap_the_cost_law_implies() -> None:
     assert SMALL_BATCH_ROWS <= cap < MAX_SEQS
     # the lower-tier prompt tokens that fit in what the capped step leaves of the target
     spare = budget.target_s - (true_cost(cap, cap, 0) + D * cap * kv)
-    assert engine.prefill == [max(MIN_LOWER_PREFILL_TOKENS, int(spare / C))]
+    assert engine.prefill == [max(MIN_LOWER_PREFILL_TOKENS, int(spare / (C + D)))]
     assert budget.update() == cap and len(engine.caps) == 1  # set again only when it changes
 
 

@@ -57,16 +57,17 @@ def simulated_mean_step(cap: int, urgent: int, target: float, kv: float, starts_
     tokens a step, computed in chunks of the allowance (a prefill row each); interactive's
     prompts arrive every 1/starts_s seconds and join the next step."""
     decode = law(cap, cap, cap * kv, 0)
-    chunk = max(MIN_LOWER_PREFILL_TOKENS, (target - decode) / C)
+    token = C + D  # a prompt token: a token computed and a KV entry
+    chunk = max(MIN_LOWER_PREFILL_TOKENS, (target - decode) / token)
     backlog, now, next_arrival = 0.0, 0.0, 1 / starts_s if starts_s else float("inf")
     for _ in range(steps):
         step = decode
         backlog += (cap - urgent) * LOWER_PROMPT_PER_OUTPUT
         if backlog >= chunk:
             backlog -= chunk
-            step += C * chunk + X
+            step += token * chunk + X
         while next_arrival <= now:
-            step += C * PROMPT + X
+            step += token * PROMPT + X
             next_arrival += 1 / starts_s
         now += step
     return now / steps

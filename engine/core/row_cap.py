@@ -167,14 +167,17 @@ def plan_step(cap: RowCap, running: Iterable[Request], waiting: RequestQueue,
     held = frozenset(r.request_id for rows in lower.values() for r in rows
                      if r.request_id not in kept)
     prefill = None
-    if cap.lower_prefill_tokens is not None:
+    if (urgent_prompt or urgent_waits) and not owed:
+        # Beside an urgent prompt, none (its first token waits for this step) unless seats are
+        # owed: the lower tiers' share of the rows needs its prompts. Without an allowance
+        # too (bench sla's 32-seat row: a step-cost fit that priced no token left it unset,
+        # and interactive's prompt steps carried whole lower prompts, 202-222 ms against ~150).
+        prefill = {}
+    elif cap.lower_prefill_tokens is not None:
         prompting = {r.priority for rows in lower.values() for r in rows
                      if r.request_id in kept and r.num_tokens - r.num_computed_tokens > 1}
         prompting.update(p for p, n in starts.items() if n > 0)
-        # Beside an urgent prompt, none (its first token waits for this step) unless seats are
-        # owed: the lower tiers' share of the rows needs its prompts.
-        prefill = {} if (urgent_prompt or urgent_waits) and not owed else _split_tokens(
-            cap.lower_prefill_tokens + owed, prompting, cap.weights)
+        prefill = _split_tokens(cap.lower_prefill_tokens + owed, prompting, cap.weights)
     return StepRowCap(urgent + sum(alloc.values()), up, held, starts, prefill)
 
 

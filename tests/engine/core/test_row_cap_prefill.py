@@ -158,6 +158,28 @@ def test_a_step_computing_an_urgent_prompt_carries_no_lower_prompt_tokens() -> N
         assert r.output_token_ids == reference_tokens(r)
 
 
+def test_no_lower_prompt_beside_an_urgent_prompt_without_an_allowance_either() -> None:
+    # The worker sets no allowance when its step-cost fit prices no token (bench sla's
+    # 32-seat row: interactive's prompt steps then carried whole lower prompts).
+    sched = make_scheduler(num_blocks=256, max_num_seqs=16, max_num_batched_tokens=512)
+    runner = FakeRunner(sched)
+    (first,) = make_requests(1, prompt_len=5, max_tokens=20, priority=0)
+    sched.add_request(first)
+    step(sched, runner)
+    sched.set_urgent_row_cap(12, urgent_priority=0, weights={1: 3, 2: 1})
+    (urgent,) = make_requests(1, prompt_len=9, max_tokens=4, priority=0, start_time=2.0)
+    bulk = make_requests(2, prompt_len=40, max_tokens=4, priority=[1, 2], start_time=1.0)
+    for r in (*bulk, urgent):  # the bulk requests came first
+        sched.add_request(r)
+    rows = scheduled(sched, runner)
+    assert rows[urgent.request_id] == 9 and prompt_tokens(rows, bulk) == 0
+    rows = scheduled(sched, runner)  # the next step: the bulk prompts run whole
+    assert prompt_tokens(rows, bulk) == 80
+    run_to_completion(sched, runner)
+    for r in (first, urgent, *bulk):
+        assert r.output_token_ids == reference_tokens(r)
+
+
 def test_lower_prompts_still_run_beside_an_urgent_prompt_while_seats_are_owed() -> None:
     # Urgent rows past the cap owe the lower tiers seats (policies.owed_seats): those need
     # prompts, so the allowance stays even in a step that computes an urgent prompt.

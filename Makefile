@@ -29,6 +29,7 @@ $(STAMP): pyproject.toml
 ops: $(STAMP)
 	$(BIN)/python -m kernels.cpu_decode
 	$(BIN)/python -m kernels.cpu_layer_ops
+	$(BIN)/python -m kernels.cpu_small_linear
 
 serve: setup
 	$(BIN)/carpool serve

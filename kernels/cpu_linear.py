@@ -1,11 +1,14 @@
-"""fp32 CPU linears through oneDNN's inner product with pre-packed weights.
+"""fp32 CPU linears: oneDNN's inner product with pre-packed weights, and for decode-sized
+batches (at most ``kernels.cpu_small_linear.MAX_ROWS`` rows) the small-batch op, which streams
+its own packed copy of the weight near memory bandwidth (2x oneDNN at 1-8 rows; README,
+"Small-batch linears"). Both copies are kept: a prefill chunk of hundreds of rows is oneDNN's.
 
 Contract: ``route_cpu_linears(model)`` replaces every plain ``nn.Linear`` of ``model`` whose
 weight is float32 on CPU by a ``OneDNNLinear`` holding the weight packed once by
 ``torch.ops.mkldnn._reorder_linear_weight`` (what Inductor's CPU path does), and gives a tied or
 untied LM head the same packed op through ``model.logits_linear``; it returns how many linears
 it routed. Outputs equal ``F.linear`` to fp32 rounding (a different summation order), not bit
-for bit. Nothing changes (F.linear stays) for float64 (the transformers-equality tests), other
+for bit. Without the small-batch op built, every row count takes oneDNN. Nothing changes (F.linear stays) for float64 (the transformers-equality tests), other
 devices, int8 modules (``engine.runner.quantize``: no longer ``nn.Linear``) and a torch without
 oneDNN. Why: torch's fp32 ``F.linear`` (MKL sgemv/sgemm) runs small M on one thread; oneDNN
 uses every thread and packed weights stream faster (SmolLM2's LM head at M=8 on 2 cores:
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from kernels import cpu_small_linear
 
 # Batch-size hint for packing: oneDNN picks the blocked layout for this M; any M runs on it.
 PACK_HINT_M = 8
@@ -49,21 +54,40 @@ class OneDNNLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = src.in_features, src.out_features
         self.register_buffer("packed", pack(src.weight))
+        self.small = small_pack(src.weight)
         self.bias = None if src.bias is None else src.bias.detach().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.packed, self.bias)
+        return route(x, self.packed, self.small, self.bias, self.out_features)
 
 
 class PackedHead:
     """The LM head as a callable (not a module, so profilers that time ``compute_logits`` do
     not count it twice); packs a copy even when the weight is tied to the embeddings."""
 
-    def __init__(self, packed: torch.Tensor) -> None:
-        self.packed = packed
+    def __init__(self, packed: torch.Tensor, small: torch.Tensor | None, out_features: int) -> None:
+        self.packed, self.small, self.out_features = packed, small, out_features
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> PackedHead:
+        return cls(pack(weight), small_pack(weight), weight.shape[0])
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(hidden, self.packed, None)
+        return route(hidden, self.packed, self.small, None, self.out_features)
+
+
+def small_pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """The small-batch op's copy of an [out, in] weight; None when that op is not built."""
+    return cpu_small_linear.pack(weight) if cpu_small_linear.available() else None
+
+
+def route(x: torch.Tensor, packed: torch.Tensor, small: torch.Tensor | None,
+          bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """A few rows to the small-batch op, more to oneDNN."""
+    if small is not None and x.dim() == 2 and x.shape[0] <= cpu_small_linear.MAX_ROWS:
+        return cpu_small_linear.linear(x if x.stride(1) == 1 else x.contiguous(), small, bias,
+                                       out_features)
+    return linear(x, packed, bias)
 
 
 def route_cpu_linears(model: nn.Module) -> int:
@@ -77,8 +101,9 @@ def route_cpu_linears(model: nn.Module) -> int:
     head = getattr(model, "lm_head", None)
     embed = getattr(model, "embed_tokens", None)
     if isinstance(head, OneDNNLinear) and head.bias is None:
-        model.logits_linear = PackedHead(head.packed)  # type: ignore[assignment]
+        model.logits_linear = PackedHead(  # type: ignore[assignment]
+            head.packed, head.small, head.out_features)
     elif head is None and embed is not None and available(embed.weight):
-        # a packed copy of the tied table (the embedding lookup keeps the plain one)
-        model.logits_linear = PackedHead(pack(embed.weight))  # type: ignore[assignment]
+        # packed copies of the tied table (the embedding lookup keeps the plain one)
+        model.logits_linear = PackedHead.of(embed.weight)  # type: ignore[assignment]
     return routed

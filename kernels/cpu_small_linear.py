@@ -1,0 +1,291 @@
+"""fp32 linears for decode-sized batches (a few rows) on CPU: weight streaming near memory
+bandwidth, on a small thread pool of our own that spins between a step's linears.
+
+Why: at 1-8 rows a decode step is ~120 linears that each read their whole weight once (SmolLM2:
+540 MB a step). oneDNN's inner product took ~23 ms for those at one row even with OpenMP
+spinning, and under ``OMP_WAIT_POLICY=PASSIVE`` (what ``serve`` sets, so that idle OpenMP
+threads do not steal a busy neighbour's core) every one of the ~120 parallel regions also paid
+for waking the sleeping thread (~100 us on this KVM guest): together 2x llama.cpp's 16 ms token
+on the same fp32 weights. Here the weight is packed once into tiles of 32 outputs
+(``[ceil(N/32), K, 32]``, zero-padded), read front to back exactly once per call, and each
+weight vector feeds one FMA per input row (the rows' inputs are broadcast). The pool's workers
+spin for ``SPIN_US`` after a task before they sleep on a futex: the next linear of the same step
+starts tens of microseconds later and finds them awake, while between steps they sleep and
+leave the core to Redis, the event loop and clients.
+
+Contract:
+- ``pack(weight [N, K]) -> [ceil(N/32), K, 32]`` (fp32, contiguous).
+- ``linear(x [M, K], packed, bias [N] | None, n) -> [M, n]``: ``F.linear(x, weight, bias)`` up
+  to fp32 rounding (each output sums its K products in order, with FMA: not bit for bit).
+  x fp32 CPU with a contiguous last dim; any M works, but beyond ``MAX_ROWS`` oneDNN is faster.
+- Threads: torch's count on the calling thread (``torch.set_num_threads``), the caller
+  included; 1 runs on the calling thread only. Each output is one thread's sum over k in
+  order, so results do not depend on the thread count, nor on the other rows of the batch.
+``available()`` is False when the op was not built (``make setup`` builds it).
+Vector code is GCC vector extensions as wide as the build machine's widest float vector
+(AVX-512, AVX2 or SSE; ``-march=native``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu_ext import CppOps
+
+TILE = 32  # outputs per packed tile: two AVX-512 vectors, four AVX2 ones
+# Rows up to which these linears beat oneDNN's (README, "Small-batch linears"); above it
+# oneDNN's blocked GEMM reuses each weight load over more rows than our registers hold.
+MAX_ROWS = 32
+# How long a worker spins for the next task before sleeping: longer than the gap between two
+# linears of one step (tens of us of Python and small ops), far shorter than a step.
+SPIN_US = 300
+
+_SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <thread>
+#include <vector>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define CP_PAUSE() _mm_pause()
+#else
+#define CP_PAUSE() ((void)0)
+#endif
+
+#if defined(__AVX512F__)
+#define CP_W 16
+#define CP_MR 8
+#elif defined(__AVX__)
+#define CP_W 8
+#define CP_MR 3
+#else
+#define CP_W 4
+#define CP_MR 2
+#endif
+#define CP_TILE 32
+#define CP_V (CP_TILE / CP_W)
+typedef float vf __attribute__((vector_size(CP_W * 4)));
+typedef float vfu __attribute__((vector_size(CP_W * 4), aligned(4), may_alias));
+
+static inline vf vload(const float* p) { return *reinterpret_cast<const vfu*>(p); }
+
+// ---- the pool: workers spin SPIN_US after each task, then sleep on a futex ----------------
+struct Pool {
+  std::vector<std::thread> workers;
+  std::atomic<uint32_t> gen{0};        // bumped once per task (the futex word)
+  std::atomic<int> pending{0};         // workers still running the current task
+  std::atomic<int> sleepers{0};
+  std::atomic<bool> stop{false};
+  int64_t spin_us = CP_SPIN_US;
+  int n = 1;                           // threads a task uses, the caller included
+  void (*fn)(void*, int, int) = nullptr;
+  void* ctx = nullptr;
+  pid_t pid = 0;
+};
+static Pool* g_pool = nullptr;
+
+static void futex_wait(std::atomic<uint32_t>* w, uint32_t v) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAIT_PRIVATE, v, nullptr, nullptr, 0);
+}
+static void futex_wake(std::atomic<uint32_t>* w) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+static void worker_loop(Pool* p, int index) {
+  uint32_t seen = 0;  // the generation at creation: a task posted before this thread ran counts
+  for (;;) {
+    auto t0 = std::chrono::steady_clock::now();
+    int spins = 0;
+    while (p->gen.load(std::memory_order_acquire) == seen) {
+      CP_PAUSE();
+      if (++spins < 256) continue;
+      spins = 0;
+      auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+          std::chrono::steady_clock::now() - t0).count();
+      if (us < p->spin_us) {
+        std::this_thread::yield();  // a neighbour waiting for this core gets it
+        continue;
+      }
+      p->sleepers.fetch_add(1, std::memory_order_seq_cst);
+      if (p->gen.load(std::memory_order_seq_cst) == seen) futex_wait(&p->gen, seen);
+      p->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      t0 = std::chrono::steady_clock::now();
+    }
+    seen = p->gen.load(std::memory_order_acquire);
+    if (p->stop.load(std::memory_order_acquire)) return;
+    if (index < p->n) p->fn(p->ctx, index, p->n);
+    p->pending.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+static Pool* pool_for(int n) {
+  // a forked child inherits the memory but not the threads: start a fresh pool there
+  if (g_pool != nullptr && g_pool->pid == getpid() &&
+      static_cast<int>(g_pool->workers.size()) + 1 >= n) return g_pool;
+  Pool* p = new Pool();  // an outgrown pool is left running idle (asleep): rare, tiny
+  p->pid = getpid();
+  for (int i = 1; i < n; ++i) p->workers.emplace_back(worker_loop, p, i);
+  for (auto& t : p->workers) t.detach();
+  g_pool = p;
+  return p;
+}
+
+// Run fn(ctx, i, n) for i in [0, n) with the caller as i = 0; returns when all are done.
+static void run(int n, void (*fn)(void*, int, int), void* ctx) {
+  if (n <= 1) { fn(ctx, 0, 1); return; }
+  Pool* p = pool_for(n);
+  p->fn = fn; p->ctx = ctx; p->n = n;
+  p->pending.store(static_cast<int>(p->workers.size()), std::memory_order_relaxed);
+  p->gen.fetch_add(1, std::memory_order_seq_cst);
+  if (p->sleepers.load(std::memory_order_seq_cst) > 0) futex_wake(&p->gen);
+  fn(ctx, 0, n);
+  int spins = 0;
+  while (p->pending.load(std::memory_order_acquire) > 0) {
+    CP_PAUSE();
+    if (++spins > 4096) { std::this_thread::yield(); spins = 0; }  // a worker lost its core
+  }
+}
+
+// torch's count on the calling thread, read every call: the engine's adaptive threads
+// (engine/runner/step_threads.py) change it between steps
+static int threads_now() { return std::max(1, at::get_num_threads()); }
+
+// ---- the kernel ---------------------------------------------------------------------------
+// MR rows of x against one tile: acc[m][v] holds outputs tile*32 + v*CP_W .. of row m.
+template <int MR>
+static inline void tile_rows(const float* x, int64_t sx, const float* w, int64_t K,
+                             const float* bias, float* out, int64_t so, int64_t n0, int64_t N) {
+  vf acc[MR][CP_V];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < CP_V; ++v) acc[m][v] = vf{};
+  for (int64_t k = 0; k < K; ++k) {
+    const float* wk = w + k * CP_TILE;
+    __builtin_prefetch(wk + 16 * CP_TILE, 0, 0);
+    vf wv[CP_V];
+    for (int v = 0; v < CP_V; ++v) wv[v] = vload(wk + v * CP_W);
+    for (int m = 0; m < MR; ++m) {
+      const float xs = x[m * sx + k];
+      for (int v = 0; v < CP_V; ++v) acc[m][v] += wv[v] * xs;
+    }
+  }
+  const int64_t valid = std::min<int64_t>(CP_TILE, N - n0);
+  for (int m = 0; m < MR; ++m) {
+    float tmp[CP_TILE];
+    for (int v = 0; v < CP_V; ++v) *reinterpret_cast<vfu*>(tmp + v * CP_W) = acc[m][v];
+    float* o = out + m * so + n0;
+    if (bias != nullptr) {
+      for (int64_t j = 0; j < valid; ++j) o[j] = tmp[j] + bias[n0 + j];
+    } else {
+      for (int64_t j = 0; j < valid; ++j) o[j] = tmp[j];
+    }
+  }
+}
+
+static void rows_any(int mr, const float* x, int64_t sx, const float* w, int64_t K,
+                     const float* bias, float* out, int64_t so, int64_t n0, int64_t N) {
+  switch (mr) {
+#define CP_CASE(R) case R: tile_rows<(R <= CP_MR ? R : 1)>(x, sx, w, K, bias, out, so, n0, N); break;
+    CP_CASE(1) CP_CASE(2) CP_CASE(3) CP_CASE(4) CP_CASE(5) CP_CASE(6) CP_CASE(7) CP_CASE(8)
+#undef CP_CASE
+    default: break;
+  }
+}
+
+struct Job {
+  const float* x; int64_t sx; const float* w; const float* bias; float* out;
+  int64_t M, K, N, tiles, chunk;
+  std::atomic<int64_t> next{0};
+};
+
+static void run_tiles(const Job& j, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* w = j.w + t * j.K * CP_TILE;
+    // every row group over the same tile while it sits in L2: the weight leaves memory once
+    for (int64_t m = 0; m < j.M; m += CP_MR) {
+      const int mr = static_cast<int>(std::min<int64_t>(CP_MR, j.M - m));
+      rows_any(mr, j.x + m * j.sx, j.sx, w, j.K, j.bias, j.out + m * j.N, j.N, t * CP_TILE, j.N);
+    }
+  }
+}
+
+// Threads claim chunks of tiles as they go, not fixed halves: when a neighbour holds one core,
+// the thread that runs takes over the other's share instead of waiting for it.
+static void job_part(void* ctx, int, int) {
+  Job& j = *static_cast<Job*>(ctx);
+  for (;;) {
+    const int64_t t0 = j.next.fetch_add(j.chunk, std::memory_order_relaxed);
+    if (t0 >= j.tiles) return;
+    run_tiles(j, t0, std::min(t0 + j.chunk, j.tiles));
+  }
+}
+
+torch::Tensor pack(torch::Tensor weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.dtype() == torch::kFloat32 && weight.device().is_cpu(),
+              "pack: weight [N, K] fp32 CPU");
+  const int64_t N = weight.size(0), K = weight.size(1), tiles = (N + CP_TILE - 1) / CP_TILE;
+  auto padded = torch::zeros({tiles * CP_TILE, K}, weight.options());
+  padded.narrow(0, 0, N).copy_(weight);
+  // [tiles, 32, K] -> [tiles, K, 32]: the 32 outputs' weights for one k sit together
+  return padded.view({tiles, CP_TILE, K}).transpose(1, 2).contiguous();
+}
+
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
+                     int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.device().is_cpu() &&
+              x.stride(1) == 1, "small linear: x [M, K] fp32 CPU, contiguous rows");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == CP_TILE && packed.is_contiguous() &&
+              packed.dtype() == torch::kFloat32 && packed.size(1) == x.size(1) &&
+              packed.size(0) * CP_TILE >= N && N > packed.size(0) * CP_TILE - CP_TILE,
+              "small linear: packed [ceil(N/32), K, 32] for this x and N");
+  const float* bp = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == N && bias->is_contiguous() && bias->dtype() == torch::kFloat32,
+                "small linear: bias [N] fp32");
+    bp = bias->data_ptr<float>();
+  }
+  const int64_t M = x.size(0), K = x.size(1);
+  auto out = torch::empty({M, N}, x.options());
+  if (M == 0) return out;
+  const int64_t tiles = packed.size(0);
+  const int n = static_cast<int>(std::min<int64_t>(threads_now(), tiles));
+  // ~4 chunks a thread: enough to even out a slow thread, few enough atomics
+  const int64_t chunk = std::max<int64_t>(1, tiles / (4 * n));
+  Job job{x.data_ptr<float>(), x.stride(0), packed.data_ptr<float>(), bp, out.data_ptr<float>(),
+          M, K, N, tiles, chunk};
+  run(n, job_part, &job);
+  return out;
+}
+"""
+
+OPS = CppOps("carpool_cpu_small_linear", f"#define CP_SPIN_US {SPIN_US}\n" + _SOURCE, ("pack", "linear"))
+
+
+def available() -> bool:
+    return OPS.available()
+
+
+def _ops():  # type: ignore[no-untyped-def]
+    module = OPS.module()
+    if module is None:
+        raise RuntimeError(f"{OPS.name} is not built (python -m kernels.cpu_small_linear)")
+    return module
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    packed: torch.Tensor = _ops().pack(weight.detach().contiguous())
+    return packed
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    out: torch.Tensor = _ops().linear(x, packed, bias, n)
+    return out
+
+
+if __name__ == "__main__":
+    OPS.main("small-batch linears")  # make setup: build once

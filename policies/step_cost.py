@@ -126,6 +126,13 @@ class StepCostModel:
     def predict(self, rows: float, tokens: float, kv_tokens: float) -> float:
         return self.cost.predict(rows, tokens, kv_tokens)
 
+    def mean_prefill_tokens(self) -> float:
+        """Tokens a prefill row computes over the window, on average (a decode row computes
+        one; 0 with no prefill row seen)."""
+        rows = sum(p for *_, p in self._steps)
+        tokens = sum(t - (r - p) for r, t, _, _, p in self._steps if p)
+        return tokens / rows if rows else 0.0
+
     def predict_decode(self, rows: float, kv_per_row: float) -> float:
         """A decode step of ``rows`` rows, one token each, ``kv_per_row`` context each."""
         return self.predict(rows, rows, rows * kv_per_row)

@@ -193,7 +193,7 @@ class StepBudget:
         rows = self.model.max_rows_within(self.target_s, limit=max_rows)
         return urgent_backlogged(urgent_tokens_s, rows,
                                  self.model.predict_decode(rows, self.model.mean_kv_per_row()),
-                                 self.urgent_prompt_s, self._token_s())
+                                 self.urgent_prompt_s, self._prompt_token_s())
 
     def plan(self, max_rows: int, urgent_rows: int = SMALL_BATCH_ROWS) -> int | None:
         """Feed the pending steps to the model, refit and return the cap (None: no cap), the
@@ -245,6 +245,17 @@ class StepBudget:
         fit may put a prompt's cost in either: bench sla's 32-seat row had per_token 0)."""
         return self.model.cost.per_token + self.model.cost.per_kv_token
 
+    def _prompt_token_s(self) -> float:
+        """``_token_s`` plus the token's share of its prefill row, at the tokens such rows
+        compute on average: what a prompt token costs whichever column the fit put it in.
+        Why: prompts of one length make tokens and prefill rows collinear; after bench sla's
+        alone row (interactive's 44-token prompts only) the fit had per_token 0 and an 80 ms
+        prefill row, the allowance priced tokens at the KV entry alone (2,788 tokens), and the
+        overload row's first steps carried 130-170 lower prompt tokens beside interactive."""
+        tokens = self.model.mean_prefill_tokens()
+        share = self.model.per_prefill_row / tokens if tokens else 0.0
+        return self._token_s() + share
+
     @property
     def cold(self) -> bool:
         """Fewer steps fed than the model's ``min_samples``: the cap is provisional."""
@@ -281,7 +292,7 @@ class StepBudget:
         """Lower-tier prompt tokens a step under ``cap`` may compute: what the target leaves
         beside ``cap`` decode rows, in the model's cost per token (None: no cap, or tokens
         cost nothing in the model)."""
-        per_token = self._token_s()
+        per_token = self._prompt_token_s()
         if cap is None or self.target_s is None:
             return None
         if self.cold:  # the per-row mean cannot price a token: the smallest allowance

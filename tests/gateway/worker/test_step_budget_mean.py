@@ -93,3 +93,34 @@ def test_the_cap_keeps_the_simulated_mean_step_within_the_target(starts_s: float
     if starts_s:  # interactive's own prompts leave the lower rows less than without them
         without = fed_budget(0.0).plan(MAX_SEQS, urgent)
         assert without is not None and (cap < without or cap == urgent)
+
+
+def test_the_allowance_prices_a_prompt_token_with_its_prefill_row_whichever_column_has_it(
+        ) -> None:
+    """Every prompt of one length (bench sla's alone row: interactive's 44-token prompts) makes
+    tokens and prefill rows collinear: the fit may put the prompt's whole cost in the prefill
+    row, and the allowance must still price a token at its row's cost shared over its tokens
+    (it priced the KV entry alone: 2,788 tokens a step)."""
+    engine = RecordingEngine()
+    budget = StepBudget(engine)  # type: ignore[arg-type]
+    budget.attach()
+    (observe,) = engine.observers
+    params = SamplingParams()
+    for i in range(300):
+        rows, context = 2 + i % 4, CONTEXT + (i * 13) % 50
+        sched = [ScheduledRequest(f"d{j}", [1], context - 1, [], True, params, 1)
+                 for j in range(rows)]
+        prompt = i % 10 == 0
+        if prompt:
+            sched.append(ScheduledRequest("p", [1] * PROMPT, 0, [], True, params, 0))
+        observe(SchedulerOutput(scheduled=sched), law(len(sched), rows + PROMPT * prompt,
+                                                      rows * context + PROMPT * prompt, prompt))
+    budget.urgent_rows = lambda: 2
+    cap = budget.update()
+    assert cap is not None and budget.target_s is not None and not budget.cold
+    kv = budget.model.mean_kv_per_row()
+    spare = budget.target_s - budget.model.predict_decode(cap, kv)
+    per_token = (X + PROMPT * C) / PROMPT + D  # the true law's prompt token, row shared
+    expected = max(MIN_LOWER_PREFILL_TOKENS, int(spare / per_token))
+    (allowance,) = engine.prefill
+    assert allowance is not None and abs(allowance - expected) <= 1

@@ -2,13 +2,14 @@
 bandwidth, on a small thread pool of our own that spins between a step's linears.
 
 Why: at 1-8 rows a decode step is ~120 linears that each read their whole weight once (SmolLM2:
-540 MB a step). oneDNN's inner product took ~23 ms for those at one row even with OpenMP
-spinning, and under ``OMP_WAIT_POLICY=PASSIVE`` (what ``serve`` sets, so that idle OpenMP
-threads do not steal a busy neighbour's core) every one of the ~120 parallel regions also paid
-for waking the sleeping thread (~100 us on this KVM guest): together 2x llama.cpp's 16 ms token
-on the same fp32 weights. Here the weight is packed once into tiles of 32 outputs
-(``[ceil(N/32), K, 32]``, zero-padded), read front to back exactly once per call, and each
-weight vector feeds one FMA per input row (the rows' inputs are broadcast). The pool's workers
+540 MB a step), so a step costs at least the time to read 540 MB (~17 ms on 2 EPYC cores).
+oneDNN's inner product took ~30-40 ms for them, and under ``OMP_WAIT_POLICY=PASSIVE`` (what
+``serve`` sets, so that idle OpenMP threads do not steal a busy neighbour's core) each of the
+~120 parallel regions also paid for waking the sleeping thread. Here the weight is packed
+once into tiles of 32 outputs (``[ceil(N/32), K, 32]``, zero-padded), read front to back
+exactly once per call, and each weight vector feeds one FMA per input row (the rows' inputs
+are broadcast); threads claim chunks of tiles as they go, so a thread that lost its core to a
+neighbour leaves its share to the other. The pool's workers
 spin for ``SPIN_US`` after a task before they sleep on a futex: the next linear of the same step
 starts tens of microseconds later and finds them awake, while between steps they sleep and
 leave the core to Redis, the event loop and clients.
@@ -164,9 +165,10 @@ static inline void tile_rows(const float* x, int64_t sx, const float* w, int64_t
   vf acc[MR][CP_V];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < CP_V; ++v) acc[m][v] = vf{};
+  // no software prefetch: a tile is one sequential stream the hardware prefetcher follows;
+  // prefetching 2-16 KB ahead measured 5-30% slower on AMD EPYC (README, "Small-batch linears")
   for (int64_t k = 0; k < K; ++k) {
     const float* wk = w + k * CP_TILE;
-    __builtin_prefetch(wk + 16 * CP_TILE, 0, 0);
     vf wv[CP_V];
     for (int v = 0; v < CP_V; ++v) wv[v] = vload(wk + v * CP_W);
     for (int m = 0; m < MR; ++m) {

@@ -137,9 +137,14 @@ static Pool* pool_for(int n) {
   return p;
 }
 
-// Run fn(ctx, i, n) for i in [0, n) with the caller as i = 0; returns when all are done.
+static std::atomic<bool> g_busy{false};
+
+// Run fn(ctx, i, n) for i in [0, n) with the caller as i = 0; returns when all are done. One
+// caller at a time owns the pool; a second thread calling meanwhile (two engines in one
+// process) runs its task alone on itself (fn claims every chunk) instead of waiting.
 static void run(int n, void (*fn)(void*, int, int), void* ctx) {
-  if (n <= 1) { fn(ctx, 0, 1); return; }
+  if (n <= 1 || g_busy.exchange(true, std::memory_order_acquire)) { fn(ctx, 0, 1); return; }
+  struct Release { ~Release() { g_busy.store(false, std::memory_order_release); } } release;
   Pool* p = pool_for(n);
   p->fn = fn; p->ctx = ctx; p->n = n;
   p->pending.store(static_cast<int>(p->workers.size()), std::memory_order_relaxed);

@@ -89,3 +89,28 @@ def test_routed_linear_takes_it_up_to_max_rows_and_onednn_above(
         torch.testing.assert_close(routed(x).double(), reference(x, lin.weight, lin.bias),
                                    rtol=1e-4, atol=1e-5)
     assert calls == [1, cpu_small_linear.MAX_ROWS]
+
+
+def test_threads_calling_at_once_each_get_their_own_result() -> None:
+    """Two engines in one process may step at once: the pool serves one caller, the other
+    runs alone, and neither sees the other's rows."""
+    import threading
+
+    torch.manual_seed(4)
+    w = torch.randn(2000, 256)
+    packed = cpu_small_linear.pack(w)
+    xs = [torch.randn(4, 256) for _ in range(4)]
+    expected = [cpu_small_linear.linear(x, packed, None, 2000) for x in xs]
+    failures: list[int] = []
+
+    def hammer(i: int) -> None:
+        for _ in range(50):
+            if not torch.equal(cpu_small_linear.linear(xs[i], packed, None, 2000), expected[i]):
+                failures.append(i)
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernels
+from engine.models import cpu_decode_step
 from engine.models.rope import build_rope_table
 
 
@@ -217,8 +218,13 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions: [T] -> hidden states [T, hidden] (after the final norm)."""
         x = self.embed_tokens(input_ids)
         residual: torch.Tensor | None = None
+        fast = cpu_decode_step.prepare(self, input_ids, positions, kv_caches, meta)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer.forward(positions, x, residual, self.cos_sin, kv_cache, meta)
+            if fast is not None:  # a pure decode step on CPU fp32: the ops called directly
+                x, residual = cpu_decode_step.layer_forward(
+                    layer, fast, x, residual, kv_cache)  # type: ignore[arg-type]
+            else:
+                x, residual = layer.forward(positions, x, residual, self.cos_sin, kv_cache, meta)
         return self.norm.forward(x, residual)[0]
 
     def use_input_major_linear_weights(self) -> None:

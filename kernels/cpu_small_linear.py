@@ -34,12 +34,18 @@ import torch
 from kernels.cpu_ext import CppOps
 
 TILE = 32  # outputs per packed tile: two AVX-512 vectors, four AVX2 ones
-# Rows up to which these linears beat oneDNN's (README, "Small-batch linears"); above it
-# oneDNN's blocked GEMM reuses each weight load over more rows than our registers hold.
+# Rows up to which the engine routes here. Alone these linears match oneDNN's up to 256 rows
+# (1.06x at 100), but in the engine 128 lost (offline seed run 339 vs 418 tok/s): past a
+# decode-sized batch the step's other ops run OpenMP regions between the linears, so either
+# a spinning worker takes their second core or a sleeping one pays a wake per linear.
 MAX_ROWS = 32
 # How long a worker spins for the next task before sleeping: longer than the gap between two
 # linears of one step (tens of us of Python and small ops), far shorter than a step.
 SPIN_US = 300
+# Calls of up to this many rows leave the workers spinning; after bigger ones they sleep
+# (step_profile at 16 and 32 rows: 37.5-43.0 / 62.8-71.1 ms sleeping, 45.3-47.7 / 67.9-73.7
+# spinning, two rounds each).
+SPIN_ROWS = 8
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -84,6 +90,7 @@ struct Pool {
   std::atomic<int> sleepers{0};
   std::atomic<bool> stop{false};
   int64_t spin_us = CP_SPIN_US;
+  std::atomic<bool> spin{true};        // whether workers spin after this task (see run)
   int n = 1;                           // threads a task uses, the caller included
   void (*fn)(void*, int, int) = nullptr;
   void* ctx = nullptr;
@@ -100,16 +107,18 @@ static void futex_wake(std::atomic<uint32_t>* w) {
 
 static void worker_loop(Pool* p, int index) {
   uint32_t seen = 0;  // the generation at creation: a task posted before this thread ran counts
+  int spins = 0;
   for (;;) {
     auto t0 = std::chrono::steady_clock::now();
-    int spins = 0;
+    const bool sleep_now = spins < 0;
+    spins = 0;
     while (p->gen.load(std::memory_order_acquire) == seen) {
       CP_PAUSE();
-      if (++spins < 256) continue;
+      if (!sleep_now && ++spins < 256) continue;
       spins = 0;
       auto us = std::chrono::duration_cast<std::chrono::microseconds>(
           std::chrono::steady_clock::now() - t0).count();
-      if (us < p->spin_us) {
+      if (!sleep_now && us < p->spin_us) {
         std::this_thread::yield();  // a neighbour waiting for this core gets it
         continue;
       }
@@ -121,7 +130,9 @@ static void worker_loop(Pool* p, int index) {
     seen = p->gen.load(std::memory_order_acquire);
     if (p->stop.load(std::memory_order_acquire)) return;
     if (index < p->n) p->fn(p->ctx, index, p->n);
+    const bool spin = p->spin.load(std::memory_order_relaxed);
     p->pending.fetch_sub(1, std::memory_order_acq_rel);
+    if (!spin) spins = -1;  // sleep at once (below)
   }
 }
 
@@ -142,11 +153,12 @@ static std::atomic<bool> g_busy{false};
 // Run fn(ctx, i, n) for i in [0, n) with the caller as i = 0; returns when all are done. One
 // caller at a time owns the pool; a second thread calling meanwhile (two engines in one
 // process) runs its task alone on itself (fn claims every chunk) instead of waiting.
-static void run(int n, void (*fn)(void*, int, int), void* ctx) {
+static void run(int n, void (*fn)(void*, int, int), void* ctx, bool spin) {
   if (n <= 1 || g_busy.exchange(true, std::memory_order_acquire)) { fn(ctx, 0, 1); return; }
   struct Release { ~Release() { g_busy.store(false, std::memory_order_release); } } release;
   Pool* p = pool_for(n);
   p->fn = fn; p->ctx = ctx; p->n = n;
+  p->spin.store(spin, std::memory_order_relaxed);
   p->pending.store(static_cast<int>(p->workers.size()), std::memory_order_relaxed);
   p->gen.fetch_add(1, std::memory_order_seq_cst);
   if (p->sleepers.load(std::memory_order_seq_cst) > 0) futex_wake(&p->gen);
@@ -265,12 +277,17 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   const int64_t chunk = std::max<int64_t>(1, tiles / (4 * n));
   Job job{x.data_ptr<float>(), x.stride(0), packed.data_ptr<float>(), bp, out.data_ptr<float>(),
           M, K, N, tiles, chunk};
-  run(n, job_part, &job);
+  // Spin only after decode-sized calls: in a step of more rows the ops between two linears
+  // (norms, SiLU-mul, attention) run OpenMP regions of their own, and a spinning worker took
+  // the core their second thread needed (offline seed run: 429 -> 174 tok/s).
+  run(n, job_part, &job, M <= CP_SPIN_ROWS);
   return out;
 }
 """
 
-OPS = CppOps("carpool_cpu_small_linear", f"#define CP_SPIN_US {SPIN_US}\n" + _SOURCE, ("pack", "linear"))
+OPS = CppOps("carpool_cpu_small_linear",
+             f"#define CP_SPIN_US {SPIN_US}\n#define CP_SPIN_ROWS {SPIN_ROWS}\n" + _SOURCE,
+             ("pack", "linear"))
 
 
 def available() -> bool:

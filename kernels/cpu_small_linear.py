@@ -88,11 +88,9 @@ struct Pool {
   std::atomic<uint32_t> gen{0};        // bumped once per task (the futex word)
   std::atomic<int> pending{0};         // workers still running the current task
   std::atomic<int> sleepers{0};
-  std::atomic<bool> stop{false};
-  int64_t spin_us = CP_SPIN_US;
   std::atomic<bool> spin{true};        // whether workers spin after this task (see run)
   int n = 1;                           // threads a task uses, the caller included
-  void (*fn)(void*, int, int) = nullptr;
+  void (*fn)(void*) = nullptr;
   void* ctx = nullptr;
   pid_t pid = 0;
 };
@@ -107,20 +105,21 @@ static void futex_wake(std::atomic<uint32_t>* w) {
 
 static void worker_loop(Pool* p, int index) {
   uint32_t seen = 0;  // the generation at creation: a task posted before this thread ran counts
-  int spins = 0;
+  bool sleep_now = false;  // the last task said not to spin
   for (;;) {
     auto t0 = std::chrono::steady_clock::now();
-    const bool sleep_now = spins < 0;
-    spins = 0;
+    int spins = 0;
     while (p->gen.load(std::memory_order_acquire) == seen) {
       CP_PAUSE();
-      if (!sleep_now && ++spins < 256) continue;
-      spins = 0;
-      auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-          std::chrono::steady_clock::now() - t0).count();
-      if (!sleep_now && us < p->spin_us) {
-        std::this_thread::yield();  // a neighbour waiting for this core gets it
-        continue;
+      if (!sleep_now) {
+        if (++spins < 256) continue;
+        spins = 0;
+        auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+            std::chrono::steady_clock::now() - t0).count();
+        if (us < CP_SPIN_US) {
+          std::this_thread::yield();  // a neighbour waiting for this core gets it
+          continue;
+        }
       }
       p->sleepers.fetch_add(1, std::memory_order_seq_cst);
       if (p->gen.load(std::memory_order_seq_cst) == seen) futex_wait(&p->gen, seen);
@@ -128,11 +127,9 @@ static void worker_loop(Pool* p, int index) {
       t0 = std::chrono::steady_clock::now();
     }
     seen = p->gen.load(std::memory_order_acquire);
-    if (p->stop.load(std::memory_order_acquire)) return;
-    if (index < p->n) p->fn(p->ctx, index, p->n);
-    const bool spin = p->spin.load(std::memory_order_relaxed);
+    if (index < p->n) p->fn(p->ctx);
+    sleep_now = !p->spin.load(std::memory_order_relaxed);  // read before releasing the caller
     p->pending.fetch_sub(1, std::memory_order_acq_rel);
-    if (!spin) spins = -1;  // sleep at once (below)
   }
 }
 
@@ -150,11 +147,11 @@ static Pool* pool_for(int n) {
 
 static std::atomic<bool> g_busy{false};
 
-// Run fn(ctx, i, n) for i in [0, n) with the caller as i = 0; returns when all are done. One
-// caller at a time owns the pool; a second thread calling meanwhile (two engines in one
-// process) runs its task alone on itself (fn claims every chunk) instead of waiting.
-static void run(int n, void (*fn)(void*, int, int), void* ctx, bool spin) {
-  if (n <= 1 || g_busy.exchange(true, std::memory_order_acquire)) { fn(ctx, 0, 1); return; }
+// Run fn(ctx) on the caller and n - 1 workers; returns when all are done (fn claims its work
+// as it goes, so any number of runners finishes it). One caller at a time owns the pool; a
+// second thread calling meanwhile (two engines in one process) runs fn alone instead of waiting.
+static void run(int n, void (*fn)(void*), void* ctx, bool spin) {
+  if (n <= 1 || g_busy.exchange(true, std::memory_order_acquire)) { fn(ctx); return; }
   struct Release { ~Release() { g_busy.store(false, std::memory_order_release); } } release;
   Pool* p = pool_for(n);
   p->fn = fn; p->ctx = ctx; p->n = n;
@@ -162,7 +159,7 @@ static void run(int n, void (*fn)(void*, int, int), void* ctx, bool spin) {
   p->pending.store(static_cast<int>(p->workers.size()), std::memory_order_relaxed);
   p->gen.fetch_add(1, std::memory_order_seq_cst);
   if (p->sleepers.load(std::memory_order_seq_cst) > 0) futex_wake(&p->gen);
-  fn(ctx, 0, n);
+  fn(ctx);
   int spins = 0;
   while (p->pending.load(std::memory_order_acquire) > 0) {
     CP_PAUSE();
@@ -235,7 +232,7 @@ static void run_tiles(const Job& j, int64_t t0, int64_t t1) {
 
 // Threads claim chunks of tiles as they go, not fixed halves: when a neighbour holds one core,
 // the thread that runs takes over the other's share instead of waiting for it.
-static void job_part(void* ctx, int, int) {
+static void job_part(void* ctx) {
   Job& j = *static_cast<Job*>(ctx);
   for (;;) {
     const int64_t t0 = j.next.fetch_add(j.chunk, std::memory_order_relaxed);

@@ -1,4 +1,4 @@
-"""``python -m kernels.bench_cpu_linear``: a decode step's fp32 linears on CPU, the small-batch
+"""``python -m engine.bench.cpu_linear``: a decode step's fp32 linears on CPU, the small-batch
 op (``kernels.cpu_small_linear``) against oneDNN's packed inner product
 (``kernels.cpu_linear``), beside the machine's read bandwidth, in one table.
 
@@ -13,28 +13,17 @@ L3) would flatter both sides. The bound column is ``torch.sum`` over one tensor 
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 from collections.abc import Callable
 
 import torch
 
+from engine.bench.calibrate import cpu_name
 from kernels import cpu_linear, cpu_small_linear
 
 HIDDEN, INTERMEDIATE, LAYERS, VOCAB = 576, 1536, 30, 49152
 SHAPES = {"qkv": (960, HIDDEN), "o": (HIDDEN, HIDDEN), "gate_up": (2 * INTERMEDIATE, HIDDEN),
           "down": (HIDDEN, INTERMEDIATE)}
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -63,13 +52,13 @@ def one_pass(ops: list[tuple[int, Callable[[torch.Tensor], torch.Tensor]]],
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.bench_cpu_linear", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m engine.bench.cpu_linear", description=__doc__)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     if not (cpu_small_linear.available() and cpu_linear.available(torch.empty(1))):
-        print("bench_cpu_linear: needs the small-batch op built (make setup) and oneDNN")
+        print("engine.bench.cpu_linear: needs the small-batch op built (make setup) and oneDNN")
         return 1
     ws = weights()
     small = [(w.shape[1], _small(cpu_small_linear.pack(w), n)) for n, w in ws]
@@ -78,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     flat = torch.randn(sum(w.numel() for _, w in ws))
     del ws
     print(f"one forward's fp32 linears (SmolLM2-135M shapes, {LAYERS} layers of distinct "
-          f"weights + LM head, {megabytes:.0f} MB), best of {args.repeats}; CPU: {cpu_model()}")
+          f"weights + LM head, {megabytes:.0f} MB), best of {args.repeats}; CPU: {cpu_name()}")
     print("| threads | rows | read bound ms (GB/s) | small-batch op ms | oneDNN ms | oneDNN / op |")
     print("|---|---|---|---|---|---|")
     before = torch.get_num_threads()

@@ -62,6 +62,7 @@ class LLMEngine:
         request_id: str | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
+        first_token_urgent: bool = False,
     ) -> str:
         token_ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.check_prompt(token_ids)
@@ -74,6 +75,7 @@ class LLMEngine:
             priority=priority,
             arrival_time=arrival_time,
             eos_token_id=self.runner.eos_token_id,
+            first_token_urgent=first_token_urgent,
         )
         self.scheduler.add_request(request)  # first: a rejected duplicate must not touch state
         self.outputs.add(request)

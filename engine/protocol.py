@@ -41,8 +41,11 @@ class EngineClient(Protocol):
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int = 0,
+        first_token_urgent: bool = False,
     ) -> None:
-        """Queue a request; its outputs go to the step callbacks (and to generate())."""
+        """Queue a request; its outputs go to the step callbacks (and to generate()).
+        ``first_token_urgent``: the step computing its first token is capped as an urgent
+        arrival's (``engine.core.row_cap``)."""
 
     def generate(
         self,

@@ -27,6 +27,14 @@ its arrival). So at or past the limit (``lower_room``) a tier where a tenant is 
 share still serves its other tenants, one start a round and each only while under its share
 (so they overshoot the limit by at most their shares); its tenants over their share, and
 every tier where nobody is, wait for rows to finish.
+
+A seat at once is not a first token at once: the light tenant's first token still waited for
+the step in progress and then its own, which carried the heavy tenant's rows and its paced
+start. So a request of a tenant under its share, in a tier where another tenant is over its
+share (``first_token_urgent``), is marked for the engine, which caps the step computing its
+first token as an urgent arrival's (``engine.core.row_cap``). Only beside a tenant over its
+share: two tenants within their shares marking every start would cap most steps of a busy
+tier for nothing.
 """
 
 from __future__ import annotations
@@ -69,6 +77,15 @@ def over_share(held: Mapping[str, int], weights: Mapping[str, float], seats: int
         if rows + 1 > seats * w / (total + w):
             out.add(tenant)
     return frozenset(out)
+
+
+def first_token_urgent(held: Mapping[str, int], weights: Mapping[str, float], seats: int,
+                       tenant: str) -> bool:
+    """Whether ``tenant``'s next request in its tier (``held``: rows each tenant of the tier
+    holds; ``weights``: absent means 1) gets its first token as an urgent arrival would: it
+    is not over its share of ``seats`` and another tenant of the tier is."""
+    over = over_share(held, weights, seats)
+    return tenant not in over and any(t != tenant for t in over)
 
 
 @dataclass(frozen=True)

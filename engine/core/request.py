@@ -64,6 +64,7 @@ class Request:
         priority: int = 0,
         arrival_time: float | None = None,
         eos_token_id: int | None = None,
+        first_token_urgent: bool = False,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError("prompt must have at least one token")
@@ -71,6 +72,9 @@ class Request:
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.priority = priority  # 0 is most urgent
+        # The step computing its first token is capped like an urgent arrival's
+        # (``engine.core.row_cap``: a tenant under its share beside one over it).
+        self.first_token_urgent = first_token_urgent
         self.eos_token_id = eos_token_id
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[TokenLogprob] = []  # per output token, when asked for
@@ -105,6 +109,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def awaits_urgent_first_token(self) -> bool:
+        """Marked ``first_token_urgent`` and no token yet: only its first step is capped."""
+        return self.first_token_urgent and not self.output_token_ids
 
     def __repr__(self) -> str:
         return (

@@ -47,6 +47,18 @@ unless seats are owed: that step is the urgent request's first token (bench sla'
 row, traced: each of the 9 interactive TTFTs over 1.3x alone's p99 had its prompt's step carry
 3-16 lower prompt tokens, 141-223 ms against ~114 alone; a lower prefill row costs ~10-13 ms
 beside its ~1.6 ms a token).
+
+A first token protected like an urgent arrival's. With no urgent work present, a request
+marked ``first_token_urgent`` (the worker marks a tenant's request when it is under its share
+of its tier and another tenant of that tier is over it) that still waits for its first token
+makes its step an urgent arrival's: that step runs it and at most ``cap`` rows in all (the
+others, the least recently run first, decode rows before prompt chunks), computes no other
+prompt tokens and starts nothing else; the rows left out sit the step out with their KV kept.
+Only that step: once it has its token the request is an ordinary row. Why (bench sla's heavy
+row, traced): a light tenant's first token waited for the step in progress and then its own,
+and its own carried the heavy tenant's ~38 rows and its one paced start (a step of 168-214 ms
+against 45-63 ms alone). With urgent work present the urgent rules above apply unchanged:
+interactive stays more urgent, and a marked request is an ordinary lower one.
 """
 
 from __future__ import annotations
@@ -93,13 +105,17 @@ class StepRowCap:
     starts: dict[int, int]  # lower priority -> queued requests it may still start this step
     # lower priority -> prompt tokens it may still compute this step (None: no bound)
     prefill_left: dict[int, int] | None = None
+    # lower-priority requests whose first token this step protects: they run and start as
+    # urgent ones do
+    protected: frozenset[str] = frozenset()
 
-    def token_budget(self, priority: int, budget: int, remaining: int) -> int:
-        """The tokens a row of ``priority`` with ``remaining`` tokens to compute may compute
-        this step out of ``budget`` (a decode row's one token is not prompt work)."""
-        if priority <= self.urgent_priority or self.prefill_left is None or remaining <= 1:
+    def token_budget(self, req: Request, budget: int, remaining: int) -> int:
+        """The tokens ``req`` with ``remaining`` tokens to compute may compute this step out
+        of ``budget`` (a decode row's one token is not prompt work)."""
+        if (req.priority <= self.urgent_priority or self.prefill_left is None or remaining <= 1
+                or req.request_id in self.protected):
             return budget
-        return min(budget, self.prefill_left.get(priority, 0))
+        return min(budget, self.prefill_left.get(req.priority, 0))
 
     def spend(self, priority: int, tokens: int) -> None:
         """A row of ``priority`` was scheduled ``tokens``: a lower prefill uses its priority's
@@ -108,15 +124,15 @@ class StepRowCap:
         if priority > self.urgent_priority and tokens > 1 and left is not None:
             left[priority] = max(0, left.get(priority, 0) - tokens)
 
-    def take_seat(self, priority: int) -> bool:
-        """May a swapped or waiting request of ``priority`` start? Yes takes the seat (the
+    def take_seat(self, req: Request) -> bool:
+        """May swapped or waiting ``req`` start? Yes takes a seat of its priority (the
         scheduler asks once per request it then starts)."""
-        if priority <= self.urgent_priority:
+        if req.priority <= self.urgent_priority or req.request_id in self.protected:
             return True
-        left = self.starts.get(priority, 0)
+        left = self.starts.get(req.priority, 0)
         if left <= 0:
             return False
-        self.starts[priority] = left - 1
+        self.starts[req.priority] = left - 1
         return True
 
 
@@ -128,10 +144,12 @@ def _queued(queue: RequestQueue, counts: dict[int, int]) -> None:
 
 
 def plan_step(cap: RowCap, running: Iterable[Request], waiting: RequestQueue,
-              swapped: RequestQueue, scores: dict[int, int]) -> StepRowCap | None:
+              swapped: RequestQueue, scores: dict[int, int], free_seats: int = 1 << 30
+              ) -> StepRowCap | None:
     """The rows held back and the starts allowed this step, or None when no urgent request
-    is present. ``scores`` are the weighted round-robin's, carried between steps (updated
-    in place)."""
+    (or protected first token) is present. ``scores`` are the weighted round-robin's,
+    carried between steps (updated in place); ``free_seats``: requests that may still start
+    (``max_num_seqs`` less the running ones)."""
     up = cap.urgent_priority
     head = [q.peek() for q in (waiting, swapped)]
     lower: dict[int, list[Request]] = {}
@@ -145,7 +163,7 @@ def plan_step(cap: RowCap, running: Iterable[Request], waiting: RequestQueue,
             lower.setdefault(req.priority, []).append(req)
     urgent_waits = head[0] is not None and head[0].priority <= up  # it starts with its prompt
     if not urgent and not urgent_waits and not (head[1] is not None and head[1].priority <= up):
-        return None  # the common case, without walking the queues
+        return _first_token_step(cap, lower, waiting, swapped, scores, free_seats)
     queued: dict[int, int] = {}
     _queued(waiting, queued)
     _queued(swapped, queued)
@@ -179,6 +197,37 @@ def plan_step(cap: RowCap, running: Iterable[Request], waiting: RequestQueue,
         prompting.update(p for p, n in starts.items() if n > 0)
         prefill = _split_tokens(cap.lower_prefill_tokens + owed, prompting, cap.weights)
     return StepRowCap(urgent + sum(alloc.values()), up, held, starts, prefill)
+
+
+def _first_token_step(cap: RowCap, lower: Mapping[int, list[Request]], waiting: RequestQueue,
+                      swapped: RequestQueue, scores: dict[int, int], free_seats: int
+                      ) -> StepRowCap | None:
+    """With no urgent work present: the step of the requests awaiting a protected first
+    token (``Request.awaits_urgent_first_token``), or None when there is none (the common
+    case). They run, with the other rows that fit under the cap (by the weights, the least
+    recently run first, decode rows before prompt chunks), no other prompt tokens and no
+    other start. Queued ones count only up to the free seats: one that cannot start must
+    not cap step after step."""
+    protected = [r for rows in lower.values() for r in rows if r.awaits_urgent_first_token]
+    for queue in (waiting, swapped):
+        if queue and free_seats > 0:
+            queued = [r for r in queue if r.awaits_urgent_first_token][:free_seats]
+            protected.extend(queued)
+            free_seats -= len(queued)
+    if not protected:
+        return None
+    ids = frozenset(r.request_id for r in protected)
+    others = {p: sorted((r for r in rows if r.request_id not in ids),
+                        key=lambda r: (r.num_tokens - r.num_computed_tokens > 1,
+                                       r.last_scheduled_step, r.arrival_time))
+              for p, rows in lower.items()}
+    seats = max(0, cap.cap - len(protected))
+    alloc = _share_seats(seats, {p: len(rows) for p, rows in others.items()}, cap.weights,
+                         scores)
+    kept = {r.request_id for p, n in alloc.items() for r in others[p][:n]}
+    held = frozenset(r.request_id for rows in others.values() for r in rows
+                     if r.request_id not in kept)
+    return StepRowCap(len(protected) + len(kept), cap.urgent_priority, held, {}, {}, ids)
 
 
 def _split_tokens(tokens: int, priorities: Iterable[int], weights: Mapping[int, int]

@@ -22,7 +22,8 @@ Phases 2-3 are skipped in a step where phase 1 had to preempt (memory is short).
 With an urgent row cap set (``set_urgent_row_cap``, see ``engine.core.row_cap``) and urgent
 work present, phase 1 skips the running rows held back this step and phases 2-3 start no
 lower-priority request past the cap; lower-priority prompts are chunked to the cap's prefill
-allowance (``StepRowCap.token_budget``).
+allowance (``StepRowCap.token_budget``). With no urgent work present, a request marked
+``first_token_urgent`` makes the step computing its first token capped the same way.
 Failures never hang: a prompt that can never fit finishes in ``add_request``, and a request
 whose prompt + output outgrows the whole cache finishes, both with FINISHED_ERROR.
 
@@ -197,7 +198,8 @@ class Scheduler(PreemptionMixin, ForkMixin):
         self._step_cap = None
         if self._row_cap is not None:
             self._step_cap = plan_step(self._row_cap, self.running.values(), self.waiting,
-                                       self.swapped, self._row_cap_scores)
+                                       self.swapped, self._row_cap_scores,
+                                       self.config.max_num_seqs - len(self.running))
         self._schedule_running(plan)
         if not plan.memory_preempted:
             self._schedule_swapped(plan)
@@ -229,7 +231,7 @@ class Scheduler(PreemptionMixin, ForkMixin):
             # The common case inline: this loop is the per-step hot path (256+ decodes).
             num_new = req.num_tokens - req.num_computed_tokens
             if num_new > 1 and cap is not None:  # a prompt chunk under the cap's allowance
-                budget = cap.token_budget(req.priority, budget, num_new)
+                budget = cap.token_budget(req, budget, num_new)
             if num_new > budget:
                 num_new = self._chunk(req, req.num_computed_tokens, budget)
                 if not num_new:
@@ -285,20 +287,20 @@ class Scheduler(PreemptionMixin, ForkMixin):
         cap = self._step_cap
         if cap is None:
             return plan.budget
-        return cap.token_budget(req.priority, plan.budget, req.num_tokens - computed)
+        return cap.token_budget(req, plan.budget, req.num_tokens - computed)
 
     def _no_prompt_tokens_left(self, req: Request, plan: StepPlan) -> bool:
         """The cap's prefill allowance for ``req``'s priority is spent this step (asked
         before the request takes a seat)."""
         cap = self._step_cap
         return (cap is not None and plan.budget > 0
-                and cap.token_budget(req.priority, plan.budget, req.num_tokens) <= 0)
+                and cap.token_budget(req, plan.budget, req.num_tokens) <= 0)
 
     def _past_row_cap(self, req: Request, plan: StepPlan) -> bool:
         """The urgent row cap keeps swapped or waiting ``req`` from starting this step (asked
         once per request about to start: a yes takes its priority's seat)."""
         cap = self._step_cap
-        return cap is not None and not cap.take_seat(req.priority)
+        return cap is not None and not cap.take_seat(req)
 
     def _schedule_waiting(self, plan: StepPlan) -> None:
         limit = self._admission(self._admission_snapshot())

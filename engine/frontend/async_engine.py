@@ -107,9 +107,9 @@ class AsyncEngine(ThreadedEngine):
                 self._inbox.wait(_HOLD_WAIT_S)
 
     def _add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-             priority: int) -> None:
+             priority: int, first_token_urgent: bool) -> None:
         self.engine.add_request(prompt_token_ids, params, request_id=request_id,
-                                priority=priority)
+                                priority=priority, first_token_urgent=first_token_urgent)
 
     def _abort(self, request_id: str) -> None:
         self.engine.abort(request_id)

@@ -121,7 +121,7 @@ class FakeEchoEngine(ThreadedEngine):
     # -- step thread ------------------------------------------------------------------------
 
     def _add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-             priority: int) -> None:
+             priority: int, first_token_urgent: bool) -> None:
         self._active[request_id] = _EchoRequest(request_id, prompt_token_ids, params)
 
     def _abort(self, request_id: str) -> None:

@@ -97,7 +97,7 @@ class ThreadedEngine:
     # -- requests (event loop) --------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0) -> None:
+                    priority: int = 0, first_token_urgent: bool = False) -> None:
         if request_id in self._live:
             raise ValueError(f"duplicate request id {request_id!r}")
         ids = list(prompt_token_ids)
@@ -106,7 +106,8 @@ class ThreadedEngine:
         if self._loop is not None and not self.healthy:  # died or shut down: never hang it
             self._publish(_errors([request_id], self.step_error or RuntimeError("engine not running")))
             return
-        self._inbox.post("add", (request_id, ids, params, priority), priority)
+        self._inbox.post("add", (request_id, ids, params, priority, first_token_urgent),
+                         priority)
 
     def _check_prompt(self, token_ids: list[int]) -> None:
         """Raise ValueError for a prompt the engine cannot take (default: any is fine)."""
@@ -188,7 +189,7 @@ class ThreadedEngine:
                 self._abort(payload)
 
     def _add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-             priority: int) -> None:
+             priority: int, first_token_urgent: bool) -> None:
         raise NotImplementedError
 
     def _abort(self, request_id: str) -> None:

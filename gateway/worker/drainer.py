@@ -26,7 +26,9 @@ finds only skipped tenants queued waits on the wake lists, briefly, so a light r
 arrives meanwhile starts at once. While the worker's interactive rows pass the
 engine's row cap, the non-urgent tiers may hold as many rows as the cap owes them beside those
 (``owed_rows``: ``policies.owed_seats``) when that is more than the bound, else the seats owed
-find no rows to run.
+find no rows to run. A request of a tenant under its share, in a tier where another tenant is
+over its share, is started with its first token urgent (``first_token_urgent``,
+``policies.tenant_seats``): the engine caps the step that computes it as an urgent arrival's.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from gateway.bus.queues import Envelope, TierQueues
 from gateway.worker.tenant_pace import TenantPace
 from policies.admission import URGENT_PRIORITY, pull_count
 from policies.tenant_pace import shared
-from policies.tenant_seats import LowerRoom, lower_limit, lower_room
+from policies.tenant_seats import LowerRoom, first_token_urgent, lower_limit, lower_room
 from policies.tiers import tier_priority
 from policies.wrr import smooth_wrr_pick
 
@@ -80,6 +82,10 @@ class Drainer:
         self.scores: dict[str, int] = {}
         self.pace = TenantPace(lambda: engine.stats().scheduler.num_steps)
         self.single: frozenset[str] = frozenset()  # tiers read one entry a round (paced)
+        # this round's snapshot of the non-urgent tiers: tier -> tenant -> rows held, their
+        # weights, and the seats shared (``first_token_urgent``)
+        self._shares: tuple[dict[str, Counter[str]], dict[str, dict[str, float]], int] = (
+            {}, {}, 0)
         self.room = asyncio.Event()  # set by the worker after each engine step
         # The last wait on empty tiers woke for a lone entry: the tiers are most likely
         # empty again, so the next pull waits on them directly, without counting backlogs
@@ -127,9 +133,19 @@ class Drainer:
                 urgent += 1
         # past the bound when the row cap owes the lower tiers seats beside urgent rows
         limit = lower_limit(self.engine.load(), self.row_limit(), self.owed_rows(urgent))
+        self._shares = (rows, weights, limit)
         self.single = frozenset(t for t in rows if shared(rows[t]))
         paced = {t: self.pace.skip(t, rows[t], weights[t], limit) for t in self.single}
         return lower_room(rows, weights, limit, paced)
+
+    def first_token_urgent(self, tier: str, tenant: str) -> bool:
+        """Whether a request of ``tenant`` in ``tier`` started this round gets its first token
+        as an urgent arrival would (``policies.tenant_seats.first_token_urgent``, by the rows
+        held when the round began)."""
+        rows, weights, limit = self._shares
+        held = rows.get(tier)
+        return held is not None and first_token_urgent(held, weights.get(tier, {}), limit,
+                                                       tenant)
 
     def _batch_size(self) -> int:
         return pull_count(self.engine.load())

@@ -306,8 +306,9 @@ class Worker:
         here instead would strand the rest of the batch and redeliver the bad entry forever."""
         self.inflight[rec.request_id] = rec
         try:
-            self.engine.add_request(rec.request_id, msg.prompt_token_ids,
-                                    msg.sampling_params(), msg.priority)
+            self.engine.add_request(
+                rec.request_id, msg.prompt_token_ids, msg.sampling_params(), msg.priority,
+                first_token_urgent=self.drainer.first_token_urgent(rec.tier, rec.tenant))
         except BaseException as exc:
             if self.inflight.get(rec.request_id) is rec:
                 del self.inflight[rec.request_id]

@@ -11,6 +11,7 @@ from policies.admission import EngineLoad
 from policies.tenant_seats import (
     MIN_RESERVE,
     RESERVE_DIVISOR,
+    first_token_urgent,
     lower_limit,
     lower_room,
     over_share,
@@ -128,3 +129,42 @@ def test_a_bound_fallen_under_the_heavy_rows_leaves_the_light_tenant_a_seat() ->
     # the light tenant past its share waits too
     assert lower_room({"batch": {"heavy": 40, "light": 11}}, {}, 31, {}).skip == {
         "batch": {"heavy", "light"}}
+
+
+def reference_first_token_urgent(held: dict[str, int], weights: dict[str, float], seats: int,
+                                 tenant: str) -> bool:
+    """Exact arithmetic, tenant by tenant: ``tenant`` is within its share (holding nothing,
+    or its next row within seats * w / (holders' w + w)) and some other holder is not."""
+    def over(t: str) -> bool:
+        if held.get(t, 0) <= 0:
+            return False
+        total = sum(Fraction(weights.get(u, 1.0)) for u, n in held.items() if n > 0)
+        w = Fraction(weights.get(t, 1.0))
+        return held[t] + 1 > seats * w / (total + w)
+    return not over(tenant) and any(over(t) for t in held if t != tenant)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_first_token_urgent_matches_the_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    seen = set()
+    for _ in range(500):
+        tenants = [f"t{i}" for i in range(rng.randint(0, 4))]
+        held = {t: rng.choice([0, 0, 1, 2, rng.randint(0, 60)]) for t in tenants}
+        weights = {t: rng.choice([0.5, 1.0, 2.0]) for t in tenants if rng.random() < 0.5}
+        seats = rng.randint(1, 80)
+        for tenant in tenants + ["newcomer"]:
+            got = first_token_urgent(held, weights, seats, tenant)
+            assert got == reference_first_token_urgent(held, weights, seats, tenant)
+            seen.add(got)
+    assert seen == {True, False}
+
+
+def test_first_token_urgent_beside_a_heavy_tenant_only() -> None:
+    """The bench's heavy row: a light tenant beside a heavy one over its share is marked,
+    the heavy one is not; a tenant alone, or two within their shares, are not."""
+    assert first_token_urgent({"heavy": 38, "light": 1}, {}, 40, "light")
+    assert first_token_urgent({"heavy": 38}, {}, 40, "light")  # holding nothing yet
+    assert not first_token_urgent({"heavy": 38, "light": 1}, {}, 40, "heavy")
+    assert not first_token_urgent({"light": 3}, {}, 40, "light")
+    assert not first_token_urgent({"a": 5, "b": 6}, {}, 40, "a")

@@ -107,9 +107,9 @@ class RecordingEcho(FakeEchoEngine):
         self.started_ids: list[str] = []
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0) -> None:
+                    priority: int = 0, first_token_urgent: bool = False) -> None:
         self.started_ids.append(request_id)
-        super().add_request(request_id, prompt_token_ids, params, priority)
+        super().add_request(request_id, prompt_token_ids, params, priority, first_token_urgent)
 
 
 async def test_early_start_writes_nothing_for_a_request_its_claim_does_not_give_us(

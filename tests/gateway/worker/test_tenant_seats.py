@@ -133,3 +133,31 @@ def test_a_light_tenant_starts_when_the_bound_falls_under_the_heavy_rows(
     light_ids, heavy_ids, left = asyncio.run(go())
     assert left == HEAVY - held  # heavy started nothing past the fallen bound
     assert_light_first(finished, light_ids, heavy_ids)
+
+
+def test_the_light_tenants_requests_start_with_their_first_token_urgent(
+        bounded: Any, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker marks for the engine a request of a tenant under its share while another
+    tenant of its tier is over it (``policies.tenant_seats.first_token_urgent``): every light
+    request beside the heavy batch, no heavy one."""
+    gw, ns = bounded, bounded.config.namespace
+    heavy, light = tenant_key(redis_url, ns, "tf-heavy"), tenant_key(redis_url, ns, "tf-light")
+    marks: dict[str, bool] = {}
+    add = gw.engine.add_request
+
+    def recording(request_id: str, *args: Any, first_token_urgent: bool = False,
+                  **kwargs: Any) -> None:
+        marks[request_id] = first_token_urgent
+        add(request_id, *args, first_token_urgent=first_token_urgent, **kwargs)
+
+    monkeypatch.setattr(gw.engine, "add_request", recording)
+
+    async def go() -> tuple[list[str], list[str]]:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60) as c:
+            heavy_calls = await start_heavy(c, gw, heavy, BOUND - tenant_reserve(BOUND))
+            light_ids = [await post(c, light, 1) for _ in range(LIGHT)]
+            return light_ids, list(await asyncio.gather(*heavy_calls))
+
+    light_ids, heavy_ids = asyncio.run(go())
+    assert [marks[rid] for rid in light_ids] == [True] * LIGHT
+    assert not any(marks[rid] for rid in heavy_ids)

@@ -30,6 +30,7 @@ ops: $(STAMP)
 	$(BIN)/python -m kernels.cpu_decode
 	$(BIN)/python -m kernels.cpu_layer_ops
 	$(BIN)/python -m kernels.cpu_small_linear
+	$(BIN)/python -m kernels.cpu_decode_layers
 
 serve: setup
 	$(BIN)/carpool serve

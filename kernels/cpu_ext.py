@@ -64,7 +64,9 @@ class CppOps:
 
         folder = self.build_dir()
         folder.mkdir(parents=True, exist_ok=True)
-        module = load_inline(self.name, cpp_sources=self.source, functions=list(self.functions),
+        module = load_inline(self.name, cpp_sources=self.source,
+                             # none listed: the source binds its own (PYBIND11_MODULE)
+                             functions=list(self.functions) or None,
                              extra_cflags=list(self.flags), extra_ldflags=["-fopenmp"],
                              build_directory=str(folder), verbose=verbose)
         _load.cache_clear()

@@ -251,8 +251,10 @@ torch::Tensor pack(torch::Tensor weight) {
   return padded.view({tiles, CP_TILE, K}).transpose(1, 2).contiguous();
 }
 
-torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
-                     int64_t N) {
+// may_spin false: the workers sleep at once after this call (kernels.cpu_decode_layers' last
+// linear of a step, followed by work on another pool)
+torch::Tensor linear_spin(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
+                          int64_t N, bool may_spin) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.device().is_cpu() &&
               x.stride(1) == 1, "small linear: x [M, K] fp32 CPU, contiguous rows");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == CP_TILE && packed.is_contiguous() &&
@@ -277,8 +279,13 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
   // Spin only after decode-sized calls: in a step of more rows the ops between two linears
   // (norms, SiLU-mul, attention) run OpenMP regions of their own, and a spinning worker took
   // the core their second thread needed (offline seed run: 429 -> 174 tok/s).
-  run(n, job_part, &job, M <= CP_SPIN_ROWS);
+  run(n, job_part, &job, may_spin && M <= CP_SPIN_ROWS);
   return out;
+}
+
+torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
+                     int64_t N) {
+  return linear_spin(x, packed, bias, N, true);
 }
 """
 

@@ -5,7 +5,9 @@ is about ``context`` tokens, then ``steps`` steps are timed with a wall-clock ti
 part (CPU ops are synchronous, so the timers add up): the linear layers (projections, MLP, LM
 head), the KV-cache write of the new tokens, decode attention, RMSNorm (+ residual add), rotary,
 SiLU-mul, the embedding lookup, sampling, input preparation, and the rest of ``step()``
-(scheduler, output processing, Python between the ops). Each part is wrapped where the model
+(scheduler, output processing, Python between the ops). A decode step of a few rows runs its
+whole decoder stack in one C++ call (``kernels.cpu_decode_layers``), timed as one part;
+``--per-op`` turns that off, so its ops show one by one (the path it replaced). Each part is wrapped where the model
 calls it (the ``kernels`` functions, ``nn.Linear.forward``), so the tool measures whichever
 path (C++ op or torch reference) the engine takes. The timers' own cost, a few microseconds a
 call, lands in the parts they wrap.
@@ -26,6 +28,8 @@ import kernels
 from engine.bench.engine import make_workload
 from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
+from engine.models import cpu_decode_step
+from kernels.cpu_decode_layers import DecodeLayers
 from kernels.cpu_linear import OneDNNLinear
 
 # part name -> the kernels functions timed as that part
@@ -64,6 +68,7 @@ def _targets(engine: LLMEngine) -> list[tuple[Any, str, str]]:
     ]
     out += [(nn.Linear, "forward", "linear"), (OneDNNLinear, "forward", "linear"),
             (model, "compute_logits", "linear"),
+            (DecodeLayers, "forward", "decoder stack (one C++ call)"),
             (model.embed_tokens, "forward", "embedding"),
             (runner.sampler, "sample_batch", "sampling"),
             (runner, "prepare_inputs", "prepare inputs")]
@@ -112,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=100, help="tokens of context per row")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--model", default=None)
+    ap.add_argument("--per-op", action="store_true",
+                    help="no whole-stack op: every layer's ops called from Python")
     args = ap.parse_args(argv)
+    if args.per_op:
+        cpu_decode_step.stack_for = lambda model: None  # type: ignore[assignment]
     engine = LLMEngine.from_kwargs(model=args.model, dtype="float32",
                                    max_num_seqs=max(args.rows))
     profile_rows(engine, 2, 8, 2)  # warm-up

@@ -12,18 +12,25 @@ only when the step can take this path: fp32 CPU weights and caches (contiguous),
 built, Triton not forced, and one token per row (a pure decode step); otherwise None and the
 model runs its general path. ``layer_forward`` gives the same bits as
 ``LlamaDecoderLayer.forward`` on such a step: the same ops on the same tensors in the same
-order (tests/engine/models/test_cpu_decode_step.py compares them).
+order (tests/engine/models/test_cpu_decode_step.py compares them). Its ``stack`` is the whole
+decoder stack in one C++ call (``kernels.cpu_decode_layers``, the same ops again, so the same
+bits) where the model's linears have the small-batch op's weights and the step has at most
+``kernels.cpu_small_linear.MAX_ROWS`` rows; the model then runs ``stack.forward`` instead of
+its layers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
+from torch import nn
 
-from kernels import cpu_decode, cpu_layer_ops
+from kernels import cpu_decode, cpu_decode_layers, cpu_layer_ops, cpu_small_linear
+from kernels.cpu_decode_layers import DecodeLayers, LayerWeights, SmallLinear
+from kernels.cpu_linear import OneDNNLinear
 
 if TYPE_CHECKING:
     from engine.models.llama import AttentionMetadata, LlamaDecoderLayer, LlamaForCausalLM
@@ -38,6 +45,40 @@ class CpuDecodeStep:
     block_tables: torch.Tensor  # [R, max_blocks] int32
     seq_lens: torch.Tensor  # [R] int32
     cos_sin: torch.Tensor
+    stack: DecodeLayers | None = None
+
+
+def stack_for(model: LlamaForCausalLM) -> DecodeLayers | None:
+    """The model's whole-stack op, bound to its weights on first use; None where it does not
+    apply (linears not on the small-batch op, the op not built)."""
+    if "_decode_layers" not in model.__dict__:
+        model.__dict__["_decode_layers"] = _bind(model)
+    stack: DecodeLayers | None = model.__dict__["_decode_layers"]
+    return stack
+
+
+def _small(linear: nn.Module) -> SmallLinear | None:
+    if not isinstance(linear, OneDNNLinear) or linear.small is None:
+        return None  # float64, int8, or the small-batch op not built
+    return SmallLinear(linear.small, linear.bias, linear.out_features)
+
+
+def _bind(model: LlamaForCausalLM) -> DecodeLayers | None:
+    if not cpu_decode_layers.available() or not model.layers:
+        return None
+    layers = []
+    for layer in cast("list[LlamaDecoderLayer]", list(model.layers)):
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = [_small(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        qkv, o, gate_up, down = linears
+        if qkv is None or o is None or gate_up is None or down is None:
+            return None
+        norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
+        layers.append(LayerWeights(norm1.weight, float(norm1.eps), qkv, o, norm2.weight,
+                                   float(norm2.eps), gate_up, down))
+    attn = cast("LlamaDecoderLayer", model.layers[0]).self_attn
+    return DecodeLayers(layers, model.norm.weight, float(model.norm.eps), model.cos_sin,
+                        attn.num_heads, attn.num_kv_heads, attn.head_dim, float(attn.scale))
 
 
 def prepare(
@@ -58,6 +99,7 @@ def prepare(
         meta.slot_mapping.to(torch.int64).contiguous(),
         meta.block_tables.to(torch.int32).contiguous(), meta.seq_lens.to(torch.int32).contiguous(),
         model.cos_sin.contiguous(),
+        stack_for(model) if input_ids.shape[0] <= cpu_small_linear.MAX_ROWS else None,
     )
 
 

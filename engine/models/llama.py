@@ -219,6 +219,8 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         residual: torch.Tensor | None = None
         fast = cpu_decode_step.prepare(self, input_ids, positions, kv_caches, meta)
+        if fast is not None and fast.stack is not None:  # a few rows: the stack in one call
+            return fast.stack.forward(x, fast, kv_caches)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             if fast is not None:  # a pure decode step on CPU fp32: the ops called directly
                 x, residual = cpu_decode_step.layer_forward(

@@ -1,0 +1,81 @@
+"""kernels.cpu_decode_layers: the whole decoder stack in one C++ call gives the same bits as
+the same ops called one by one from Python (engine.models.cpu_decode_step.layer_forward), at 1
+to 32 rows, on one and two threads, with contexts short and long enough (>= 1024 tokens in the
+step) that decode attention splits rows across threads; and it is bound only where it
+applies."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.models import cpu_decode_step
+from engine.runner.model_runner import ModelRunner
+from kernels import cpu_decode_layers
+from tests.engine.runner.helpers import BlockTables, chunk, make_runner
+
+pytestmark = pytest.mark.skipif(not cpu_decode_layers.available(),
+                                reason="whole-stack op not built (make setup)")
+
+
+@pytest.fixture
+def threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def _decode_hidden(runner: ModelRunner, contexts: list[int], seed: int) -> dict[str, torch.Tensor]:
+    """Prefill rows of ``contexts`` tokens (general path), then one decode step twice on the
+    same cache: with the whole-stack op and with the per-op path."""
+    rng = random.Random(seed)
+    blocks = BlockTables(runner.num_blocks, runner.block_size, seed=seed)
+    seqs = {f"r{i}": [rng.randrange(3, 49152) for _ in range(n + 1)] for i, n in enumerate(contexts)}
+    model = runner.model
+    with torch.inference_mode():
+        for rid, seq in seqs.items():  # one prompt a step: the cache holds every context
+            step = runner.prepare_inputs([chunk(rid, seq[:-1], 0, blocks)])
+            model(step.input_ids, step.positions, runner.kv_caches, step.meta)
+        step = runner.prepare_inputs([chunk(rid, seq[-1:], len(seq) - 1, blocks)
+                                      for rid, seq in seqs.items()])
+        out = {}
+        for mode in ("stack", "per-op"):
+            with pytest.MonkeyPatch.context() as m:
+                if mode == "per-op":
+                    m.setattr(cpu_decode_step, "stack_for", lambda model: None)
+                fast = cpu_decode_step.prepare(model, step.input_ids, step.positions,
+                                               runner.kv_caches, step.meta)
+                assert fast is not None and (fast.stack is not None) == (mode == "stack")
+                out[mode] = model(step.input_ids, step.positions, runner.kv_caches, step.meta)
+    return out
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("contexts", [[7], [3, 40, 1100], [5 + 3 * i for i in range(32)]],
+                         ids=["1 row", "3 rows, 1143 tokens", "32 rows"])
+def test_tiny_model_same_bits_as_per_op_path(tiny_model_dir: Path, contexts: list[int],
+                                             n_threads: int, threads: None) -> None:
+    torch.set_num_threads(n_threads)
+    runner = make_runner(tiny_model_dir, "float32", block_size=16, num_blocks=160)
+    out = _decode_hidden(runner, contexts, seed=len(contexts))
+    assert out["stack"].shape == (len(contexts), runner.args.hidden_size)
+    assert torch.equal(out["stack"], out["per-op"])
+
+
+@pytest.mark.parametrize("contexts", [[30], [20, 1200, 9, 64]], ids=["1 row", "4 rows long"])
+def test_smollm2_same_bits_as_per_op_path(contexts: list[int], threads: None) -> None:
+    # SmolLM2's head size 64 and GQA 3:1 take the attention's compiled-in template
+    torch.set_num_threads(2)
+    runner = make_runner(None, "float32", block_size=16, num_blocks=96, num_cpu_blocks=0)
+    out = _decode_hidden(runner, contexts, seed=3)
+    assert torch.equal(out["stack"], out["per-op"])
+
+
+def test_bound_only_on_small_batch_weights(tiny_model_dir: Path) -> None:
+    bind = cpu_decode_step.stack_for
+    assert bind(make_runner(tiny_model_dir, "float32").model) is not None
+    assert bind(make_runner(tiny_model_dir, "float64").model) is None

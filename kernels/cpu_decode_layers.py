@@ -50,10 +50,12 @@ _PRELUDE = r"""
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cmath>
 #include <thread>
 #include <vector>
 #include <linux/futex.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #if defined(__x86_64__)

@@ -114,3 +114,14 @@ def test_threads_calling_at_once_each_get_their_own_result() -> None:
     for t in threads:
         t.join()
     assert failures == []
+
+
+def test_packed_weight_starts_on_a_2mb_boundary_and_keeps_its_values() -> None:
+    # 2 MB aligned and advised before the first touch: transparent huge pages can back it
+    weight = torch.randn(100, 40)
+    packed = cpu_small_linear.pack(weight)
+    assert packed.data_ptr() % (2 << 20) == 0
+    assert packed.shape == (4, 40, 32) and packed.is_contiguous()
+    want = torch.zeros(128, 40)
+    want[:100] = weight
+    assert torch.equal(packed, want.view(4, 32, 40).transpose(1, 2))

@@ -1,4 +1,4 @@
-"""A pure-decode step's decoder layer on CPU fp32, calling the C++ ops directly.
+"""A decode step's decoder layer on CPU fp32, calling the C++ ops directly.
 
 Why: at one decoding row a layer's norms, rotary, KV write, attention and SiLU-mul are each
 well under a microsecond of C++ work, but going through ``kernels``' per-call dispatch (the
@@ -9,10 +9,16 @@ checks and conversions run once per step (``prepare``) and every layer calls the
 
 Contract: ``prepare(model, input_ids, positions, kv_caches, meta)`` returns a ``CpuDecodeStep``
 only when the step can take this path: fp32 CPU weights and caches (contiguous), the C++ ops
-built, Triton not forced, and one token per row (a pure decode step); otherwise None and the
-model runs its general path. ``layer_forward`` gives the same bits as
-``LlamaDecoderLayer.forward`` on such a step: the same ops on the same tensors in the same
-order (tests/engine/models/test_cpu_decode_step.py compares them). Its ``stack`` is the whole
+built, Triton not forced, and one token per row (a pure decode step) or at most
+``kernels.cpu_small_linear.MAX_ROWS`` tokens in all; otherwise None and the model runs its
+general path. In a step with prompt tokens each token attends as a decode row of its own: its
+request's block table, context = its position + 1 (the step writes every new token's K and V
+before any attention reads, so that is causal attention over the cached prefix and the chunk);
+a prompt of a few tokens then costs its linears on the small-batch op and no SDPA setup
+(a 35-token prompt step: ~100-160 ms on the general path, 2 AVX2 cores, most of it OpenMP
+wakes under PASSIVE). On a pure decode step ``layer_forward`` gives the same bits as
+``LlamaDecoderLayer.forward``: the same ops on the same tensors in the same order; with prompt
+tokens, SDPA's numbers up to rounding (tests/engine/models/test_cpu_decode_step.py). Its ``stack`` is the whole
 decoder stack in one C++ call (``kernels.cpu_decode_layers``, the same ops again, so the same
 bits) where the model's linears have the small-batch op's weights and the step has at most
 ``kernels.cpu_small_linear.MAX_ROWS`` rows; the model then runs ``stack.forward`` instead of
@@ -90,16 +96,22 @@ def prepare(
         return None
     weight, cache = model.embed_tokens.weight, kv_caches[0][0]
     forced = getattr(model.layers[0].self_attn, "triton", None) is True
+    tokens, rows = input_ids.shape[0], meta.seq_lens.shape[0]
+    small = tokens <= cpu_small_linear.MAX_ROWS
     if (weight.dtype != torch.float32 or weight.device.type != "cpu"
             or cache.dtype != torch.float32 or not cache.is_contiguous() or forced
-            or input_ids.shape[0] != meta.seq_lens.shape[0]):  # a prompt row has 2+ tokens
+            or (tokens != rows and not small)):  # a long prompt step: SDPA's path
         return None
+    block_tables, seq_lens = meta.block_tables, meta.seq_lens
+    if tokens != rows:  # prompt tokens: each attends as a decode row of its own (see above)
+        counts = (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).to(torch.int64)
+        block_tables = block_tables.repeat_interleave(counts, 0)
+        seq_lens = positions + 1
     return CpuDecodeStep(
         layer_ops, decode_op, positions.to(torch.int64).contiguous(),
         meta.slot_mapping.to(torch.int64).contiguous(),
-        meta.block_tables.to(torch.int32).contiguous(), meta.seq_lens.to(torch.int32).contiguous(),
-        model.cos_sin.contiguous(),
-        stack_for(model) if input_ids.shape[0] <= cpu_small_linear.MAX_ROWS else None,
+        block_tables.to(torch.int32).contiguous(), seq_lens.to(torch.int32).contiguous(),
+        model.cos_sin.contiguous(), stack_for(model) if small else None,
     )
 
 

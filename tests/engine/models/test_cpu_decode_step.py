@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.models import cpu_decode_step
-from kernels import cpu_decode, cpu_decode_layers, cpu_layer_ops
+from kernels import cpu_decode, cpu_decode_layers, cpu_layer_ops, cpu_small_linear
 from tests.engine.runner.helpers import (
     BlockTables,
     chunk,
@@ -36,8 +36,9 @@ def qwen2_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Pa
 
 def _run(model_dir: Path, dtype: str, mode: str, monkeypatch: pytest.MonkeyPatch,
          taken: list[str]) -> list[list[torch.Tensor]]:
-    """Prefill three requests in one step, then five decode steps; logits of every step.
-    mode: "stack" (as served), "ops" (the whole-stack op off) or "general" (both off);
+    """Prefill three requests in one step (14 prompt tokens), then five decode steps; logits of
+    every step. mode: "stack" (as served), "ops" (the whole-stack op off), "decode-only" (as
+    served, but the prompt step on the general path) or "general" (no direct path);
     ``taken`` gets "stack" per whole-stack call and "layer" per direct-op layer."""
     runner = make_runner(model_dir, dtype)
     rng = random.Random(4)
@@ -48,6 +49,7 @@ def _run(model_dir: Path, dtype: str, mode: str, monkeypatch: pytest.MonkeyPatch
     with monkeypatch.context() as m:
         real_layer = cpu_decode_step.layer_forward
         real_stack = cpu_decode_layers.DecodeLayers.forward
+        real_prepare = cpu_decode_step.prepare
 
         def layer(*args: object) -> object:
             taken.append("layer")
@@ -57,10 +59,18 @@ def _run(model_dir: Path, dtype: str, mode: str, monkeypatch: pytest.MonkeyPatch
             taken.append("stack")
             return real_stack(*args)  # type: ignore[arg-type]
 
+        def decode_only(model: object, ids: torch.Tensor, *rest: object) -> object:
+            meta = rest[-1]
+            if ids.shape[0] != meta.seq_lens.shape[0]:  # type: ignore[attr-defined]
+                return None
+            return real_prepare(model, ids, *rest)  # type: ignore[arg-type]
+
         m.setattr(cpu_decode_step, "layer_forward", layer)
         m.setattr(cpu_decode_layers.DecodeLayers, "forward", stack)
-        if mode != "stack":
+        if mode == "ops":
             m.setattr(cpu_decode_step, "stack_for", lambda model: None)
+        if mode == "decode-only":
+            m.setattr(cpu_decode_step, "prepare", decode_only)
         if mode == "general":
             m.setattr(cpu_decode_step, "prepare", lambda *args: None)
         done = {rid: 0 for rid in seqs}
@@ -74,21 +84,53 @@ def _run(model_dir: Path, dtype: str, mode: str, monkeypatch: pytest.MonkeyPatch
     return out
 
 
+def _equal(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]]) -> bool:
+    return all(torch.equal(x, y) for sa, sb in zip(a, b, strict=True)
+               for x, y in zip(sa, sb, strict=True))
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_direct_paths_same_bits_as_general_path(
+def test_decode_steps_same_bits_as_general_path(
     arch: str, tiny_model_dir: Path, qwen2_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model_dir = tiny_model_dir if arch == "llama" else qwen2_dir
     general = _run(model_dir, "float32", "general", monkeypatch, [])
+    taken: list[str] = []
+    decode_only = _run(model_dir, "float32", "decode-only", monkeypatch, taken)
+    # every decode step, never the prompt step
+    assert taken == ["stack"] * 5 if cpu_decode_layers.available() else ["layer"] * 10
+    assert _equal(decode_only, general)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_prompt_step_takes_the_direct_path_stack_and_ops_alike(
+    arch: str, tiny_model_dir: Path, qwen2_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model_dir = tiny_model_dir if arch == "llama" else qwen2_dir
     layers = len(make_runner(model_dir, "float32").model.layers)
-    modes = ["ops"] + (["stack"] if cpu_decode_layers.available() else [])
-    for mode in modes:
-        taken: list[str] = []
-        direct = _run(model_dir, "float32", mode, monkeypatch, taken)
-        # every decode step, never the prompt step
-        assert taken == (["stack"] * 5 if mode == "stack" else ["layer"] * 5 * layers)
-        for got, want in zip(direct, general, strict=True):
-            assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), mode
+    taken: list[str] = []
+    ops = _run(model_dir, "float32", "ops", monkeypatch, taken)
+    assert taken == ["layer"] * 6 * layers  # the 14-token prompt step too
+    if cpu_decode_layers.available():
+        taken.clear()
+        stacked = _run(model_dir, "float32", "stack", monkeypatch, taken)
+        assert taken == ["stack"] * 6
+        assert _equal(stacked, ops)
+    # prompt tokens attend as decode rows: SDPA's numbers up to rounding, not its bits
+    general = _run(model_dir, "float32", "general", monkeypatch, [])
+    for got, want in zip(ops, general, strict=True):
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=2e-5, rtol=2e-5)
+
+
+def test_a_prompt_step_over_max_rows_keeps_the_general_path(tiny_model_dir: Path) -> None:
+    runner = make_runner(tiny_model_dir, "float32")
+    blocks = BlockTables(runner.num_blocks, runner.block_size, seed=1)
+    for n, direct in ((cpu_small_linear.MAX_ROWS, True), (cpu_small_linear.MAX_ROWS + 1, False)):
+        step = runner.prepare_inputs([chunk(f"r{n}", list(range(3, 3 + n)), 0, blocks)])
+        fast = cpu_decode_step.prepare(runner.model, step.input_ids, step.positions,
+                                       runner.kv_caches, step.meta)
+        assert (fast is not None) == direct, n
 
 
 def test_direct_path_close_to_transformers(tiny_model_dir: Path,
@@ -99,7 +141,10 @@ def test_direct_path_close_to_transformers(tiny_model_dir: Path,
     seqs = [[rng.randrange(3, 49152) for _ in range(n)] for n in (9, 6, 14)]
     for i, seq in enumerate(seqs):
         want = hf_logits(ref, seq)
-        for step in range(1, 6):  # decode step s computes position len - 5 + s - 1
+        # the prompt step computes positions 0 .. len - 6, decode step s position len - 6 + s
+        torch.testing.assert_close(runner_logits[0][i].double(), want[:len(seq) - 5],
+                                   atol=1e-4, rtol=0)
+        for step in range(1, 6):
             got = runner_logits[step][i]
             torch.testing.assert_close(got.double(), want[len(seq) - 6 + step:len(seq) - 5 + step],
                                        atol=1e-4, rtol=0)

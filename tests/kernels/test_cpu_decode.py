@@ -7,7 +7,6 @@ found the op is absent and these tests are skipped with that reason."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,13 +20,6 @@ from tests.kernels.factories import make_paged_batch, naive_attention
 
 pytestmark = pytest.mark.skipif(not cpu_decode.available(),
                                 reason="kernels.cpu_decode not built (no C++ compiler at setup)")
-
-
-@pytest.fixture
-def threads() -> Iterator[None]:
-    saved = torch.get_num_threads()
-    yield
-    torch.set_num_threads(saved)
 
 
 # (heads, kv_heads, head_dim, block_size): SmolLM2's 9/3/64 and the compiled group sizes;

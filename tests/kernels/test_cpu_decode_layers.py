@@ -7,7 +7,6 @@ applies."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,6 @@ from tests.engine.runner.helpers import BlockTables, chunk, make_runner
 
 pytestmark = pytest.mark.skipif(not cpu_decode_layers.available(),
                                 reason="whole-stack op not built (make setup)")
-
-
-@pytest.fixture
-def threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
 
 
 def _decode_hidden(runner: ModelRunner, contexts: list[int], seed: int) -> dict[str, torch.Tensor]:

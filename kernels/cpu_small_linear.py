@@ -251,11 +251,13 @@ static void job_part(void* ctx) {
 static torch::Tensor huge_empty(int64_t tiles, int64_t K) {
   const size_t align = size_t(2) << 20;
   const size_t bytes = static_cast<size_t>(tiles * K * CP_TILE) * sizeof(float);
+  if (bytes < align / 2)  // a small weight would waste most of a huge page
+    return torch::empty({tiles, K, CP_TILE}, torch::kFloat32);
   // whole 2 MB pages (up to 2 MB more a weight, ~120 MB for SmolLM2): rounded to 4 KB instead,
   // only 300 of its 540 MB got huge pages and the gain was gone
   const size_t size = (bytes + align - 1) / align * align;
   void* p = nullptr;
-  if (size == 0 || posix_memalign(&p, align, size) != 0)
+  if (posix_memalign(&p, align, size) != 0)
     return torch::empty({tiles, K, CP_TILE}, torch::kFloat32);
   madvise(p, size, MADV_HUGEPAGE);  // before the first touch: faults then take 2 MB pages
   return torch::from_blob(p, {tiles, K, CP_TILE}, [](void* q) { free(q); },

@@ -57,9 +57,15 @@ class CpuDecodeStep:
 def stack_for(model: LlamaForCausalLM) -> DecodeLayers | None:
     """The model's whole-stack op, bound to its weights on first use; None where it does not
     apply (linears not on the small-batch op, the op not built)."""
-    if "_decode_layers" not in model.__dict__:
-        model.__dict__["_decode_layers"] = _bind(model)
-    stack: DecodeLayers | None = model.__dict__["_decode_layers"]
+    # keyed on the first and last linear modules: routing or quantizing swaps them, and a stack
+    # bound to the old ones would run the old weights
+    layers = model.layers
+    key = (id(getattr(layers[0].self_attn, "qkv_proj", None)),
+           id(getattr(layers[-1].mlp, "down_proj", None))) if len(layers) else None
+    cached = model.__dict__.get("_decode_layers")
+    if cached is None or cached[0] != key:
+        cached = model.__dict__["_decode_layers"] = (key, _bind(model))
+    stack: DecodeLayers | None = cached[1]
     return stack
 
 

@@ -67,7 +67,48 @@ def test_smollm2_same_bits_as_per_op_path(contexts: list[int], threads: None) ->
     assert torch.equal(out["stack"], out["per-op"])
 
 
-def test_bound_only_on_small_batch_weights(tiny_model_dir: Path) -> None:
+def test_bound_only_on_small_batch_weights_and_rebound_when_linears_change(
+    tiny_model_dir: Path
+) -> None:
     bind = cpu_decode_step.stack_for
-    assert bind(make_runner(tiny_model_dir, "float32").model) is not None
+    model = make_runner(tiny_model_dir, "float32").model
+    stack = bind(model)
+    assert stack is not None and bind(model) is stack  # bound once
     assert bind(make_runner(tiny_model_dir, "float64").model) is None
+    # a linear swapped after binding (as quantizing does): the old stack is not used again
+    attn = model.layers[0].self_attn
+    plain = torch.nn.Linear(attn.qkv_proj.in_features, attn.qkv_proj.out_features, bias=False)
+    attn.qkv_proj = plain
+    assert bind(model) is None
+
+
+@pytest.mark.parametrize("padding", [0, 2], ids=["no padding", "2 padding rows"])
+def test_prompt_chunk_after_a_prefix_beside_decode_rows(tiny_model_dir: Path, padding: int,
+                                                        threads: None) -> None:
+    # one decode row, one prompt chunk at positions 10..17 (its first 10 tokens already
+    # cached), and a fixed-shape batch's padding rows: the whole stack and the per-op path give
+    # the same bits; SDPA's general path the same numbers to rounding
+    torch.set_num_threads(2)
+    runner = make_runner(tiny_model_dir, "float32", block_size=16, num_blocks=160)
+    rng = random.Random(7)
+    a, b = ([rng.randrange(3, 49152) for _ in range(n)] for n in (21, 18))
+    blocks = BlockTables(runner.num_blocks, runner.block_size, seed=7)
+    model = runner.model
+    out = {}
+    with torch.inference_mode():
+        for rid, seq, n in (("a", a, 20), ("b", b, 10)):
+            step = runner.prepare_inputs([chunk(rid, seq[:n], 0, blocks)])
+            model(step.input_ids, step.positions, runner.kv_caches, step.meta)
+        step = runner.prepare_inputs([chunk("a", a[20:], 20, blocks),
+                                      chunk("b", b[10:], 10, blocks)], padding)
+        for mode in ("stack", "per-op", "general"):  # general last: it writes other K/V bits
+            with pytest.MonkeyPatch.context() as m:
+                if mode != "stack":
+                    m.setattr(cpu_decode_step, "stack_for", lambda model: None)
+                if mode == "general":
+                    m.setattr(cpu_decode_step, "prepare", lambda *args: None)
+                out[mode] = model(step.input_ids, step.positions, runner.kv_caches, step.meta)
+    real = 9  # 1 decode token + 8 prompt tokens; padding rows after them
+    assert out["stack"].shape[0] == real + padding
+    assert torch.equal(out["stack"], out["per-op"])
+    torch.testing.assert_close(out["stack"][:real], out["general"][:real], atol=2e-5, rtol=2e-5)

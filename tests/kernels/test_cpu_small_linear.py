@@ -116,12 +116,17 @@ def test_threads_calling_at_once_each_get_their_own_result() -> None:
     assert failures == []
 
 
-def test_packed_weight_starts_on_a_2mb_boundary_and_keeps_its_values() -> None:
-    # 2 MB aligned and advised before the first touch: transparent huge pages can back it
-    weight = torch.randn(100, 40)
+@pytest.mark.parametrize("n, k, aligned", [(1000, 300, True), (100, 40, False)])
+def test_packed_weight_keeps_its_values_and_a_big_one_starts_on_a_2mb_boundary(
+    n: int, k: int, aligned: bool
+) -> None:
+    # a weight of 1 MB or more is 2 MB aligned and advised before the first touch, so
+    # transparent huge pages can back it; a smaller one takes ordinary memory
+    weight = torch.randn(n, k)
     packed = cpu_small_linear.pack(weight)
-    assert packed.data_ptr() % (2 << 20) == 0
-    assert packed.shape == (4, 40, 32) and packed.is_contiguous()
-    want = torch.zeros(128, 40)
-    want[:100] = weight
-    assert torch.equal(packed, want.view(4, 32, 40).transpose(1, 2))
+    tiles = (n + 31) // 32
+    assert (packed.data_ptr() % (2 << 20) == 0) or not aligned
+    assert packed.shape == (tiles, k, 32) and packed.is_contiguous()
+    want = torch.zeros(tiles * 32, k)
+    want[:n] = weight
+    assert torch.equal(packed, want.view(tiles, 32, k).transpose(1, 2))

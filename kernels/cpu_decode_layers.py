@@ -1,4 +1,4 @@
-"""A pure decode step's whole decoder stack on CPU fp32 in one C++ call: every layer's norms,
+"""A small step's whole decoder stack on CPU fp32 in one C++ call: every layer's norms,
 linears, rotary, KV write, decode attention and SiLU-mul, then the final norm.
 
 Why: at 1-8 decoding rows a step is ~120 linears that stream the weights (~17 ms for SmolLM2 on
@@ -16,14 +16,15 @@ the default contraction, as in their own builds. So a step gives the same bits a
 per-op path (tests/kernels/test_cpu_decode_layers.py compares them).
 The small linears here run on this extension's own copy of the pool (the LM head's call, after
 the stack, wakes the standalone op's pool): the stack's last linear tells its worker to sleep at
-once, so the two pools never spin against each other.
+once, so it does not spin through the head (the head's worker may still spin into the next
+step's start).
 
 Contract: ``DecodeLayers(layers, final_norm, ...)`` binds a stack to its weights (each linear
 as the small-batch op packs it; raises when the op is not built;
 ``engine.models.cpu_decode_step.stack_for`` binds the model's). ``forward(x [R, H], step,
-kv_caches)`` takes the embedded tokens of a pure decode step of at
-most ``cpu_small_linear.MAX_ROWS`` rows and the step's prepared metadata
-(``engine.models.cpu_decode_step.CpuDecodeStep``) and returns the final-norm hidden states
+kv_caches)`` takes the embedded tokens of a step of at most ``cpu_small_linear.MAX_ROWS``
+tokens and the step's prepared metadata (``engine.models.cpu_decode_step.CpuDecodeStep``: one
+attention row a token, so a prompt token attends as a decode row of its own) and returns the final-norm hidden states
 [R, H], writing each layer's new K and V into its cache, exactly as the model's forward would.
 """
 

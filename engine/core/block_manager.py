@@ -20,6 +20,14 @@ Contract (the scheduler is the only caller; it is not thread-safe):
   (ref count + 1) but always leaves at least the last token to compute, so the block being
   written is never shared. Freed hashed blocks stay in an LRU: they count as free and keep
   their KV until a fresh block is needed (LRU evicted first; unhashed free blocks go before).
+- Partial-block reuse (token level): after the full-block matches, the next tokens may match
+  the head of a cached full block under the same parent (a prompt that repeats a cached one's
+  tail, or the output-filled block of a finished request with the same prompt). That block is
+  *copied* into the request's fresh block (copy-on-write: the source stays shared and
+  immutable) and its matching tokens count as computed. The copy is pending until the
+  scheduler takes it (``take_copies``) for the runner, which runs it after the step's
+  swap-outs and before its swap-ins and forward; meanwhile the request cannot swap out (its
+  KV is not there yet; the caller falls back to recompute), and freeing it drops the copy.
 - Fork (parallel sampling): ``fork`` starts a new table with another request's leading
   blocks, shared by ref count; the new request writes only blocks past them.
 - Swap: ``swap_out`` moves a request's KV to the CPU pool (one CPU block per device block) and
@@ -50,6 +58,15 @@ def block_hash(parent: int, tokens: Sequence[int]) -> int:
     return hash((parent, tuple(tokens)))
 
 
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class BlockManager:
     def __init__(
         self,
@@ -70,6 +87,10 @@ class BlockManager:
         # Free device blocks: unhashed ones (reused first) and hashed ones in LRU order.
         self._free_plain: list[int] = list(range(num_blocks - 1, -1, -1))
         self._free_cached: OrderedDict[int, None] = OrderedDict()
+        # Partial-match index: (parent hash, first token) -> hashed blocks with their tokens.
+        self._heads: dict[tuple[int, int], dict[int, tuple[int, ...]]] = {}
+        self._head_of: dict[int, tuple[int, int]] = {}
+        self._copies: dict[str, tuple[int, int]] = {}  # request -> (source, its block): pending
         self._tables: dict[str, list[int]] = {}
         self._hashes: dict[str, list[int]] = {}  # chain hashes of a request's computed full blocks
         self._cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
@@ -119,16 +140,21 @@ class BlockManager:
     def match_prefix(self, token_ids: Sequence[int]) -> int:
         """Number of leading tokens of ``token_ids`` whose KV is cached. Pure query.
 
-        A multiple of block_size and at most ``(len - 1) // block_size`` blocks: the last token
-        is always left to compute (its logits are needed, and its block is being written).
+        Whole cached blocks, then at most one partial block (the longest head of a cached
+        block under the same parent); always fewer than ``len(token_ids)``: the last token is
+        left to compute (its logits are needed).
         """
-        return len(self._match(token_ids)[0]) * self.block_size
+        blocks, _, partial = self._match(token_ids)
+        return len(blocks) * self.block_size + (partial[1] if partial else 0)
 
-    def _match(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+    def _match(
+        self, token_ids: Sequence[int]
+    ) -> tuple[list[int], list[int], tuple[int, int] | None]:
+        """(shared blocks, their hashes, (source block, tokens) of a partial match or None)."""
         blocks: list[int] = []
         hashes: list[int] = []
         if not self.enable_prefix_caching:
-            return blocks, hashes
+            return blocks, hashes, None
         bs = self.block_size
         parent = _ROOT_HASH
         for i in range((len(token_ids) - 1) // bs):
@@ -139,7 +165,41 @@ class BlockManager:
             blocks.append(block)
             hashes.append(h)
             parent = h
-        return blocks, hashes
+        start = len(blocks) * bs
+        tail = token_ids[start : min(len(token_ids) - 1, start + bs)]
+        return blocks, hashes, self._partial_match(parent, tail)
+
+    def _partial_match(self, parent: int, tail: Sequence[int]) -> tuple[int, int] | None:
+        """The cached block under ``parent`` whose tokens share the longest head with
+        ``tail``: (block, shared tokens), or None when none shares a token."""
+        if not tail:
+            return None
+        best: tuple[int, int] | None = None
+        for block, tokens in self._heads.get((parent, tail[0]), {}).items():
+            n = common_prefix_len(tokens, tail)
+            if best is None or n > best[1]:
+                best = (block, n)
+        return best
+
+    def _index(self, block: int, parent: int, tokens: Sequence[int]) -> None:
+        head = (parent, tokens[0])
+        self._heads.setdefault(head, {})[block] = tuple(tokens)
+        self._head_of[block] = head
+
+    def _unindex(self, block: int) -> None:
+        head = self._head_of.pop(block, None)
+        if head is not None:
+            bucket = self._heads[head]
+            del bucket[block]
+            if not bucket:
+                del self._heads[head]
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (source, destination) device-block copies decided since the last call, for the
+        runner (after swap-outs, before swap-ins and the forward)."""
+        copies = list(self._copies.values())
+        self._copies.clear()
+        return copies
 
     def cache_blocks(self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         """Register the request's full, computed blocks in the prefix cache (after a step).
@@ -154,13 +214,15 @@ class BlockManager:
         bs = self.block_size
         parent = hashes[-1] if hashes else _ROOT_HASH
         for i in range(len(hashes), num_computed_tokens // bs):
-            h = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
-            hashes.append(h)
-            parent = h
+            tokens = token_ids[i * bs : (i + 1) * bs]
+            h = block_hash(parent, tokens)
             block = table[i]
             if h not in self._block_of_hash and self._hash_of[block] is None:
                 self._block_of_hash[h] = block
                 self._hash_of[block] = h
+                self._index(block, parent, tokens)
+            hashes.append(h)
+            parent = h
 
     def num_cached_blocks_of(self, request_id: str) -> int:
         """How many of the request's leading blocks have been hashed (see cache_blocks)."""
@@ -177,9 +239,10 @@ class BlockManager:
         """Make the request's table cover ``num_computed_tokens + num_new_tokens`` tokens.
 
         For a request without a table, ``token_ids`` (its full token list) enables prefix
-        reuse: ``num_computed_tokens`` must then equal ``match_prefix(token_ids)`` and those
-        leading blocks are shared instead of allocated. Returns False, changing nothing, when
-        there are not enough free blocks.
+        reuse: ``num_computed_tokens`` must then equal ``match_prefix(token_ids)``; the whole
+        cached blocks are shared instead of allocated and a partial match is copied into the
+        first fresh block (pending until ``take_copies``). Returns False, changing nothing,
+        when there are not enough free blocks.
         """
         table = self._tables.get(request_id)
         need = -(-(num_computed_tokens + num_new_tokens) // self.block_size)
@@ -193,11 +256,12 @@ class BlockManager:
             return True
         if request_id in self._cpu_tables:
             raise ValueError(f"request {request_id!r} is swapped out; swap_in first")
-        shared, hashes = self._match(token_ids) if token_ids is not None else ([], [])
-        if num_computed_tokens != len(shared) * self.block_size:
+        shared, hashes, partial = self._match(token_ids) if token_ids is not None else ([], [], None)
+        cached = len(shared) * self.block_size + (partial[1] if partial else 0)
+        if num_computed_tokens != cached:
             raise ValueError(
                 f"num_computed_tokens={num_computed_tokens} for a new table must equal the "
-                f"cached prefix ({len(shared) * self.block_size} tokens)"
+                f"cached prefix ({cached} tokens)"
             )
         # Cached blocks that are currently free are taken out of the free pool too.
         revived = sum(1 for b in shared if self._ref[b] == 0)
@@ -209,6 +273,9 @@ class BlockManager:
             self._ref[b] += 1
         new_table = list(shared)
         new_table.extend(self._pop_free() for _ in range(need - len(shared)))
+        if partial is not None and partial[0] != new_table[len(shared)]:
+            # (a source evicted into this very table keeps its KV until the forward writes it)
+            self._copies[request_id] = (partial[0], new_table[len(shared)])
         self._tables[request_id] = new_table
         self._hashes[request_id] = hashes
         if token_ids is not None:
@@ -238,6 +305,7 @@ class BlockManager:
             assert h is not None
             del self._block_of_hash[h]
             self._hash_of[block] = None
+            self._unindex(block)
         self._ref[block] = 1
         return block
 
@@ -258,6 +326,7 @@ class BlockManager:
         if table is not None:
             self._release(table)
         self._hashes.pop(request_id, None)
+        self._copies.pop(request_id, None)  # its block may be reused: the copy must not run
         cpu = self._cpu_tables.pop(request_id, None)
         if cpu is not None:
             self._cpu_free.extend(cpu)
@@ -266,13 +335,14 @@ class BlockManager:
     def swap_out(self, request_id: str) -> list[tuple[int, int]] | None:
         """Move the request's KV to the CPU pool: ``[(device_block, cpu_block), ...]``.
 
-        None (nothing changed) if the CPU pool lacks room. The device blocks are released at
-        once (hashed ones stay cached: their content is still valid on the device).
+        None (nothing changed) if the CPU pool lacks room, or if the request's partial-block
+        copy has not run yet (its KV is not in place to swap). The device blocks are released
+        at once (hashed ones stay cached: their content is still valid on the device).
         """
         table = self._tables.get(request_id)
         if table is None:
             raise ValueError(f"request {request_id!r} has no device blocks to swap out")
-        if len(table) > len(self._cpu_free):
+        if len(table) > len(self._cpu_free) or request_id in self._copies:
             return None
         cpu = [self._cpu_free.pop() for _ in table]
         self._cpu_tables[request_id] = cpu
@@ -334,6 +404,9 @@ class BlockManager:
             assert self._hash_of[b] is not None, f"cached free block {b} has no hash"
         for h, b in self._block_of_hash.items():
             assert self._hash_of[b] == h, f"hash table maps to block {b} with another hash"
+        for b, head in self._head_of.items():
+            assert self._hash_of[b] is not None, f"indexed block {b} has no hash"
+            assert b in self._heads[head], f"block {b} missing from its head's bucket"
         hashed = sum(1 for h in self._hash_of if h is not None)
         assert hashed == len(self._block_of_hash), "block hashes and hash table disagree"
         for rid, hashes in self._hashes.items():

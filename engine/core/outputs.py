@@ -38,10 +38,15 @@ class ScheduledRequest:
 
 @dataclass
 class SchedulerOutput:
-    """What the runner must do this step, in this order: swap_out, swap_in, forward."""
+    """What the runner must do this step, in this order: swap_out, copies, swap_in, forward.
+
+    ``copies`` are partial prefix-cache blocks copied into a new request's own block: read
+    all sources, then write all destinations (a source may be another copy's destination).
+    """
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device_block, cpu_block)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (device_block, device_block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu_block, device_block)
     preempted_ids: list[str] = field(default_factory=list)
     # Of ``preempted_ids``, those swapped to the CPU pool -> how many blocks moved; the rest
@@ -58,7 +63,7 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.scheduled or self.swap_out or self.swap_in)
+        return not (self.scheduled or self.swap_out or self.swap_in or self.copies)
 
 
 @dataclass(frozen=True)

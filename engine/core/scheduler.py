@@ -205,7 +205,7 @@ class Scheduler(PreemptionMixin, ForkMixin):
             self._schedule_swapped(plan)
             self._schedule_waiting(plan)
         self._batch_seats = max(self._batch_seats, len(self.running))
-        out = plan.to_output(self._finished_ids)
+        out = plan.to_output(self._finished_ids, self.block_manager.take_copies())
         mode, seats = self.config.batching, self._batch_seats
         out.num_padding_rows = padding_rows(mode, seats, len(self.running))
         self._finished_ids = []

@@ -59,10 +59,11 @@ class StepPlan:
         if sched is not None:
             self.budget += len(sched.token_ids)
 
-    def to_output(self, finished_ids: list[str]) -> SchedulerOutput:
+    def to_output(self, finished_ids: list[str], copies: list[tuple[int, int]]) -> SchedulerOutput:
         return SchedulerOutput(
             scheduled=list(self.scheduled.values()),
             swap_out=self.swap_out,
+            copies=copies,
             swap_in=self.swap_in,
             preempted_ids=self.preempted_ids,
             swapped_out=self.swapped_out,

@@ -101,10 +101,12 @@ class ModelRunner:
         return a.num_layers * 2 * self.block_size * a.num_kv_heads * a.head_dim * elem
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        """Swap out, swap in, then forward and sample the scheduled requests."""
+        """Swap out, copy partial prefix blocks, swap in, then forward and sample."""
         with torch.inference_mode():
             if out.swap_out:
                 self.swap_out(out.swap_out)
+            if out.copies:
+                self.copy_blocks(out.copies)
             if out.swap_in:
                 self.swap_in(out.swap_in)
             if not out.scheduled:
@@ -134,6 +136,13 @@ class ModelRunner:
         src, dst = zip(*pairs, strict=True)
         blocks = self.kv_cache[:, :, torch.tensor(src, device=self.device)]
         self.cpu_cache[:, :, torch.tensor(dst)] = blocks.to("cpu")
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """(source, destination) device blocks: every layer's K and V; all sources are read
+        before any destination is written."""
+        src, dst = zip(*pairs, strict=True)
+        blocks = self.kv_cache[:, :, torch.tensor(src, device=self.device)]
+        self.kv_cache[:, :, torch.tensor(dst, device=self.device)] = blocks
 
     def swap_in(self, pairs: list[tuple[int, int]]) -> None:
         """(cpu_block, device_block) pairs: copy back from the CPU pool."""

@@ -102,6 +102,9 @@ class FakeRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         for dev, cpu in out.swap_out:
             self.cpu[cpu] = list(self.device[dev])
+        sources = [list(self.device[src]) for src, _ in out.copies]  # read all, then write
+        for (_, dst), tokens in zip(out.copies, sources, strict=True):
+            self.device[dst] = tokens
         for cpu, dev in out.swap_in:
             self.device[dev] = list(self.cpu[cpu])
         sampled: dict[str, int] = {}

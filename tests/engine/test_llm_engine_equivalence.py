@@ -179,6 +179,20 @@ def test_tiny_llama_prefix_shared_prompts(tiny_model_dir: Path) -> None:
     assert llm.engine.stats.prefix_cache_hits >= 12 * 15
 
 
+def test_tiny_llama_repeated_prompts_reuse_partial_blocks(
+    tiny_model_dir: Path, tiny_expected: list[list[int]]
+) -> None:
+    """The same prompts again: every one is computed from its last token only (whole blocks
+    shared, the rest copied from the cached block that holds it, the first run's output
+    tokens included), and the output is still transformers'."""
+    prompts = _tiny_prompts()
+    llm = _llm(tiny_model_dir)
+    assert _generate(llm, prompts, TINY_MAX_TOKENS) == tiny_expected
+    hits = llm.engine.stats.prefix_cache_hits
+    assert _generate(llm, prompts, TINY_MAX_TOKENS) == tiny_expected
+    assert llm.engine.stats.prefix_cache_hits - hits == sum(len(p) - 1 for p in prompts)
+
+
 def test_alone_equals_inside_a_mixed_batch_of_32(tiny_model_dir: Path) -> None:
     """Greedy and seeded-sampling requests give the same tokens alone and in a mixed batch."""
     target = _tiny_prompts(16, seed=3)[9]

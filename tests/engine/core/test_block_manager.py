@@ -79,10 +79,75 @@ def test_last_token_is_never_served_from_cache() -> None:
     bm = make_bm(num_blocks=16)
     prompt = list(range(8))  # exactly 2 blocks
     _computed(bm, "a", prompt)
-    assert bm.match_prefix(prompt) == 4  # the block holding the last token is recomputed
+    # the block holding the last token is matched only in part: the last token is computed
+    assert bm.match_prefix(prompt) == 7
     assert bm.match_prefix(prompt[:5]) == 4
-    assert bm.match_prefix(prompt[:4]) == 0
-    assert bm.match_prefix([0, 1, 2, 9, 4, 5, 6, 7, 8]) == 0  # first block differs
+    assert bm.match_prefix(prompt[:4]) == 3
+    assert bm.match_prefix([0, 1, 2, 9, 4, 5, 6, 7, 8]) == 3  # first block differs at its 4th
+
+
+def test_a_partial_match_copies_the_cached_block_into_a_fresh_one() -> None:
+    bm = make_bm(num_blocks=16)
+    _computed(bm, "a", list(range(12)))  # blocks [0..3] [4..7] [8..11], all hashed
+    prompt = [0, 1, 2, 3, 4, 5, 9, 9, 9]
+    assert bm.match_prefix(prompt) == 6  # 1 whole block + 2 tokens of a's second
+    assert bm.allocate_slots("b", 3, 6, prompt)
+    a, b = bm.get_block_ids("a"), bm.get_block_ids("b")
+    assert b[0] == a[0] and b[1] not in a  # shared, then b's own copy
+    assert [bm._ref[x] for x in a] == [2, 1, 1]
+    assert bm.take_copies() == [(a[1], b[1])]
+    assert bm.take_copies() == []  # taken once
+    assert bm.prefix_hit_tokens == 6
+    bm.check_integrity()
+
+
+def test_the_longest_cached_head_wins() -> None:
+    bm = make_bm(num_blocks=16)
+    _computed(bm, "a", [7, 1, 1, 1, 0])
+    _computed(bm, "b", [7, 1, 2, 2, 0])
+    _computed(bm, "c", [7, 1, 2, 3, 0])
+    assert bm.match_prefix([7, 1, 2, 2, 5, 5]) == 4  # b's block, whole
+    assert bm.match_prefix([7, 1, 2, 5, 5]) == 3  # b's or c's head
+    assert bm.match_prefix([7, 1, 5, 5]) == 2
+    assert bm.match_prefix([7, 1, 2, 3]) == 3  # the last token is left to compute
+    assert bm.match_prefix([8, 1, 2, 3]) == 0
+
+
+def test_a_pending_copy_blocks_swap_out_and_dies_with_its_request() -> None:
+    bm = make_bm(num_blocks=16)
+    _computed(bm, "a", [1, 2, 3, 4, 5])
+    assert bm.allocate_slots("b", 2, 3, [1, 2, 3, 9, 9])
+    assert bm.swap_out("b") is None  # its KV is not in place until the copy runs
+    bm.free("b")
+    assert bm.take_copies() == []  # the freed block may go to anyone: no copy into it
+    assert bm.allocate_slots("c", 2, 3, [1, 2, 3, 9, 9])
+    bm.take_copies()
+    assert bm.swap_out("c") is not None  # copied: swaps like any request
+    bm.check_integrity()
+
+
+def test_an_evicted_block_no_longer_matches_in_part() -> None:
+    bm = make_bm(num_blocks=2)
+    _computed(bm, "a", [1, 2, 3, 4, 5])
+    bm.free("a")
+    assert bm.match_prefix([1, 2, 9]) == 2
+    assert bm.allocate_slots("x", 8)  # both blocks: the cached one is evicted
+    assert bm.match_prefix([1, 2, 9]) == 0
+    assert not bm._heads
+    bm.check_integrity()
+
+
+def test_a_source_evicted_into_the_new_table_needs_no_copy() -> None:
+    bm = make_bm(num_blocks=2)
+    _computed(bm, "a", [1, 2, 3, 4, 5])
+    bm.free("a")
+    (src,) = [b for b in range(2) if bm._hash_of[b] is not None]
+    assert bm.allocate_slots("b", 3, 3, [1, 2, 3, 8, 8, 8])  # two fresh blocks: one is src
+    table = bm.get_block_ids("b")
+    copies = bm.take_copies()
+    assert src in table
+    assert copies == ([] if table[0] == src else [(src, table[0])])
+    bm.check_integrity()
 
 
 def test_hash_chain_depends_on_the_parent_block() -> None:

@@ -82,6 +82,32 @@ def test_swaps_run_before_the_forward_in_one_step(tiny_model_dir: Path) -> None:
     assert out.sampled == {"a": int(want.argmax())}
 
 
+def test_a_copied_block_serves_a_partial_prefix_in_order(tiny_model_dir: Path) -> None:
+    """Swap-out, then the partial-prefix copy, then swap-in and the forward, in one step: the
+    swap-out saves the destination's old KV, the copy lands before the forward reads it, and
+    a swap-in into the copy's source comes after the copy has read it."""
+    runner = make_runner(tiny_model_dir, num_blocks=16, num_cpu_blocks=8)
+    prompt = _tokens(10, seed=5)  # blocks of 4: [0..3] [4..7] [8, 9]
+    blocks = BlockTables(16, 4)
+    execute(runner, [chunk("a", prompt, 0, blocks)])
+    a = blocks.tables["a"]
+    dst = blocks.free.pop()
+    old_dst = runner.kv_cache[:, :, dst].clone()
+    source_kv = runner.kv_cache[:, :, a[1]].clone()
+    runner.cpu_cache[:, :, 3] = 7.0  # what the swap-in writes into the source afterwards
+    blocks.tables["b"] = [a[0], dst]  # b: a's first block shared, 2 tokens of the second copied
+    follow = prompt[:6] + _tokens(3, seed=6)
+    out = runner.execute(SchedulerOutput(
+        scheduled=[chunk("b", follow[6:], 6, blocks)],
+        swap_out=[(dst, 5)], copies=[(a[1], dst)], swap_in=[(3, a[1])],
+    ))
+    assert torch.equal(runner.cpu_cache[:, :, 5], old_dst)
+    assert torch.equal(runner.kv_cache[:, :, dst, :2], source_kv[:, :, :2])  # positions 4, 5
+    assert bool((runner.kv_cache[:, :, a[1]] == 7.0).all())
+    want = hf_logits(hf_model(tiny_model_dir), follow)[-1]
+    assert out.sampled == {"b": int(want.argmax())}
+
+
 def test_only_rows_that_sample_get_a_token_and_it_is_greedy(tiny_model_dir: Path) -> None:
     runner = make_runner(tiny_model_dir)
     ref = hf_model(tiny_model_dir)

@@ -59,9 +59,17 @@ DEFAULT_TIER_SLOS: dict[str, TierSLO] = {INTERACTIVE: TierSLO(), BATCH: TierSLO(
 
 # With no explicit TPOT target, interactive's is this multiple of the predicted decode step of
 # a small batch: interactive work alone runs in small batches, and the headroom is what it
-# may lose to the lower tiers' rows sharing its steps (issue 11: TPOT p50 <= 1.3x unloaded).
+# may lose to the lower tiers' rows sharing its steps. The promise is TPOT p50 <= 1.3x
+# unloaded (issue 11, ``TPOT_PROMISE``); the headroom sits below it because the step budget
+# steers the mean step interactive runs in *to* the target, so the measured ratio lands at
+# headroom x (predicted small step / measured alone TPOT) x the budget's own error. Why 1.2:
+# at 1.3 with a predicted 4-row step equal to the alone TPOT (27 ms, once the fast kernels
+# made the fixed part of a step cheap) bench sla measured 1.35 and 1.30 (37 / 36 ms against a
+# 36 ms target); 1.2 leaves ~8 % for that error and the p50's noise, and costs bulk rows
+# beside interactive (the target's excess over the alone step is what they run in).
 SMALL_BATCH_ROWS = 4
-DERIVED_TPOT_HEADROOM = 1.3
+TPOT_PROMISE = 1.3
+DERIVED_TPOT_HEADROOM = 1.2
 
 
 def derived_tpot_target(small_batch_step_s: float) -> float:

@@ -86,6 +86,11 @@ MIN_LOWER_PREFILL_TOKENS = 16
 # requests: ~44 prompt tokens, 32-64 output tokens): what a lower row under the cap costs on
 # top of its decode, on average.
 LOWER_PROMPT_PER_OUTPUT = 1.0
+# The derived target is logged again when it moved this share since last said. Why: it was
+# said once, at the first warm fit, which comes in the start's prompt-heavy steps (bench sla:
+# 71 ms from a predicted 55 ms 4-row step, during the calibration), so a server log could not
+# tell which target a measured TPOT ratio was held to.
+TARGET_LOG_STEP = 0.1
 
 
 class StepBudget:
@@ -109,7 +114,7 @@ class StepBudget:
         self._pending: deque[tuple[int, int, int, float, int]] = deque(maxlen=4096)
         self._remove: Callable[[], None] | None = None
         self.target_s: float | None = None  # the TPOT target in force (None: no data yet)
-        self._target_said = False  # logged once, when the model is no longer cold
+        self._target_said: float | None = None  # the target last logged at info
         self.cap: int | None = None  # the row cap last set on the engine
         self.row_limit: int | None = None  # the batch bound for non-urgent rows (None: none)
         self.lower_ttft_s: float | None = None  # the tightest lower-tier TTFT target
@@ -282,8 +287,10 @@ class StepBudget:
             small = self.model.predict_decode(SMALL_BATCH_ROWS, self.model.mean_kv_per_row())
             target = derived_tpot_target(small)
             how = f"derived from the predicted {SMALL_BATCH_ROWS}-row step, {small * 1000:.0f} ms"
-        if not self._target_said and not self.cold:  # say once what was chosen (a cold
-            self._target_said = True  # model's target is provisional)
+        said = self._target_said
+        if not self.cold and (said is None or abs(target - said) >= said * TARGET_LOG_STEP):
+            # say what was chosen, and again when it moved (a cold model's is provisional)
+            self._target_said = target
             log.info("interactive TPOT target %.0f ms (%s)", target * 1000, how)
         self.target_s = target
         return target

@@ -13,7 +13,12 @@ import redis.asyncio as aioredis
 from engine.core.outputs import ScheduledRequest, SchedulerOutput
 from engine.core.sampling_params import SamplingParams
 from engine.frontend.async_engine import AsyncEngine
-from gateway.worker.step_budget import LOWER_PROMPT_PER_OUTPUT, MIN_LOWER_PREFILL_TOKENS, StepBudget
+from gateway.worker.step_budget import (
+    LOWER_PROMPT_PER_OUTPUT,
+    MIN_LOWER_PREFILL_TOKENS,
+    TARGET_LOG_STEP,
+    StepBudget,
+)
 from gateway.worker.urgent_demand import UrgentDemand
 from gateway.worker.worker import Worker
 from policies.admission import EngineLoad
@@ -114,6 +119,30 @@ def test_a_cold_model_sets_a_provisional_cap_from_the_first_steps(slo: TierSLO) 
     assert not budget.cold and budget.target_s is not None
     assert cap == max(r for r in range(MAX_SEQS + 1)
                       if capped_step(r, kv) <= budget.target_s * (1 + 1e-9))
+
+
+def test_the_derived_target_is_logged_again_when_it_moves(caplog: pytest.LogCaptureFixture
+                                                          ) -> None:
+    """Said at the first warm fit and again only when it moved TARGET_LOG_STEP or more since
+    last said (the first fit comes in the start's prompt steps; the target in force later
+    was not in the log)."""
+    engine = RecordingEngine()
+    budget = StepBudget(engine)  # type: ignore[arg-type]
+    budget.attach()
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("interactive TPOT target")]
+
+    with caplog.at_level("INFO", logger="carpool.worker"):
+        for context, lines in ((200, 1), (200, 1), (210, 1), (2000, 2)):
+            feed(budget, engine, 600, context=context)  # past the window: a new regime
+            budget.update()
+            assert len(said()) == lines, (context, said())
+    small = A + (B + C) * SMALL_BATCH_ROWS + D * SMALL_BATCH_ROWS * budget.model.mean_kv_per_row()
+    assert said()[-1].startswith(f"interactive TPOT target "
+                                 f"{DERIVED_TPOT_HEADROOM * small * 1000:.0f} ms")
+    assert TARGET_LOG_STEP == 0.1  # the 210-token move (~1 %) stayed under it
 
 
 def test_derived_target_gives_the_cap_the_cost_law_implies() -> None:

@@ -7,6 +7,8 @@ best-effort work before batch before interactive.
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 INTERACTIVE = "interactive"
@@ -72,9 +74,30 @@ TPOT_PROMISE = 1.3
 DERIVED_TPOT_HEADROOM = 1.2
 
 
+# The small step the target multiplies is measured when enough were seen: the median seconds
+# of the last SMALL_STEPS_KEPT decode-only steps of exactly SMALL_BATCH_ROWS rows, once there
+# are MIN_SMALL_STEPS of them (before that, the step-cost model's prediction of that step).
+# Why: the four-coefficient fit's 4-row step is an extrapolation from whatever the window
+# holds; within one bench sla server it swung 26-78 ms (the target with it, 32-93 ms, against
+# a 36 ms alone TPOT), and the 32-seat server, fitted on its 32-stream calibration, held
+# 39-45 ms against a 28-32 ms alone TPOT: that row measured 1.43-1.72x alone. Kept however
+# old (a server that runs no 4-row step again keeps the last ones measured).
+SMALL_STEPS_KEPT = 256
+MIN_SMALL_STEPS = 16
+
+
 def derived_tpot_target(small_batch_step_s: float) -> float:
-    """Interactive's default TPOT target from the predicted step of SMALL_BATCH_ROWS rows."""
+    """Interactive's default TPOT target from the step of a small batch (SMALL_BATCH_ROWS)."""
     return DERIVED_TPOT_HEADROOM * small_batch_step_s
+
+
+def measured_small_step(seconds: Sequence[float]) -> float | None:
+    """The median of the kept SMALL_BATCH_ROWS-row decode steps' ``seconds``, or None with
+    fewer than MIN_SMALL_STEPS: the median, because a shared machine's stalls land in single
+    steps and would move a mean."""
+    if len(seconds) < MIN_SMALL_STEPS:
+        return None
+    return statistics.median(seconds)
 
 
 _ALIASES = {"default": INTERACTIVE, "auto": INTERACTIVE, "flex": BATCH, "best_effort": BEST_EFFORT}

@@ -6,8 +6,10 @@ step's ``SchedulerOutput`` and seconds to a bounded deque), and now and then, on
 feeds them to an online step-cost model (``policies.step_cost``), refits it and sets the cap
 to the largest row count whose predicted decode step stays within the target. The target is
 the tier's ``TierSLO.tpot_p99_s`` or, when unset, ``policies.tiers.derived_tpot_target`` of the
-predicted small-batch step. A cap that would allow every seat is lifted (None): with no
-interactive work present the engine applies no cap anyway, so lower tiers keep the whole batch.
+small-batch step: measured (the median of the decode steps of that many rows seen,
+``policies.tiers.measured_small_step``), predicted by the model until enough were seen. A cap
+that would allow every seat is lifted (None): with no interactive work present the engine
+applies no cap anyway, so lower tiers keep the whole batch.
 
 A lower-tier row is priced with its prompt: beside the ``urgent_rows`` interactive rows the
 worker holds, each row under the cap is a lower one that also brings about a prompt token a
@@ -68,8 +70,10 @@ from policies.tiers import (
     DEFAULT_TIER_WEIGHTS,
     INTERACTIVE,
     SMALL_BATCH_ROWS,
+    SMALL_STEPS_KEPT,
     TierSLO,
     derived_tpot_target,
+    measured_small_step,
     tier_priority,
 )
 
@@ -113,6 +117,9 @@ class StepBudget:
         # Steps seen on the step thread, not yet fed to the model (deque: thread-safe ends).
         self._pending: deque[tuple[int, int, int, float, int]] = deque(maxlen=4096)
         self._remove: Callable[[], None] | None = None
+        # seconds of the last decode-only steps of SMALL_BATCH_ROWS rows (the derived target's
+        # reference, ``policies.tiers.measured_small_step``); filled in ``plan``
+        self._small_steps: deque[float] = deque(maxlen=SMALL_STEPS_KEPT)
         self.target_s: float | None = None  # the TPOT target in force (None: no data yet)
         self._target_said: float | None = None  # the target last logged at info
         self.cap: int | None = None  # the row cap last set on the engine
@@ -206,7 +213,11 @@ class StepBudget:
         pending steps: safe off the event loop."""
         pending = self._pending
         while pending:
-            self.model.observe(*pending.popleft())
+            step = pending.popleft()
+            self.model.observe(*step)
+            rows, _, _, seconds, prefill_rows = step
+            if not prefill_rows and rows == SMALL_BATCH_ROWS:
+                self._small_steps.append(seconds)
         if not self.model.num_samples:
             return None  # no step seen yet
         self.model.fit()  # cold (under min_samples): the per-row mean, a provisional cap
@@ -284,9 +295,16 @@ class StepBudget:
         if self.slo.tpot_p99_s is not None:
             target, how = self.slo.tpot_p99_s, "configured"
         else:
-            small = self.model.predict_decode(SMALL_BATCH_ROWS, self.model.mean_kv_per_row())
+            measured = measured_small_step(self._small_steps)
+            if measured is not None:
+                small = measured
+                how = (f"derived from the measured {SMALL_BATCH_ROWS}-row step, "
+                       f"{small * 1000:.0f} ms, median of {len(self._small_steps)}")
+            else:
+                small = self.model.predict_decode(SMALL_BATCH_ROWS, self.model.mean_kv_per_row())
+                how = (f"derived from the predicted {SMALL_BATCH_ROWS}-row step, "
+                       f"{small * 1000:.0f} ms")
             target = derived_tpot_target(small)
-            how = f"derived from the predicted {SMALL_BATCH_ROWS}-row step, {small * 1000:.0f} ms"
         said = self._target_said
         if not self.cold and (said is None or abs(target - said) >= said * TARGET_LOG_STEP):
             # say what was chosen, and again when it moved (a cold model's is provisional)

@@ -9,12 +9,14 @@ import pytest
 from policies.tiers import (
     DEFAULT_TIER_SLOS,
     DERIVED_TPOT_HEADROOM,
+    MIN_SMALL_STEPS,
     QUEUE,
     SHED,
     TIERS,
     TPOT_PROMISE,
     TierSLO,
     derived_tpot_target,
+    measured_small_step,
 )
 
 
@@ -54,3 +56,13 @@ def test_overload_action_is_shed_or_queue() -> None:
             TierSLO(action=bad)
     with pytest.raises(ValueError):
         TierSLO(ttft_p99_s=True)  # type: ignore[arg-type]  (a bool is not seconds)
+
+
+def test_the_measured_small_step_is_the_median_once_enough_were_seen() -> None:
+    assert MIN_SMALL_STEPS == 16
+    assert measured_small_step([0.03] * 15) is None
+    # 16 steps, two stalls: the median ignores them (the mean would be 0.1)
+    steps = [0.030, 0.031, 0.029, 0.032] * 3 + [0.028, 0.033, 0.5, 0.4]
+    ordered = sorted(steps)
+    assert measured_small_step(steps) == pytest.approx((ordered[7] + ordered[8]) / 2)
+    assert measured_small_step(steps) == pytest.approx(0.031)

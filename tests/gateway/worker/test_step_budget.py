@@ -129,20 +129,52 @@ def test_the_derived_target_is_logged_again_when_it_moves(caplog: pytest.LogCapt
     engine = RecordingEngine()
     budget = StepBudget(engine)  # type: ignore[arg-type]
     budget.attach()
+    observe = engine.observers[0]
 
     def said() -> list[str]:
         return [r.getMessage() for r in caplog.records
                 if r.getMessage().startswith("interactive TPOT target")]
 
     with caplog.at_level("INFO", logger="carpool.worker"):
-        for context, lines in ((200, 1), (200, 1), (210, 1), (2000, 2)):
-            feed(budget, engine, 600, context=context)  # past the window: a new regime
+        feed(budget, engine, 200)  # warm; two 4-row decode steps among them
+        budget.update()
+        assert len(said()) == 1 and "predicted 4-row step" in said()[0]
+        # measured 4-row steps: 50 ms, then 50.5 (the median moves ~1 %), then 100 ms
+        for seconds, count, lines in ((0.05, 16, 2), (0.0505, 16, 2), (0.1, 300, 3)):
+            for _ in range(count):
+                observe(synthetic_step(SMALL_BATCH_ROWS, 200)[0], seconds)
             budget.update()
-            assert len(said()) == lines, (context, said())
-    small = A + (B + C) * SMALL_BATCH_ROWS + D * SMALL_BATCH_ROWS * budget.model.mean_kv_per_row()
-    assert said()[-1].startswith(f"interactive TPOT target "
-                                 f"{DERIVED_TPOT_HEADROOM * small * 1000:.0f} ms")
-    assert TARGET_LOG_STEP == 0.1  # the 210-token move (~1 %) stayed under it
+            assert len(said()) == lines, (seconds, said())
+    assert said()[1].startswith(f"interactive TPOT target {DERIVED_TPOT_HEADROOM * 50:.0f} ms")
+    assert said()[2] == (f"interactive TPOT target {DERIVED_TPOT_HEADROOM * 100:.0f} ms "
+                         "(derived from the measured 4-row step, 100 ms, median of 256)")
+    assert TARGET_LOG_STEP == 0.1  # the ~1 % move stayed under it
+
+
+def test_the_derived_target_follows_the_measured_small_step() -> None:
+    """Once MIN_SMALL_STEPS decode-only steps of SMALL_BATCH_ROWS rows were seen, the target
+    is the headroom over their median, not the model's prediction; steps of other sizes or
+    with a prompt do not count."""
+    engine = RecordingEngine()
+    budget = StepBudget(engine)  # type: ignore[arg-type]
+    budget.attach()
+    feed(budget, engine, 200)
+    budget.update()
+    predicted = budget.target_s
+    assert predicted is not None
+    observe = engine.observers[0]
+    # 15 measured 4-row decode steps (one short), plus others that must not count
+    for i in range(15):
+        observe(synthetic_step(SMALL_BATCH_ROWS, 200)[0], 0.1 + 0.001 * i)
+    for rows, prefill in ((SMALL_BATCH_ROWS - 1, 0), (SMALL_BATCH_ROWS + 1, 0),
+                          (SMALL_BATCH_ROWS - 1, 20)):
+        for _ in range(30):
+            observe(synthetic_step(rows, 200, prefill=prefill)[0], 0.9)
+    budget.update()  # feed() brought 2 4-row decode steps of the true law: 17 now
+    small = budget._small_steps
+    assert len(small) == 17
+    assert budget.target_s == pytest.approx(DERIVED_TPOT_HEADROOM * sorted(small)[8])
+    assert budget.target_s != pytest.approx(predicted)
 
 
 def test_derived_target_gives_the_cap_the_cost_law_implies() -> None:

@@ -39,6 +39,11 @@ _SOURCE = VEXP + r"""
 #if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
 #endif
+// The combined stack (kernels.cpu_decode_layers) runs this loop on the small-batch op's
+// spinning pool instead of OpenMP; alone it is at::parallel_for.
+#ifndef CP_PARALLEL_FOR
+#define CP_PARALLEL_FOR at::parallel_for
+#endif
 
 #if defined(__AVX512F__)
 #define CP_W 16
@@ -256,7 +261,7 @@ static void decode_all(const float* qp, const float* kc, const float* vc, const 
   const int64_t T = tokens < 1024 ? 1 : std::min<int64_t>(at::get_num_threads(), NB);
   std::vector<float> part(T * 2 * P);
   std::vector<int64_t> part_row(T * 2, -1);
-  at::parallel_for(0, T, 1, [&](int64_t k0, int64_t k1) {
+  CP_PARALLEL_FOR(0, T, 1, [&](int64_t k0, int64_t k1) {
     std::vector<float> s;
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t g0 = NB * k / T, g1 = NB * (k + 1) / T;

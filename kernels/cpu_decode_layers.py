@@ -139,10 +139,12 @@ class DecodeLayers {
   }
 
  private:
-  // the stack's last linear lets the pool's worker sleep at once: the LM head that follows
-  // runs on the standalone op's pool, and a worker spinning here would take its core
+  // Every op of the stack runs on this pool, so its workers spin between them at any row
+  // count (no OpenMP region wants their core, and no linear pays a futex wake). The last
+  // linear lets them sleep at once: the LM head that follows runs on the standalone op's pool,
+  // and a worker spinning here would take its core.
   static torch::Tensor linear(const torch::Tensor& x, const Layer& l, int k, bool last) {
-    return small_linear::linear_spin(x, l.w[k], maybe(l.b[k]), l.n[k], !last);
+    return small_linear::linear_on_pool(x, l.w[k], maybe(l.b[k]), l.n[k], !last);
   }
 
   std::vector<Layer> layers_;
@@ -168,6 +170,8 @@ def _source() -> str:
     parts = [
         _PRELUDE,
         "namespace small_linear {", cpu_small_linear.OPS.source, "}  // namespace small_linear",
+        # the layer ops' and attention's parallel loops run on the linears' pool, not OpenMP
+        "#define CP_PARALLEL_FOR small_linear::pool_parallel_for",
         "namespace decode {", cpu_decode.OPS.source, "}  // namespace decode",
         # the layer ops' own build has -ffp-contract=off: keep it for their functions only
         "#pragma GCC push_options", '#pragma GCC optimize("fp-contract=off")',

@@ -33,6 +33,11 @@ _SOURCE = VEXP + r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <cmath>
+// The combined stack (kernels.cpu_decode_layers) runs these loops on the small-batch op's
+// spinning pool instead of OpenMP; alone they are at::parallel_for.
+#ifndef CP_PARALLEL_FOR
+#define CP_PARALLEL_FOR at::parallel_for
+#endif
 
 static void check_rows(const torch::Tensor& x, int64_t dim, const char* what) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.device().is_cpu(), what, ": fp32 CPU only");
@@ -41,7 +46,7 @@ static void check_rows(const torch::Tensor& x, int64_t dim, const char* what) {
 
 static void norm_rows(const float* x, const float* res, const float* w, float* out, float* sum,
                       int64_t T, int64_t H, int64_t sx, int64_t sr, double eps) {
-  at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
+  CP_PARALLEL_FOR(0, T, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* xr = x + t * sx;
       const float* src = xr;
@@ -94,7 +99,7 @@ static void rotate(const torch::Tensor& x, torch::Tensor& out, const int64_t* po
   const int64_t st = x.stride(0), sh = x.stride(1);
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
+  CP_PARALLEL_FOR(0, T, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* c = cs + pos[t] * D;
       const float* s = c + half;
@@ -138,7 +143,7 @@ torch::Tensor silu_mul(torch::Tensor x) {
   auto out = torch::empty({T, n}, x.options());
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+  CP_PARALLEL_FOR(0, T, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* g = xp + t * sx;
       const float* u = g + n;

@@ -276,10 +276,12 @@ torch::Tensor pack(torch::Tensor weight) {
   return packed;
 }
 
-// may_spin false: the workers sleep at once after this call (kernels.cpu_decode_layers' last
-// linear of a step, followed by work on another pool)
-torch::Tensor linear_spin(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
-                          int64_t N, bool may_spin) {
+// spin: whether the workers spin for the next task after this call (false: they sleep at once).
+// Called from Python (linear_spin) that is only after decode-sized calls; the combined stack
+// (kernels.cpu_decode_layers), whose ops between linears run on this pool too, spins at any
+// row count but after its last linear, which work on another pool follows.
+static torch::Tensor linear_on_pool(torch::Tensor x, torch::Tensor packed,
+                                    c10::optional<torch::Tensor> bias, int64_t N, bool spin) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.device().is_cpu() &&
               x.stride(1) == 1, "small linear: x [M, K] fp32 CPU, contiguous rows");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == CP_TILE && packed.is_contiguous() &&
@@ -301,16 +303,54 @@ torch::Tensor linear_spin(torch::Tensor x, torch::Tensor packed, c10::optional<t
   const int64_t chunk = std::max<int64_t>(1, tiles / (4 * n));
   Job job{x.data_ptr<float>(), x.stride(0), packed.data_ptr<float>(), bp, out.data_ptr<float>(),
           M, K, N, tiles, chunk};
+  run(n, job_part, &job, spin);
+  return out;
+}
+
+// may_spin false: the workers sleep at once after this call
+torch::Tensor linear_spin(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
+                          int64_t N, bool may_spin) {
   // Spin only after decode-sized calls: in a step of more rows the ops between two linears
   // (norms, SiLU-mul, attention) run OpenMP regions of their own, and a spinning worker took
   // the core their second thread needed (offline seed run: 429 -> 174 tok/s).
-  run(n, job_part, &job, may_spin && M <= CP_SPIN_ROWS);
-  return out;
+  return linear_on_pool(x, packed, bias, N, may_spin && x.size(0) <= CP_SPIN_ROWS);
 }
 
 torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch::Tensor> bias,
                      int64_t N) {
   return linear_spin(x, packed, bias, N, true);
+}
+
+// ---- at::parallel_for's contract on this pool (kernels.cpu_decode_layers) ------------------
+// f(begin, end) over chunks of [begin, end) of at least `grain`, inline when the range is one
+// grain or one thread runs. Chunks are claimed as in job_part; f must not care which thread
+// runs a chunk (the layer ops' loops do not: each index is computed alike wherever it runs).
+template <class F>
+struct ForJob {
+  const F* f;
+  int64_t end, chunk;
+  std::atomic<int64_t> next;
+};
+
+template <class F>
+static void for_part(void* ctx) {
+  ForJob<F>& j = *static_cast<ForJob<F>*>(ctx);
+  for (;;) {
+    const int64_t b = j.next.fetch_add(j.chunk, std::memory_order_relaxed);
+    if (b >= j.end) return;
+    (*j.f)(b, std::min(b + j.chunk, j.end));
+  }
+}
+
+template <class F>
+void pool_parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+  if (end <= begin) return;
+  const int n = threads_now();
+  if (n <= 1 || end - begin <= std::max<int64_t>(grain, 1)) { f(begin, end); return; }
+  const int64_t chunk = std::max<int64_t>(std::max<int64_t>(grain, 1),
+                                          (end - begin + 4 * n - 1) / (4 * n));
+  ForJob<F> job{&f, end, chunk, {begin}};
+  run(n, for_part<F>, &job, true);  // the stack's workers spin between its ops
 }
 """
 

@@ -78,10 +78,11 @@ DERIVED_TPOT_HEADROOM = 1.2
 # of the last SMALL_STEPS_KEPT decode-only steps of exactly SMALL_BATCH_ROWS rows, once there
 # are MIN_SMALL_STEPS of them (before that, the step-cost model's prediction of that step).
 # Why: the four-coefficient fit's 4-row step is an extrapolation from whatever the window
-# holds; within one bench sla server it swung 26-78 ms (the target with it, 32-93 ms, against
+# holds; within one bench sla server it swung 27-77 ms (the target with it, 32-93 ms, against
 # a 36 ms alone TPOT), and the 32-seat server, fitted on its 32-stream calibration, held
-# 39-45 ms against a 28-32 ms alone TPOT: that row measured 1.43-1.72x alone. Kept however
-# old (a server that runs no 4-row step again keeps the last ones measured).
+# 39-45 ms against alone TPOTs of 28-36 ms: that row measured 1.43-1.72x alone in four of six
+# runs; with the measured step, 0.98-1.15 in three. Kept however old (a server that runs no
+# 4-row step again keeps the last ones measured).
 SMALL_STEPS_KEPT = 256
 MIN_SMALL_STEPS = 16
 

@@ -22,8 +22,7 @@ step's start).
 Contract: ``DecodeLayers(layers, final_norm, ...)`` binds a stack to its weights (each linear
 as the small-batch op packs it; raises when the op is not built;
 ``engine.models.cpu_decode_step.stack_for`` binds the model's). ``forward(x [R, H], step,
-kv_caches)`` takes the embedded tokens of a step of at most ``cpu_small_linear.MAX_ROWS``
-tokens and the step's prepared metadata (``engine.models.cpu_decode_step.CpuDecodeStep``: one
+kv_caches)`` takes the embedded tokens of a step of at most ``MAX_TOKENS`` tokens and the step's prepared metadata (``engine.models.cpu_decode_step.CpuDecodeStep``: one
 attention row a token, so a prompt token attends as a decode row of its own) and returns the final-norm hidden states
 [R, H], writing each layer's new K and V into its cache, exactly as the model's forward would.
 """
@@ -41,6 +40,14 @@ from kernels.cpu_ext import FLAGS, CppOps
 
 if TYPE_CHECKING:
     from engine.models.cpu_decode_step import CpuDecodeStep
+
+# Steps of up to this many tokens run here, their linears on the small-batch op at any row
+# count up to it. Past the small op's own routing limit (cpu_small_linear.MAX_ROWS, set for
+# linears called one by one between OpenMP regions) the stack still wins, because nothing in
+# it wakes a sleeping thread: decode steps on 2 AVX2 cores (step_profile, whole step), stack
+# against the per-op path: 48 rows 127 vs 163 ms, 64 rows 156 vs 178, 96 rows 221 vs 238,
+# 128 rows 330 vs 318 (there the small op's re-reads of a step's rows, past L2, cost more).
+MAX_TOKENS = 96
 
 # Every header the three sources include, outside any namespace: their own #include lines,
 # inside the namespaces below, then find them already included.

@@ -10,10 +10,11 @@ checks and conversions run once per step (``prepare``) and every layer calls the
 Contract: ``prepare(model, input_ids, positions, kv_caches, meta)`` returns a ``CpuDecodeStep``
 only when the step can take this path: fp32 CPU weights and caches (contiguous), the C++ ops
 built, Triton not forced, and one token per row (a pure decode step) or at most
-``kernels.cpu_small_linear.MAX_ROWS`` tokens in all; otherwise None and the model runs its
-general path. In a step with prompt tokens each token attends as a decode row of its own: its
-request's block table, context = its position + 1 (the step writes every new token's K and V
-before any attention reads, so that is causal attention over the cached prefix and the chunk);
+``kernels.cpu_small_linear.MAX_ROWS`` tokens in all (``kernels.cpu_decode_layers.MAX_TOKENS``
+where the whole-stack op is bound); otherwise None and the model runs its general path. In a
+step with prompt tokens each token attends as a decode row of its own: its request's block
+table, context = its position + 1 (the step writes every new token's K and V before any
+attention reads, so that is causal attention over the cached prefix and the chunk);
 a prompt of a few tokens then costs its linears on the small-batch op and no SDPA setup
 (a 35-token prompt step: ~100-160 ms on the general path, 2 AVX2 cores, most of it OpenMP
 wakes under PASSIVE). On a pure decode step ``layer_forward`` gives the same bits as
@@ -21,8 +22,8 @@ wakes under PASSIVE). On a pure decode step ``layer_forward`` gives the same bit
 tokens, SDPA's numbers up to rounding (tests/engine/models/test_cpu_decode_step.py). Its ``stack`` is the whole
 decoder stack in one C++ call (``kernels.cpu_decode_layers``, the same ops again, so the same
 bits) where the model's linears have the small-batch op's weights and the step has at most
-``kernels.cpu_small_linear.MAX_ROWS`` rows; the model then runs ``stack.forward`` instead of
-its layers.
+``kernels.cpu_decode_layers.MAX_TOKENS`` tokens; the model then runs ``stack.forward`` instead
+of its layers.
 """
 
 from __future__ import annotations
@@ -103,11 +104,12 @@ def prepare(
     weight, cache = model.embed_tokens.weight, kv_caches[0][0]
     forced = getattr(model.layers[0].self_attn, "triton", None) is True
     tokens, rows = input_ids.shape[0], meta.seq_lens.shape[0]
-    small = tokens <= cpu_small_linear.MAX_ROWS
     if (weight.dtype != torch.float32 or weight.device.type != "cpu"
-            or cache.dtype != torch.float32 or not cache.is_contiguous() or forced
-            or (tokens != rows and not small)):  # a long prompt step: SDPA's path
+            or cache.dtype != torch.float32 or not cache.is_contiguous() or forced):
         return None
+    stack = stack_for(model) if tokens <= cpu_decode_layers.MAX_TOKENS else None
+    if tokens != rows and stack is None and tokens > cpu_small_linear.MAX_ROWS:
+        return None  # a long prompt step: SDPA's path
     block_tables, seq_lens = meta.block_tables, meta.seq_lens
     if tokens != rows:  # prompt tokens: each attends as a decode row of its own (see above)
         counts = (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).to(torch.int64)
@@ -117,7 +119,7 @@ def prepare(
         layer_ops, decode_op, positions.to(torch.int64).contiguous(),
         meta.slot_mapping.to(torch.int64).contiguous(),
         block_tables.to(torch.int32).contiguous(), seq_lens.to(torch.int32).contiguous(),
-        model.cos_sin.contiguous(), stack_for(model) if small else None,
+        model.cos_sin.contiguous(), stack,
     )
 
 

@@ -1,6 +1,7 @@
 """kernels.cpu_decode_layers: the whole decoder stack in one C++ call gives the same bits as
 the same ops called one by one from Python (engine.models.cpu_decode_step.layer_forward), at 1
-to 32 rows, on one and two threads, with contexts short and long enough (>= 1024 tokens in the
+to 64 rows (past 32 the per-op path's linears are routed to the small-batch op too, as the
+stack's are), on one and two threads, with contexts short and long enough (>= 1024 tokens in the
 step) that decode attention splits rows across threads; and it is bound only where it
 applies."""
 
@@ -14,7 +15,7 @@ import torch
 
 from engine.models import cpu_decode_step
 from engine.runner.model_runner import ModelRunner
-from kernels import cpu_decode_layers
+from kernels import cpu_decode_layers, cpu_small_linear
 from tests.engine.runner.helpers import BlockTables, chunk, make_runner
 
 pytestmark = pytest.mark.skipif(not cpu_decode_layers.available(),
@@ -37,6 +38,9 @@ def _decode_hidden(runner: ModelRunner, contexts: list[int], seed: int) -> dict[
         out = {}
         for mode in ("stack", "per-op"):
             with pytest.MonkeyPatch.context() as m:
+                # the per-op path routes a linear of over MAX_ROWS rows to oneDNN; the stack
+                # runs every linear on the small op: compare like with like
+                m.setattr(cpu_small_linear, "MAX_ROWS", cpu_decode_layers.MAX_TOKENS)
                 if mode == "per-op":
                     m.setattr(cpu_decode_step, "stack_for", lambda model: None)
                 fast = cpu_decode_step.prepare(model, step.input_ids, step.positions,
@@ -47,12 +51,13 @@ def _decode_hidden(runner: ModelRunner, contexts: list[int], seed: int) -> dict[
 
 
 @pytest.mark.parametrize("n_threads", [1, 2])
-@pytest.mark.parametrize("contexts", [[7], [3, 40, 1100], [5 + 3 * i for i in range(32)]],
-                         ids=["1 row", "3 rows, 1143 tokens", "32 rows"])
+@pytest.mark.parametrize("contexts", [[7], [3, 40, 1100], [5 + 3 * i for i in range(32)],
+                                      [4 + i for i in range(64)]],
+                         ids=["1 row", "3 rows, 1143 tokens", "32 rows", "64 rows"])
 def test_tiny_model_same_bits_as_per_op_path(tiny_model_dir: Path, contexts: list[int],
                                              n_threads: int, threads: None) -> None:
     torch.set_num_threads(n_threads)
-    runner = make_runner(tiny_model_dir, "float32", block_size=16, num_blocks=160)
+    runner = make_runner(tiny_model_dir, "float32", block_size=16, num_blocks=400)
     out = _decode_hidden(runner, contexts, seed=len(contexts))
     assert out["stack"].shape == (len(contexts), runner.args.hidden_size)
     assert torch.equal(out["stack"], out["per-op"])

@@ -131,14 +131,24 @@ def test_the_stack_op_is_built_wherever_its_three_ops_are() -> None:
         assert cpu_decode_layers.available()
 
 
-def test_a_prompt_step_over_max_rows_keeps_the_general_path(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("with_stack", [True, False])
+def test_a_long_prompt_step_keeps_the_general_path(tiny_model_dir: Path, with_stack: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt step goes direct up to the stack's MAX_TOKENS (the per-op path's MAX_ROWS
+    where no stack is bound), and to SDPA's general path past it."""
     runner = make_runner(tiny_model_dir, "float32")
     blocks = BlockTables(runner.num_blocks, runner.block_size, seed=1)
-    for n, direct in ((cpu_small_linear.MAX_ROWS, True), (cpu_small_linear.MAX_ROWS + 1, False)):
+    if not with_stack:
+        monkeypatch.setattr(cpu_decode_step, "stack_for", lambda model: None)
+    elif not cpu_decode_layers.available():
+        pytest.skip("whole-stack op not built")
+    limit = cpu_decode_layers.MAX_TOKENS if with_stack else cpu_small_linear.MAX_ROWS
+    for n, direct in ((limit, True), (limit + 1, False)):
         step = runner.prepare_inputs([chunk(f"r{n}", list(range(3, 3 + n)), 0, blocks)])
         fast = cpu_decode_step.prepare(runner.model, step.input_ids, step.positions,
                                        runner.kv_caches, step.meta)
         assert (fast is not None) == direct, n
+        assert fast is None or (fast.stack is not None) == with_stack
 
 
 def test_direct_path_close_to_transformers(tiny_model_dir: Path,

@@ -280,8 +280,8 @@ torch::Tensor pack(torch::Tensor weight) {
 // Called from Python (linear_spin) that is only after decode-sized calls; the combined stack
 // (kernels.cpu_decode_layers), whose ops between linears run on this pool too, spins at any
 // row count but after its last linear, which work on another pool follows.
-static torch::Tensor linear_on_pool(torch::Tensor x, torch::Tensor packed,
-                                    c10::optional<torch::Tensor> bias, int64_t N, bool spin) {
+torch::Tensor linear_on_pool(torch::Tensor x, torch::Tensor packed,
+                             c10::optional<torch::Tensor> bias, int64_t N, bool spin) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.device().is_cpu() &&
               x.stride(1) == 1, "small linear: x [M, K] fp32 CPU, contiguous rows");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == CP_TILE && packed.is_contiguous() &&
@@ -356,7 +356,7 @@ void pool_parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
 
 OPS = CppOps("carpool_cpu_small_linear",
              f"#define CP_SPIN_US {SPIN_US}\n#define CP_SPIN_ROWS {SPIN_ROWS}\n" + _SOURCE,
-             ("pack", "linear"))
+             ("pack", "linear", "linear_on_pool"))
 
 
 def available() -> bool:
@@ -377,6 +377,14 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
     out: torch.Tensor = _ops().linear(x, packed, bias, n)
+    return out
+
+
+def linear_on_pool(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int,
+                   spin: bool) -> torch.Tensor:
+    """``linear`` with the workers' spin chosen by the caller at any row count (the
+    whole-stack op's linears, for benchmarks that time them as it runs them)."""
+    out: torch.Tensor = _ops().linear_on_pool(x, packed, bias, n, spin)
     return out
 
 

@@ -1,7 +1,7 @@
 """The linear-only ceiling of a run: what its steps would cost if they were only the model's
 linear layers, run by the engine's own kernels on the model's own weights.
 
-Contract: ``linear_ops(model)`` lists the loaded model's linears in forward order (each layer's
+Contract: ``linear_ops(model, tokens)`` lists the loaded model's linears in forward order (each layer's
 qkv, o, gate_up, down; then the LM head) with their shapes; ``linear_seconds(model, tokens,
 head_rows)`` times one pass of all of them (best of ``repeats``) on random inputs of ``tokens``
 rows (``head_rows`` for the LM head, which only runs on the rows that sample) and returns the
@@ -28,7 +28,11 @@ from typing import Any
 
 import torch
 
+from engine.models import cpu_decode_step
 from engine.models.llama import LlamaForCausalLM
+from kernels import cpu_small_linear
+from kernels.cpu_decode_layers import MAX_TOKENS
+from kernels.cpu_linear import OneDNNLinear
 
 
 @dataclass(frozen=True)
@@ -40,19 +44,32 @@ class LinearOp:
     is_head: bool = False
 
 
-def linear_ops(model: LlamaForCausalLM) -> list[LinearOp]:
-    """The model's linears in forward order: what one forward's matmuls are."""
+def linear_ops(model: LlamaForCausalLM, tokens: int = 1) -> list[LinearOp]:
+    """The model's linears in forward order: what one forward's matmuls are, at ``tokens``
+    rows as the engine runs them (a step the whole-stack op takes runs its layers' linears on
+    the small-batch op with the workers spinning between them, at any row count up to
+    ``kernels.cpu_decode_layers.MAX_TOKENS``)."""
+    in_stack = tokens <= MAX_TOKENS and cpu_decode_step.stack_for(model) is not None
     ops: list[LinearOp] = []
     for i, layer in enumerate(model.layers):
         for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
             # nn.Linear, OneDNNLinear or an int8 dynamic linear: all carry these two sizes
             mod: Any = layer.get_submodule(name)
-            ops.append(LinearOp(f"layers.{i}.{name}", mod.in_features, mod.out_features, mod))
+            fn = _stack_linear(mod) if in_stack else mod
+            ops.append(LinearOp(f"layers.{i}.{name}", mod.in_features, mod.out_features, fn))
     a = model.args
     # compute_logits: the packed head where routed, else F.linear on the (tied) weight
     ops.append(LinearOp("lm_head", a.hidden_size, a.vocab_size, model.compute_logits,
                         is_head=True))
     return ops
+
+
+def _stack_linear(mod: OneDNNLinear) -> Callable[[torch.Tensor], torch.Tensor]:
+    def run(x: torch.Tensor) -> torch.Tensor:
+        assert mod.small is not None  # stack_for binds only small-batch weights
+        return cpu_small_linear.linear_on_pool(x, mod.small, mod.bias, mod.out_features, True)
+
+    return run
 
 
 def linear_flops(ops: Iterable[LinearOp], tokens: int, head_rows: int) -> float:
@@ -64,7 +81,7 @@ def linear_seconds(
     model: LlamaForCausalLM, tokens: int, head_rows: int, repeats: int = 2
 ) -> tuple[float, float]:
     """Best time of one pass over every linear at these row counts, and its FLOPs."""
-    ops = linear_ops(model)
+    ops = linear_ops(model, tokens)
     dtype = model.embed_tokens.weight.dtype
     rows = {op.name: head_rows if op.is_head else tokens for op in ops}
     # one input per op: activations are small and a step's sit in cache too

@@ -12,8 +12,11 @@ import pytest
 import torch
 
 from engine.bench.ceiling import linear_ceiling, linear_flops, linear_ops, linear_seconds
+from engine.models import cpu_decode_step
 from engine.models.llama import LlamaForCausalLM
 from engine.runner.loader import load_hf_config
+from kernels import cpu_small_linear
+from kernels.cpu_decode_layers import MAX_TOKENS
 from tests.engine.runner.helpers import make_runner
 
 
@@ -27,13 +30,26 @@ def _config_shapes(cfg: Any) -> list[tuple[int, int]]:
     return layer * cfg.num_hidden_layers + [(h, cfg.vocab_size)]
 
 
-def _record_calls(model: LlamaForCausalLM) -> list[tuple[str, int, int]]:
-    """(module name, input rows, output width) of every linear forward and LM-head call."""
+def _record_calls(model: LlamaForCausalLM,
+                  monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+    """(module name, input rows, output width) of every linear forward and LM-head call,
+    and of every call of the small-batch op as the whole-stack op runs it (named by its
+    packed weight)."""
     calls: list[tuple[str, int, int]] = []
+    by_weight: dict[int, str] = {}
     for name, mod in model.named_modules():
         if name.endswith(("qkv_proj", "o_proj", "gate_up_proj", "down_proj")):
             mod.register_forward_hook(
                 lambda _m, inp, out, n=name: calls.append((n, inp[0].shape[0], out.shape[-1])))
+            by_weight[id(getattr(mod, "small", None))] = name
+    on_pool = cpu_small_linear.linear_on_pool
+
+    def pooled(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int,
+               spin: bool) -> torch.Tensor:
+        calls.append((by_weight[id(packed)], x.shape[0], n))
+        return on_pool(x, packed, bias, n, spin)
+
+    monkeypatch.setattr(cpu_small_linear, "linear_on_pool", pooled)
     head = model.compute_logits
 
     def counted(x: torch.Tensor) -> torch.Tensor:
@@ -60,12 +76,20 @@ def test_ops_are_the_model_linears_and_flops_a_plain_count(tiny_model_dir: Path,
     assert flops == expected
 
 
+@pytest.mark.parametrize("tokens", [5, MAX_TOKENS + 1], ids=["in the stack", "past it"])
 def test_timing_pass_calls_each_linear_once_per_repeat_at_the_asked_rows(
-        tiny_model_dir: Path) -> None:
+        tiny_model_dir: Path, tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
     model = make_runner(tiny_model_dir, "float32").model
-    calls = _record_calls(model)
-    seconds, _ = linear_seconds(model, 5, 2, repeats=3)
+    calls = _record_calls(model, monkeypatch)
+    pooled: list[int] = []
+    original = cpu_small_linear.linear_on_pool
+    monkeypatch.setattr(cpu_small_linear, "linear_on_pool",
+                        lambda *a: pooled.append(1) or original(*a))
+    seconds, _ = linear_seconds(model, tokens, 2, repeats=3)
     assert seconds > 0
+    # a step the whole-stack op takes times its linears as the stack runs them
+    stack = cpu_decode_step.stack_for(model) is not None and tokens <= MAX_TOKENS
+    assert len(pooled) == (3 * 4 * len(model.layers) if stack else 0)
     n_layers = len(model.layers)
     assert len(calls) == 3 * (4 * n_layers + 1)
     one_pass = calls[: 4 * n_layers + 1]
@@ -73,13 +97,13 @@ def test_timing_pass_calls_each_linear_once_per_repeat_at_the_asked_rows(
                                             "layers.0.mlp.gate_up_proj", "layers.0.mlp.down_proj"]
     shapes = _config_shapes(load_hf_config(tiny_model_dir))
     assert [(rows, width) for _, rows, width in one_pass] == (
-        [(5, n) for _, n in shapes[:-1]] + [(2, shapes[-1][1])])
+        [(tokens, n) for _, n in shapes[:-1]] + [(2, shapes[-1][1])])
 
 
 def test_ceiling_times_each_distinct_step_once_and_skips_an_absent_head(
-        tiny_model_dir: Path) -> None:
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = make_runner(tiny_model_dir, "float32").model
-    calls = _record_calls(model)
+    calls = _record_calls(model, monkeypatch)
     # a prefill chunk that samples nothing (head rows 0) and two equal decode steps
     tok_s = linear_ceiling(model, [(6, 0), (2, 2), (2, 2)], useful_tokens=4, repeats=1)
     assert math.isfinite(tok_s) and tok_s > 0

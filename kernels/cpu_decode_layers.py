@@ -60,6 +60,7 @@ _PRELUDE = r"""
 #include <climits>
 #include <cstdlib>
 #include <cmath>
+#include <exception>
 #include <thread>
 #include <vector>
 #include <linux/futex.h>
@@ -142,6 +143,7 @@ class DecodeLayers {
       residual = hr[1];
       x = linear(layer_ops::silu_mul(linear(hr[0], l, 2, false)), l, 3, last);
     }
+    small_linear::SerialLoops serial;  // the workers sleep since the last linear: keep it so
     return layer_ops::add_rms_norm(x, residual, final_norm_, final_eps_)[0];
   }
 

@@ -53,6 +53,7 @@ _SOURCE = r"""
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <exception>
 #include <thread>
 #include <vector>
 #include <cstdlib>
@@ -323,13 +324,26 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
 
 // ---- at::parallel_for's contract on this pool (kernels.cpu_decode_layers) ------------------
 // f(begin, end) over chunks of [begin, end) of at least `grain`, inline when the range is one
-// grain or one thread runs. Chunks are claimed as in job_part; f must not care which thread
-// runs a chunk (the layer ops' loops do not: each index is computed alike wherever it runs).
+// grain, one thread runs, or the calling thread asked for serial loops (SerialLoops). Chunks
+// are claimed as in job_part; f must not care which thread runs a chunk (the layer ops' loops
+// do not: each index is computed alike wherever it runs). An exception thrown by f, on any
+// thread, stops the other chunks and is rethrown to the caller once every runner is done.
+static thread_local bool t_serial = false;
+
+// While alive, pool_parallel_for runs inline on this thread: the stack's final norm, after
+// its last linear let the workers sleep, must not wake them (the LM head's pool follows).
+struct SerialLoops {
+  SerialLoops() { t_serial = true; }
+  ~SerialLoops() { t_serial = false; }
+};
+
 template <class F>
 struct ForJob {
   const F* f;
   int64_t end, chunk;
   std::atomic<int64_t> next;
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
 };
 
 template <class F>
@@ -338,7 +352,13 @@ static void for_part(void* ctx) {
   for (;;) {
     const int64_t b = j.next.fetch_add(j.chunk, std::memory_order_relaxed);
     if (b >= j.end) return;
-    (*j.f)(b, std::min(b + j.chunk, j.end));
+    try {
+      (*j.f)(b, std::min(b + j.chunk, j.end));
+    } catch (...) {
+      if (!j.failed.exchange(true)) j.error = std::current_exception();
+      j.next.store(j.end, std::memory_order_relaxed);  // the others stop at their next claim
+      return;
+    }
   }
 }
 
@@ -346,11 +366,15 @@ template <class F>
 void pool_parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
   if (end <= begin) return;
   const int n = threads_now();
-  if (n <= 1 || end - begin <= std::max<int64_t>(grain, 1)) { f(begin, end); return; }
+  if (t_serial || n <= 1 || end - begin <= std::max<int64_t>(grain, 1)) {
+    f(begin, end);
+    return;
+  }
   const int64_t chunk = std::max<int64_t>(std::max<int64_t>(grain, 1),
                                           (end - begin + 4 * n - 1) / (4 * n));
   ForJob<F> job{&f, end, chunk, {begin}};
   run(n, for_part<F>, &job, true);  // the stack's workers spin between its ops
+  if (job.error) std::rethrow_exception(job.error);  // every runner is done with job here
 }
 """
 

@@ -33,7 +33,7 @@ Contract (the scheduler is the only caller; it is not thread-safe):
 - Swap: ``swap_out`` moves a request's KV to the CPU pool (one CPU block per device block) and
   frees the device blocks; ``swap_in`` does the reverse into fresh device blocks. The returned
   copy lists are executed by the runner at the start of the next step: all swap-outs, then
-  all swap-ins, then the forward. That order makes it safe to hand a device block freed by a
+  the partial-block copies, then all swap-ins, then the forward. That order makes it safe to hand a device block freed by a
   swap-out to anyone in the same step. CPU blocks released by a swap-in are held back until
   ``begin_step()`` so that a later swap-out in the same step cannot overwrite them before the
   runner has copied them in.
@@ -43,6 +43,7 @@ Contract (the scheduler is the only caller; it is not thread-safe):
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -52,6 +53,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 _ROOT_HASH = 0x5EED  # parent hash of a request's first block
+_PARTIAL_SCAN = 32  # candidate blocks a partial match compares
 
 
 def block_hash(parent: int, tokens: Sequence[int]) -> int:
@@ -175,10 +177,15 @@ class BlockManager:
         if not tail:
             return None
         best: tuple[int, int] | None = None
-        for block, tokens in self._heads.get((parent, tail[0]), {}).items():
-            n = common_prefix_len(tokens, tail)
+        bucket = self._heads.get((parent, tail[0]), {})
+        # the most recently cached first, at most _PARTIAL_SCAN of them: a bucket under a
+        # shared system prompt grows with every conversation
+        for block in itertools.islice(reversed(bucket), _PARTIAL_SCAN):
+            n = common_prefix_len(bucket[block], tail)
             if best is None or n > best[1]:
                 best = (block, n)
+                if n == len(tail):
+                    break
         return best
 
     def _index(self, block: int, parent: int, tokens: Sequence[int]) -> None:
@@ -250,6 +257,9 @@ class BlockManager:
             grow = need - len(table)
             if grow <= 0:
                 return True  # the hot path: a decode token inside the last block
+            if num_computed_tokens > len(table) * self.block_size:
+                raise ValueError(f"request {request_id!r}: {num_computed_tokens} computed "
+                                 f"tokens but a table of {len(table)} blocks")
             if grow > self.num_free_blocks:
                 return False
             table.extend(self._pop_free() for _ in range(grow))
@@ -289,6 +299,8 @@ class BlockManager:
         ``num_blocks * block_size`` computed tokens; the blocks it writes are its own."""
         if child_id in self._tables or child_id in self._cpu_tables:
             raise ValueError(f"request {child_id!r} already has blocks")
+        if num_blocks == 0:
+            return  # no table: the child starts as a new request (prefix match, copy and all)
         shared = self._tables[parent_id][:num_blocks]
         for b in shared:
             self._ref[b] += 1
@@ -366,6 +378,8 @@ class BlockManager:
         self._cpu_pending.extend(cpu)
         self._tables[request_id] = table
         # Re-register the request's full computed blocks: their KV lands before the forward.
+        # Not in the partial-match index: copies run before swap-ins, so a copy from one of
+        # these blocks in this step would read it before its KV is back.
         for i, h in enumerate(self._hashes.get(request_id, ())):
             if h not in self._block_of_hash:
                 self._block_of_hash[h] = table[i]

@@ -3,8 +3,9 @@
 The fake runner's next token is a pure function of the request's token history, so a
 correct scheduler gives every request the same tokens whatever the batch, budget, pool size
 or preemption mode. It also simulates the KV cache: each block slot holds the token id
-written there, swaps copy slots in the documented order (swap_out, swap_in, forward), and a
-forward checks that every earlier position of the request reads back its own token.
+written there, swaps and copies move slots in the documented order (swap_out, copies,
+swap_in, forward), and a forward checks that every earlier position of the request reads
+back its own token.
 """
 
 from __future__ import annotations

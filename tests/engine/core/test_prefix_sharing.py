@@ -135,3 +135,16 @@ def test_copied_blocks_keep_outputs_exact_under_churn(mode: str) -> None:
         assert r.output_token_ids == reference_tokens(r), r.request_id
     assert sched.stats.prefix_cache_hits > 0
     assert sched.block_manager.num_used_blocks == 0
+
+
+def test_parallel_samples_of_a_one_block_prompt_read_only_written_kv() -> None:
+    """n = 2 with a prompt of exactly one block: the child's copy of the parent's (now full,
+    cached) block must run before it computes its last token."""
+    sched = make_scheduler(num_blocks=32)
+    runner = FakeRunner(sched)
+    req = Request("pair", [5, 6, 7, 8], SamplingParams(max_tokens=3, ignore_eos=True, n=2,
+                                                       temperature=0.0), arrival_time=0.0)
+    sched.add_request(req)
+    returned = run_to_completion(sched, runner)  # the fake runner asserts every KV read
+    assert returned
+    assert sched.block_manager.num_used_blocks == 0

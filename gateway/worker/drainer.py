@@ -82,7 +82,7 @@ class Drainer:
         self.scores: dict[str, int] = {}
         self.pace = TenantPace(lambda: engine.stats().scheduler.num_steps)
         self.single: frozenset[str] = frozenset()  # tiers read one entry a round (paced)
-        # this round's snapshot of the non-urgent tiers: tier -> tenant -> rows held, their
+        # the non-urgent tiers when this round read its entries: tier -> tenant -> rows, their
         # weights, and the seats shared (``first_token_urgent``)
         self._shares: tuple[dict[str, Counter[str]], dict[str, dict[str, float]], int] = (
             {}, {}, 0)
@@ -115,6 +115,10 @@ class Drainer:
             envs = await self._wait_for_admission(open_tiers)
         if envs:
             self.pace.started([(e.tier, e.tenant) for e in envs if e.tier in self.single])
+            # the pull may have waited long for work (an idle tier): judge the first tokens by
+            # the rows held now, not by those of the round's start (a burst that just ended
+            # would still count as another tenant over its share)
+            self._snapshot_shares()
             await self.start(envs)
 
     def _lower_room(self) -> LowerRoom:
@@ -122,6 +126,14 @@ class Drainer:
         skips and the tiers open (``policies.tenant_seats.lower_room``). The worker's own
         requests of those tiers count (interactive ones do not: the row cap shares the step
         with them)."""
+        rows, weights, limit = self._snapshot_shares()
+        self.single = frozenset(t for t in rows if shared(rows[t]))
+        paced = {t: self.pace.skip(t, rows[t], weights[t], limit) for t in self.single}
+        return lower_room(rows, weights, limit, paced)
+
+    def _snapshot_shares(self) -> tuple[dict[str, Counter[str]], dict[str, dict[str, float]], int]:
+        """The rows the worker holds now in the non-urgent tiers (tier -> tenant -> rows), their
+        weights and the seats they share; kept for ``first_token_urgent``."""
         rows: dict[str, Counter[str]] = {}
         weights: dict[str, dict[str, float]] = {}
         urgent = 0
@@ -134,14 +146,12 @@ class Drainer:
         # past the bound when the row cap owes the lower tiers seats beside urgent rows
         limit = lower_limit(self.engine.load(), self.row_limit(), self.owed_rows(urgent))
         self._shares = (rows, weights, limit)
-        self.single = frozenset(t for t in rows if shared(rows[t]))
-        paced = {t: self.pace.skip(t, rows[t], weights[t], limit) for t in self.single}
-        return lower_room(rows, weights, limit, paced)
+        return rows, weights, limit
 
     def first_token_urgent(self, tier: str, tenant: str) -> bool:
         """Whether a request of ``tenant`` in ``tier`` started this round gets its first token
         as an urgent arrival would (``policies.tenant_seats.first_token_urgent``, by the rows
-        held when the round began)."""
+        held when its entries were read)."""
         rows, weights, limit = self._shares
         held = rows.get(tier)
         return held is not None and first_token_urgent(held, weights.get(tier, {}), limit,

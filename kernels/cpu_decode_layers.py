@@ -19,11 +19,12 @@ the stack, wakes the standalone op's pool): the stack's last linear tells its wo
 once, so it does not spin through the head (the head's worker may still spin into the next
 step's start).
 
-Contract: ``DecodeLayers(layers, final_norm, ...)`` binds a stack to its weights (each linear
-as the small-batch op packs it; raises when the op is not built;
+Contract: ``DecodeLayers(layers, final_norm, ...)`` binds a stack to its weights (each linear as
+the small-batch op packs it; raises when the op is not built;
 ``engine.models.cpu_decode_step.stack_for`` binds the model's). ``forward(x [R, H], step,
-kv_caches)`` takes the embedded tokens of a step of at most ``MAX_TOKENS`` tokens and the step's prepared metadata (``engine.models.cpu_decode_step.CpuDecodeStep``: one
-attention row a token, so a prompt token attends as a decode row of its own) and returns the final-norm hidden states
+kv_caches)`` takes the embedded tokens of a step of at most ``MAX_TOKENS`` tokens and the step's
+prepared metadata (``engine.models.cpu_decode_step.CpuDecodeStep``: one attention row a token,
+so a prompt token attends as a decode row of its own) and returns the final-norm hidden states
 [R, H], writing each layer's new K and V into its cache, exactly as the model's forward would.
 """
 

@@ -1,12 +1,12 @@
 """The linear-only ceiling of a run: what its steps would cost if they were only the model's
 linear layers, run by the engine's own kernels on the model's own weights.
 
-Contract: ``linear_ops(model, tokens)`` lists the loaded model's linears in forward order (each layer's
-qkv, o, gate_up, down; then the LM head) with their shapes; ``linear_seconds(model, tokens,
-head_rows)`` times one pass of all of them (best of ``repeats``) on random inputs of ``tokens``
-rows (``head_rows`` for the LM head, which only runs on the rows that sample) and returns the
-seconds and the FLOPs it did; ``linear_ceiling(model, steps, useful_tokens)`` sums that over a
-run's steps, each at the batch sizes it really ran, and returns tokens/s.
+Contract: ``linear_ops(model, tokens)`` lists the loaded model's linears in forward order (each
+layer's qkv, o, gate_up, down; then the LM head) with their shapes; ``linear_seconds(model,
+tokens, head_rows)`` times one pass of all of them (best of ``repeats``) on random inputs of
+``tokens`` rows (``head_rows`` for the LM head, which only runs on the rows that sample) and
+returns the seconds and the FLOPs it did; ``linear_ceiling(model, steps, useful_tokens)`` sums
+that over a run's steps, each at the batch sizes it really ran, and returns tokens/s.
 
 Why this and not ``engine.bench.engine.matmul_ceiling`` (kept, printed beside it): that one
 times ``torch.mm`` (aten/MKL) with one random (k, n) matrix per shape reused for all layers, so
@@ -65,11 +65,9 @@ def linear_ops(model: LlamaForCausalLM, tokens: int = 1) -> list[LinearOp]:
 
 
 def _stack_linear(mod: OneDNNLinear) -> Callable[[torch.Tensor], torch.Tensor]:
-    def run(x: torch.Tensor) -> torch.Tensor:
-        assert mod.small is not None  # stack_for binds only small-batch weights
-        return cpu_small_linear.linear_on_pool(x, mod.small, mod.bias, mod.out_features, True)
-
-    return run
+    small = mod.small
+    assert small is not None  # stack_for binds only small-batch weights
+    return lambda x: cpu_small_linear.linear_on_pool(x, small, mod.bias, mod.out_features, True)
 
 
 def linear_flops(ops: Iterable[LinearOp], tokens: int, head_rows: int) -> float:

@@ -32,11 +32,11 @@ Contract (the scheduler is the only caller; it is not thread-safe):
   blocks, shared by ref count; the new request writes only blocks past them.
 - Swap: ``swap_out`` moves a request's KV to the CPU pool (one CPU block per device block) and
   frees the device blocks; ``swap_in`` does the reverse into fresh device blocks. The returned
-  copy lists are executed by the runner at the start of the next step: all swap-outs, then
-  the partial-block copies, then all swap-ins, then the forward. That order makes it safe to hand a device block freed by a
-  swap-out to anyone in the same step. CPU blocks released by a swap-in are held back until
-  ``begin_step()`` so that a later swap-out in the same step cannot overwrite them before the
-  runner has copied them in.
+  copy lists are executed by the runner at the start of the next step: all swap-outs, then the
+  partial-block copies, then all swap-ins, then the forward. That order makes it safe to hand a
+  device block freed by a swap-out to anyone in the same step. CPU blocks released by a swap-in
+  are held back until ``begin_step()`` so that a later swap-out in the same step cannot
+  overwrite them before the runner has copied them in.
 - Hash collisions: the chain uses Python's 64-bit tuple hash (exact on token content within a
   block, chained by the parent's hash); a chain collision is ~2**-64 per lookup. Accepted.
 """

@@ -7,11 +7,12 @@ sampled. Right then, in ``update_from_output``, the other n - 1 sequences fork f
 blocks, shared by reference count (``BlockManager.fork``), up to but not including the block
 that holds the last prompt token; that block is where the sequences diverge, so each child
 writes its own copy of it by recomputing those tokens (at most ``block_size`` of them: a
-copy-on-write done by recompute; a prompt within one block forks no table, so the prefix
-cache may copy that block's cached head instead) and samples its own first token there. Children then wait in the waiting queue at the parent's priority and arrival, so
-they start next as seats and blocks allow; from there on they are ordinary requests
-(preemption, swap and finishing treat them alone). A child's seed is the parent's + its index
-(vLLM's rule), so seeded choices differ and each stays reproducible.
+copy-on-write done by recompute; a prompt within one block forks no table, so the prefix cache
+may copy that block's cached head instead) and samples its own first token there. Children then
+wait in the waiting queue at the parent's priority and arrival, so they start next as seats and
+blocks allow; from there on they are ordinary requests (preemption, swap and finishing treat
+them alone). A child's seed is the parent's + its index (vLLM's rule), so seeded choices differ
+and each stays reproducible.
 
 Aborting the request (by the parent's id) aborts every sequence; a parent that ends before it
 forked (an error, an abort) ends its unforked children the same way.

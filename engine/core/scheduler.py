@@ -1,8 +1,9 @@
 """Token-level continuous-batching scheduler over the paged KV block manager. Torch-free.
 
 One step is ``out = schedule()``, the runner executes ``out`` (swap-outs, block copies,
-swap-ins, forward), then ``update_from_output(out, result)``. Progress is one counter per request:
-``num_computed_tokens`` catches up to ``num_tokens``; a chunk that reaches the end samples.
+swap-ins, forward), then ``update_from_output(out, result)``. Progress is one counter per
+request: ``num_computed_tokens`` catches up to ``num_tokens``; a chunk that reaches the end
+samples.
 
 ``schedule()`` runs named phases:
 

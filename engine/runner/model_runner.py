@@ -1,10 +1,10 @@
 """Owns the model, the paged KV cache (device pool + CPU swap pool) and the sampler.
 
-``execute(out)`` does one step in the order the scheduler promised: swap-out copies, the
-prefix cache's partial-block copies, swap-in copies, then one flattened forward over every scheduled token, logits only for the rows that
-sample, and sampling. The KV cache is one tensor ``[layers, 2, num_blocks, block_size,
-kv_heads, head_dim]``; layer i's (k, v) are views into it, so a swap of a block across all
-layers is a single indexed copy.
+``execute(out)`` does one step in the order the scheduler promised: swap-out copies, the prefix
+cache's partial-block copies, swap-in copies, then one flattened forward over every scheduled
+token, logits only for the rows that sample, and sampling. The KV cache is one tensor ``[layers,
+2, num_blocks, block_size, kv_heads, head_dim]``; layer i's (k, v) are views into it, so a swap
+of a block across all layers is a single indexed copy.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from kernels import cpu_small_linear
+from kernels.greedy_head import ScreenedHead
 
 # Batch-size hint for packing: oneDNN picks the blocked layout for this M; any M runs on it.
 PACK_HINT_M = 8
@@ -63,17 +64,27 @@ class OneDNNLinear(nn.Module):
 
 class PackedHead:
     """The LM head as a callable (not a module, so profilers that time ``compute_logits`` do
-    not count it twice); packs a copy even when the weight is tied to the embeddings."""
+    not count it twice); packs a copy even when the weight is tied to the embeddings.
+    ``greedy_tokens`` gives the argmax of a few rows' logits without computing them all
+    (``kernels.greedy_head``), or None where that does not apply."""
 
-    def __init__(self, packed: torch.Tensor, small: torch.Tensor | None, out_features: int) -> None:
+    def __init__(self, packed: torch.Tensor, small: torch.Tensor | None, out_features: int,
+                 screen: ScreenedHead | None = None) -> None:
         self.packed, self.small, self.out_features = packed, small, out_features
+        self.screen = screen
 
     @classmethod
-    def of(cls, weight: torch.Tensor) -> PackedHead:
-        return cls(pack(weight), small_pack(weight), weight.shape[0])
+    def of(cls, weight: torch.Tensor, small: torch.Tensor | None = None,
+           packed: torch.Tensor | None = None) -> PackedHead:
+        small = small_pack(weight) if small is None else small
+        return cls(pack(weight) if packed is None else packed, small, weight.shape[0],
+                   ScreenedHead.of(weight, small))
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         return route(hidden, self.packed, self.small, None, self.out_features)
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> list[int] | None:
+        return None if self.screen is None else self.screen.tokens(hidden)
 
 
 def small_pack(weight: torch.Tensor) -> torch.Tensor | None:
@@ -93,6 +104,8 @@ def route(x: torch.Tensor, packed: torch.Tensor, small: torch.Tensor | None,
 def route_cpu_linears(model: nn.Module) -> int:
     """Swap the model's fp32 CPU ``nn.Linear`` modules (and its LM head) to oneDNN."""
     routed = 0
+    lm_head = getattr(model, "lm_head", None)
+    head_weight = lm_head.weight if type(lm_head) is nn.Linear else None
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and available(child.weight):
@@ -100,9 +113,9 @@ def route_cpu_linears(model: nn.Module) -> int:
                 routed += 1
     head = getattr(model, "lm_head", None)
     embed = getattr(model, "embed_tokens", None)
-    if isinstance(head, OneDNNLinear) and head.bias is None:
-        model.logits_linear = PackedHead(  # type: ignore[assignment]
-            head.packed, head.small, head.out_features)
+    if isinstance(head, OneDNNLinear) and head.bias is None and head_weight is not None:
+        model.logits_linear = PackedHead.of(  # type: ignore[assignment]
+            head_weight, head.small, head.packed)
     elif head is None and embed is not None and available(embed.weight):
         # packed copies of the tied table (the embedding lookup keeps the plain one)
         model.logits_linear = PackedHead.of(embed.weight)  # type: ignore[assignment]

@@ -53,6 +53,7 @@ _SOURCE = r"""
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <exception>
 #include <thread>
 #include <vector>
@@ -84,6 +85,19 @@ typedef float vf __attribute__((vector_size(CP_W * 4)));
 typedef float vfu __attribute__((vector_size(CP_W * 4), aligned(4), may_alias));
 
 static inline vf vload(const float* p) { return *reinterpret_cast<const vfu*>(p); }
+// fp16 weights (the greedy head's screening copy): F16C widens CP_W halves to floats exactly
+#if defined(__F16C__) && CP_W >= 8
+#define CP_HALF 1
+static inline vf vload(const uint16_t* p) {
+#if CP_W == 16
+  return reinterpret_cast<vf>(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+#else
+  return reinterpret_cast<vf>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#endif
+}
+#else
+#define CP_HALF 0
+#endif
 
 // ---- the pool: workers spin SPIN_US after each task, then sleep on a futex ----------------
 struct Pool {
@@ -176,8 +190,9 @@ static int threads_now() { return std::max(1, at::get_num_threads()); }
 
 // ---- the kernel ---------------------------------------------------------------------------
 // MR rows of x against one tile: acc[m][v] holds outputs tile*32 + v*CP_W .. of row m.
-template <int MR>
-static inline void tile_rows(const float* x, int64_t sx, const float* w, int64_t K,
+// T: float, or uint16_t for fp16 weights (widened by vload); the arithmetic is the same.
+template <int MR, class T = float>
+static inline void tile_rows(const float* x, int64_t sx, const T* w, int64_t K,
                              const float* bias, float* out, int64_t so, int64_t n0, int64_t N) {
   vf acc[MR][CP_V];
   for (int m = 0; m < MR; ++m)
@@ -185,7 +200,7 @@ static inline void tile_rows(const float* x, int64_t sx, const float* w, int64_t
   // no software prefetch: a tile is one sequential stream the hardware prefetcher follows;
   // prefetching 2-16 KB ahead measured 5-30% slower on AMD EPYC (README, "Small-batch linears")
   for (int64_t k = 0; k < K; ++k) {
-    const float* wk = w + k * CP_TILE;
+    const T* wk = w + k * CP_TILE;
     vf wv[CP_V];
     for (int v = 0; v < CP_V; ++v) wv[v] = vload(wk + v * CP_W);
     for (int m = 0; m < MR; ++m) {
@@ -206,25 +221,28 @@ static inline void tile_rows(const float* x, int64_t sx, const float* w, int64_t
   }
 }
 
-static void rows_any(int mr, const float* x, int64_t sx, const float* w, int64_t K,
+template <class T>
+static void rows_any(int mr, const float* x, int64_t sx, const T* w, int64_t K,
                      const float* bias, float* out, int64_t so, int64_t n0, int64_t N) {
   switch (mr) {
-#define CP_CASE(R) case R: tile_rows<(R <= CP_MR ? R : 1)>(x, sx, w, K, bias, out, so, n0, N); break;
+#define CP_CASE(R) case R: tile_rows<(R <= CP_MR ? R : 1), T>(x, sx, w, K, bias, out, so, n0, N); break;
     CP_CASE(1) CP_CASE(2) CP_CASE(3) CP_CASE(4) CP_CASE(5) CP_CASE(6) CP_CASE(7) CP_CASE(8)
 #undef CP_CASE
     default: break;
   }
 }
 
+template <class T>
 struct Job {
-  const float* x; int64_t sx; const float* w; const float* bias; float* out;
+  const float* x; int64_t sx; const T* w; const float* bias; float* out;
   int64_t M, K, N, tiles, chunk;
   std::atomic<int64_t> next{0};
 };
 
-static void run_tiles(const Job& j, int64_t t0, int64_t t1) {
+template <class T>
+static void run_tiles(const Job<T>& j, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
-    const float* w = j.w + t * j.K * CP_TILE;
+    const T* w = j.w + t * j.K * CP_TILE;
     // every row group over the same tile while it sits in L2: the weight leaves memory once
     for (int64_t m = 0; m < j.M; m += CP_MR) {
       const int mr = static_cast<int>(std::min<int64_t>(CP_MR, j.M - m));
@@ -235,8 +253,9 @@ static void run_tiles(const Job& j, int64_t t0, int64_t t1) {
 
 // Threads claim chunks of tiles as they go, not fixed halves: when a neighbour holds one core,
 // the thread that runs takes over the other's share instead of waiting for it.
+template <class T>
 static void job_part(void* ctx) {
-  Job& j = *static_cast<Job*>(ctx);
+  Job<T>& j = *static_cast<Job<T>*>(ctx);
   for (;;) {
     const int64_t t0 = j.next.fetch_add(j.chunk, std::memory_order_relaxed);
     if (t0 >= j.tiles) return;
@@ -249,33 +268,38 @@ static void job_part(void* ctx) {
 // TLB miss every 4 KB, a nested page walk on a VM (one forward's linears at 1 / 8 rows, 2 EPYC
 // cores, same run: 16.0 / 27.0-27.5 ms against 16.8-16.9 / 28.5-29.0 on 4 KB pages). Where THP
 // is off madvise fails and the pages stay 4 KB: same numbers, as before.
-static torch::Tensor huge_empty(int64_t tiles, int64_t K) {
+static torch::Tensor huge_empty(int64_t tiles, int64_t K,
+                                torch::ScalarType dtype = torch::kFloat32) {
   const size_t align = size_t(2) << 20;
-  const size_t bytes = static_cast<size_t>(tiles * K * CP_TILE) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(tiles * K * CP_TILE) * c10::elementSize(dtype);
   if (bytes < align / 2)  // a small weight would waste most of a huge page
-    return torch::empty({tiles, K, CP_TILE}, torch::kFloat32);
+    return torch::empty({tiles, K, CP_TILE}, dtype);
   // whole 2 MB pages (up to 2 MB more a weight, ~120 MB for SmolLM2): rounded to 4 KB instead,
   // only 300 of its 540 MB got huge pages and the gain was gone
   const size_t size = (bytes + align - 1) / align * align;
   void* p = nullptr;
   if (posix_memalign(&p, align, size) != 0)
-    return torch::empty({tiles, K, CP_TILE}, torch::kFloat32);
+    return torch::empty({tiles, K, CP_TILE}, dtype);
   madvise(p, size, MADV_HUGEPAGE);  // before the first touch: faults then take 2 MB pages
   return torch::from_blob(p, {tiles, K, CP_TILE}, [](void* q) { free(q); },
-                          torch::TensorOptions().dtype(torch::kFloat32));
+                          torch::TensorOptions().dtype(dtype));
 }
 
-torch::Tensor pack(torch::Tensor weight) {
+// weight [N, K] fp32 -> [ceil(N/32), K, 32] of fp32, or of fp16 (the greedy head's screen)
+torch::Tensor pack_as(torch::Tensor weight, bool half) {
   TORCH_CHECK(weight.dim() == 2 && weight.dtype() == torch::kFloat32 && weight.device().is_cpu(),
               "pack: weight [N, K] fp32 CPU");
+  const auto dtype = half ? torch::kHalf : torch::kFloat32;
   const int64_t N = weight.size(0), K = weight.size(1), tiles = (N + CP_TILE - 1) / CP_TILE;
-  auto padded = torch::zeros({tiles * CP_TILE, K}, weight.options());
+  auto padded = torch::zeros({tiles * CP_TILE, K}, weight.options().dtype(dtype));
   padded.narrow(0, 0, N).copy_(weight);
   // [tiles, 32, K] -> [tiles, K, 32]: the 32 outputs' weights for one k sit together
-  auto packed = huge_empty(tiles, K);
+  auto packed = huge_empty(tiles, K, dtype);
   packed.copy_(padded.view({tiles, CP_TILE, K}).transpose(1, 2));
   return packed;
 }
+
+torch::Tensor pack(torch::Tensor weight) { return pack_as(weight, false); }
 
 // spin: whether the workers spin for the next task after this call (false: they sleep at once).
 // Called from Python (linear_spin) that is only after decode-sized calls; the combined stack
@@ -302,9 +326,9 @@ torch::Tensor linear_on_pool(torch::Tensor x, torch::Tensor packed,
   const int n = static_cast<int>(std::min<int64_t>(threads_now(), tiles));
   // ~4 chunks a thread: enough to even out a slow thread, few enough atomics
   const int64_t chunk = std::max<int64_t>(1, tiles / (4 * n));
-  Job job{x.data_ptr<float>(), x.stride(0), packed.data_ptr<float>(), bp, out.data_ptr<float>(),
-          M, K, N, tiles, chunk};
-  run(n, job_part, &job, spin);
+  Job<float> job{x.data_ptr<float>(), x.stride(0), packed.data_ptr<float>(), bp,
+                 out.data_ptr<float>(), M, K, N, tiles, chunk};
+  run(n, job_part<float>, &job, spin);
   return out;
 }
 
@@ -321,6 +345,73 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
                      int64_t N) {
   return linear_spin(x, packed, bias, N, true);
 }
+
+// ---- greedy LM head: every logit screened on an fp16 copy, the candidates confirmed in fp32 --
+// One row's token: the first index of the maximum of the fp32 logits linear() would give.
+// a: the row's screened logits; bound: C with |fp32 logit - screened logit| <= C * ||x||_2
+// for every output (kernels.greedy_head derives it). The row's maximizers all lie within
+// 2 C ||x|| of the screened maximum, so only their tiles are computed in fp32, by the very
+// tile kernel linear() runs (the same bits). -1: not decidable here (a non-finite value).
+static int64_t confirm(const float* x, const float* packed, const float* a, int64_t K,
+                       int64_t N, double bound, float* exact) {
+  double ss = 0.0;
+  for (int64_t k = 0; k < K; ++k) ss += static_cast<double>(x[k]) * x[k];
+  const double norm = std::sqrt(ss);
+  float top = -INFINITY;
+  for (int64_t j = 0; j < N; ++j) top = a[j] > top ? a[j] : top;
+  for (int64_t j = 0; j < N; ++j)
+    if (std::isnan(a[j])) return -1;
+  if (!std::isfinite(norm) || !std::isfinite(top)) return -1;
+  const double floor = static_cast<double>(top) - 2.0 * bound * norm;
+  int64_t best = -1, done = -1;
+  float best_v = 0.0f;
+  for (int64_t j = 0; j < N; ++j) {
+    if (static_cast<double>(a[j]) < floor) continue;
+    const int64_t t = j / CP_TILE;
+    if (t != done) {
+      tile_rows<1>(x, K, packed + t * K * CP_TILE, K, nullptr, exact, 0, t * CP_TILE, N);
+      done = t;
+    }
+    const float v = exact[j];
+    if (std::isnan(v)) return -1;
+    if (best < 0 || v > best_v) { best = j; best_v = v; }  // strict: the first maximum stays
+  }
+  return best;
+}
+
+// tokens [M] int64: each row's greedy token (confirm), -1 where the caller must run the full
+// head; all -1 where this build has no fp16 loads (no F16C).
+torch::Tensor greedy(torch::Tensor x, torch::Tensor packed, torch::Tensor half, int64_t N,
+                     double bound) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.device().is_cpu() &&
+              x.is_contiguous(), "greedy head: x [M, K] fp32 CPU, contiguous");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == CP_TILE && packed.is_contiguous() &&
+              packed.dtype() == torch::kFloat32 && packed.size(1) == x.size(1) &&
+              packed.size(0) * CP_TILE >= N && N > packed.size(0) * CP_TILE - CP_TILE,
+              "greedy head: packed [ceil(N/32), K, 32] for this x and N");
+  TORCH_CHECK(half.dtype() == torch::kHalf && half.is_contiguous() &&
+              half.sizes() == packed.sizes(), "greedy head: half like packed, fp16");
+  const int64_t M = x.size(0), K = x.size(1), tiles = packed.size(0);
+  auto tokens = torch::full({M}, -1, torch::kLong);
+#if CP_HALF
+  if (M == 0) return tokens;
+  auto approx = torch::empty({M, N}, x.options());
+  const int n = static_cast<int>(std::min<int64_t>(threads_now(), tiles));
+  const int64_t chunk = std::max<int64_t>(1, tiles / (4 * n));
+  Job<uint16_t> job{x.data_ptr<float>(), K,
+                    reinterpret_cast<const uint16_t*>(half.data_ptr<at::Half>()), nullptr,
+                    approx.data_ptr<float>(), M, K, N, tiles, chunk};
+  run(n, job_part<uint16_t>, &job, M <= CP_SPIN_ROWS);
+  std::vector<float> exact(static_cast<size_t>(tiles * CP_TILE));
+  auto* out = tokens.data_ptr<int64_t>();
+  for (int64_t m = 0; m < M; ++m)
+    out[m] = confirm(x.data_ptr<float>() + m * K, packed.data_ptr<float>(),
+                     approx.data_ptr<float>() + m * N, K, N, bound, exact.data());
+#endif
+  return tokens;
+}
+
+bool has_half() { return CP_HALF != 0; }
 
 // ---- at::parallel_for's contract on this pool (kernels.cpu_decode_layers) ------------------
 // f(begin, end) over chunks of [begin, end) of at least `grain`, inline when the range is one
@@ -380,7 +471,7 @@ void pool_parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
 
 OPS = CppOps("carpool_cpu_small_linear",
              f"#define CP_SPIN_US {SPIN_US}\n#define CP_SPIN_ROWS {SPIN_ROWS}\n" + _SOURCE,
-             ("pack", "linear", "linear_on_pool"))
+             ("pack", "pack_as", "linear", "linear_on_pool", "greedy", "has_half"))
 
 
 def available() -> bool:
@@ -409,6 +500,25 @@ def linear_on_pool(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     """``linear`` with the workers' spin chosen by the caller at any row count (the
     whole-stack op's linears, for benchmarks that time them as it runs them)."""
     out: torch.Tensor = _ops().linear_on_pool(x, packed, bias, n, spin)
+    return out
+
+
+def pack_as(weight: torch.Tensor, half: bool) -> torch.Tensor:
+    """``pack``, in fp16 when ``half`` (rounded to nearest)."""
+    packed: torch.Tensor = _ops().pack_as(weight, half)
+    return packed
+
+
+def has_half() -> bool:
+    """Whether this build widens fp16 weights (F16C); without it ``greedy`` decides nothing."""
+    return bool(_ops().has_half())
+
+
+def greedy(x: torch.Tensor, packed: torch.Tensor, half: torch.Tensor, n: int,
+           bound: float) -> torch.Tensor:
+    """Each row's first argmax of ``linear(x, packed, None, n)``, screened on ``half``
+    (``kernels.greedy_head``); -1 for a row it cannot decide."""
+    out: torch.Tensor = _ops().greedy(x, packed, half, n, bound)
     return out
 
 

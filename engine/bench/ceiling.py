@@ -2,7 +2,8 @@
 linear layers, run by the engine's own kernels on the model's own weights.
 
 Contract: ``linear_ops(model, tokens)`` lists the loaded model's linears in forward order (each
-layer's qkv, o, gate_up, down; then the LM head) with their shapes; ``linear_seconds(model,
+layer's qkv, o, gate_up, down; then the LM head, for greedy rows, so on the screened head of
+``kernels.greedy_head`` at a few rows, as the engine runs it) with their shapes; ``linear_seconds(model,
 tokens, head_rows)`` times one pass of all of them (best of ``repeats``) on random inputs of
 ``tokens`` rows (``head_rows`` for the LM head, which only runs on the rows that sample) and
 returns the seconds and the FLOPs it did; ``linear_ceiling(model, steps, useful_tokens)`` sums
@@ -40,7 +41,7 @@ class LinearOp:
     name: str
     in_features: int
     out_features: int
-    fn: Callable[[torch.Tensor], torch.Tensor]
+    fn: Callable[[torch.Tensor], object]
     is_head: bool = False
 
 
@@ -58,10 +59,18 @@ def linear_ops(model: LlamaForCausalLM, tokens: int = 1) -> list[LinearOp]:
             fn = _stack_linear(mod) if in_stack else mod
             ops.append(LinearOp(f"layers.{i}.{name}", mod.in_features, mod.out_features, fn))
     a = model.args
-    # compute_logits: the packed head where routed, else F.linear on the (tied) weight
-    ops.append(LinearOp("lm_head", a.hidden_size, a.vocab_size, model.compute_logits,
+    # compute_logits: the packed head where routed, else F.linear on the (tied) weight; the
+    # engine's greedy rows (every bench here is greedy) take the screened head where it applies
+    ops.append(LinearOp("lm_head", a.hidden_size, a.vocab_size, lambda x: _head(model, x),
                         is_head=True))
     return ops
+
+
+def _head(model: LlamaForCausalLM, x: torch.Tensor) -> object:
+    """The head as a greedy step runs it (``ModelRunner._plain_greedy``): the screened tokens
+    where the head decides them, else every logit."""
+    tokens = model.greedy_tokens(x)
+    return model.compute_logits(x) if tokens is None else tokens
 
 
 def _stack_linear(mod: OneDNNLinear) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -68,6 +68,7 @@ def _targets(engine: LLMEngine) -> list[tuple[Any, str, str]]:
     ]
     out += [(nn.Linear, "forward", "linear"), (OneDNNLinear, "forward", "linear"),
             (model, "compute_logits", "linear"),
+            (model, "greedy_tokens", "LM head, greedy screen (kernels.greedy_head)"),
             (DecodeLayers, "forward", "decoder stack (one C++ call)"),
             (model.embed_tokens, "forward", "embedding"),
             (runner.sampler, "sample_batch", "sampling"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -236,6 +236,13 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 module.weight.data = module.weight.data.t().contiguous().t()
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> list[int] | None:
+        """Each row's argmax of ``compute_logits(hidden)`` (the first maximum), found without
+        computing every logit where the head allows it (``kernels.greedy_head``); None: call
+        ``compute_logits``."""
+        greedy = getattr(self.logits_linear, "greedy_tokens", None)
+        return None if greedy is None else cast("list[int] | None", greedy(hidden))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.logits_linear is not None:

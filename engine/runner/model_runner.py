@@ -117,8 +117,11 @@ class ModelRunner:
                 return ModelRunnerOutput()
             # a pure decode step samples every row: the hidden rows are the logits rows
             last = hidden if step.samples_every_token else hidden[step.logits_indices]
-            logits = self.model.compute_logits(last)
             rows = step.sample_rows
+            tokens = self._plain_greedy(last, rows)
+            if tokens is not None:
+                return ModelRunnerOutput({s.request_id: t for s, t in zip(rows, tokens)}, {})
+            logits = self.model.compute_logits(last)
             sampled = self.sampler.sample_batch(
                 logits[: len(rows)],  # padding rows' logits are discarded
                 [s.sampling_params for s in rows],
@@ -130,6 +133,17 @@ class ModelRunner:
             {s.request_id: t for s, t in zip(rows, sampled.tokens)},
             {rows[r].request_id: lp for r, lp in sampled.logprobs.items()},
         )
+
+    def _plain_greedy(self, last: torch.Tensor,
+                      rows: list[ScheduledRequest]) -> list[int] | None:
+        """The rows' tokens when every row is plain greedy (no logits processor, no
+        logprobs): the argmax of their logits, which the head may find without computing
+        them all (``LlamaForCausalLM.greedy_tokens``). None: sample from the logits."""
+        for s in rows:
+            p = s.sampling_params
+            if not p.greedy or p.processes_logits or p.logprobs is not None:
+                return None
+        return self.model.greedy_tokens(last[: len(rows)])
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         """(device_block, cpu_block) pairs: copy every layer's K and V to the CPU pool."""

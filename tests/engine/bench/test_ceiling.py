@@ -32,8 +32,8 @@ def _config_shapes(cfg: Any) -> list[tuple[int, int]]:
 
 def _record_calls(model: LlamaForCausalLM,
                   monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
-    """(module name, input rows, output width) of every linear forward and LM-head call,
-    and of every call of the small-batch op as the whole-stack op runs it (named by its
+    """(module name, input rows, output width) of every linear forward and LM-head call (the
+    full head or the greedy screen, whichever decided), and of every call of the small-batch op as the whole-stack op runs it (named by its
     packed weight)."""
     calls: list[tuple[str, int, int]] = []
     by_weight: dict[int, str] = {}
@@ -58,6 +58,15 @@ def _record_calls(model: LlamaForCausalLM,
         return out
 
     model.compute_logits = counted  # type: ignore[method-assign,assignment]
+    greedy = model.greedy_tokens
+
+    def screened(x: torch.Tensor) -> list[int] | None:
+        tokens = greedy(x)
+        if tokens is not None:  # the screened head decided: the head ran, at these rows
+            calls.append(("lm_head", x.shape[0], model.args.vocab_size))
+        return tokens
+
+    model.greedy_tokens = screened  # type: ignore[method-assign]
     return calls
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 import torch
 
 from engine.core.outputs import SchedulerOutput
@@ -163,3 +164,45 @@ def test_runner_exposes_tokenizer_and_limits(tiny_model_dir: Path) -> None:
     assert runner.model_name == tiny_model_dir.name
     assert runner.tokenizer.decode(runner.tokenizer.encode("hello world")) == "hello world"
     assert runner.execute(SchedulerOutput()).sampled == {}
+
+
+def test_plain_greedy_rows_take_the_screened_head_and_get_the_same_tokens(
+    tiny_model_dir: Path,
+) -> None:
+    """fp32: a step whose rows are all plain greedy picks its tokens on the screened head
+    (kernels.greedy_head); every token equals the full head's argmax (a runner without the
+    screen, fed the same steps). A row with logprobs takes the logits path."""
+    from kernels import cpu_small_linear
+
+    if not cpu_small_linear.available() or not cpu_small_linear.has_half():
+        pytest.skip("small-batch linear op not built with fp16 loads")
+    screened, full = make_runner(tiny_model_dir, "float32"), make_runner(tiny_model_dir, "float32")
+    head = screened.model.logits_linear
+    assert head is not None and head.screen is not None  # type: ignore[attr-defined]
+    full.model.logits_linear.screen = None  # type: ignore[union-attr]
+    calls: list[int] = []
+    real = head.greedy_tokens  # type: ignore[attr-defined]
+
+    def spy(x: torch.Tensor) -> list[int] | None:
+        calls.append(len(x))
+        tokens: list[int] | None = real(x)
+        assert tokens is not None  # decided by the screen, not handed back
+        return tokens
+
+    head.greedy_tokens = spy  # type: ignore[attr-defined]
+    tables = {id(r): BlockTables(r.num_blocks, r.block_size) for r in (screened, full)}
+    seqs = {"a": _tokens(9, 11), "b": _tokens(5, 12)}
+    for step in range(12):
+        outs = []
+        for r in (screened, full):
+            outs.append(execute(r, [chunk(rid, toks if step == 0 else toks[-1:],
+                                          0 if step == 0 else len(toks) - 1, tables[id(r)])
+                                    for rid, toks in seqs.items()]))
+        assert outs[0] == outs[1]
+        for rid, toks in seqs.items():
+            toks.append(outs[0][rid])
+    assert calls == [2] * 12
+    rows = [chunk("c", _tokens(6, 13), 0, tables[id(screened)],
+                  params=SamplingParams(temperature=0.0, logprobs=1))]
+    out = screened.execute(SchedulerOutput(scheduled=rows))
+    assert calls == [2] * 12 and out.logprobs  # logprobs: the full head's logits

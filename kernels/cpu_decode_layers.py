@@ -62,6 +62,7 @@ _PRELUDE = r"""
 #include <cstdlib>
 #include <cmath>
 #include <exception>
+#include <memory>
 #include <thread>
 #include <vector>
 #include <linux/futex.h>

@@ -55,6 +55,7 @@ _SOURCE = r"""
 #include <climits>
 #include <cmath>
 #include <exception>
+#include <memory>
 #include <thread>
 #include <vector>
 #include <cstdlib>
@@ -349,26 +350,35 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
 // ---- greedy LM head: every logit screened on an fp16 copy, the candidates confirmed in fp32 --
 // One row's token: the first index of the maximum of the fp32 logits linear() would give.
 // a: the row's screened logits; bound: C with |fp32 logit - screened logit| <= C * ||x||_2
-// for every output (kernels.greedy_head derives it). The row's maximizers all lie within
-// 2 C ||x|| of the screened maximum, so only their tiles are computed in fp32, by the very
-// tile kernel linear() runs (the same bits). -1: not decidable here (a non-finite value).
+// for every output while no partial sum overflows, which ||x||_2 <= max_norm guarantees
+// (kernels.greedy_head derives both), plus K * 2^-149 a dot product where sums are subnormal.
+// The row's maximizers all lie within twice that of the screened maximum, so only their tiles
+// are computed in fp32, by the very tile kernel linear() runs (the same bits). -1: not
+// decided here (a non-finite value, a norm past max_norm, or more than max_tiles candidate
+// tiles, where the full head on every thread is quicker).
 static int64_t confirm(const float* x, const float* packed, const float* a, int64_t K,
-                       int64_t N, double bound, float* exact) {
+                       int64_t N, double bound, double max_norm, int64_t max_tiles,
+                       float* exact) {
   double ss = 0.0;
   for (int64_t k = 0; k < K; ++k) ss += static_cast<double>(x[k]) * x[k];
   const double norm = std::sqrt(ss);
+  if (!(norm <= max_norm)) return -1;  // also a NaN or infinite input
   float top = -INFINITY;
-  for (int64_t j = 0; j < N; ++j) top = a[j] > top ? a[j] : top;
-  for (int64_t j = 0; j < N; ++j)
-    if (std::isnan(a[j])) return -1;
-  if (!std::isfinite(norm) || !std::isfinite(top)) return -1;
-  const double floor = static_cast<double>(top) - 2.0 * bound * norm;
-  int64_t best = -1, done = -1;
+  bool finite = true;
+  for (int64_t j = 0; j < N; ++j) {
+    top = a[j] > top ? a[j] : top;
+    finite &= std::isfinite(a[j]);
+  }
+  if (!finite) return -1;
+  const double floor = static_cast<double>(top) -
+                       2.0 * (bound * norm + static_cast<double>(K) * std::ldexp(1.0, -149));
+  int64_t best = -1, done = -1, tiles = 0;
   float best_v = 0.0f;
   for (int64_t j = 0; j < N; ++j) {
     if (static_cast<double>(a[j]) < floor) continue;
     const int64_t t = j / CP_TILE;
     if (t != done) {
+      if (++tiles > max_tiles) return -1;
       tile_rows<1>(x, K, packed + t * K * CP_TILE, K, nullptr, exact, 0, t * CP_TILE, N);
       done = t;
     }
@@ -382,11 +392,11 @@ static int64_t confirm(const float* x, const float* packed, const float* a, int6
 // tokens [M] int64: each row's greedy token (confirm), -1 where the caller must run the full
 // head; all -1 where this build has no fp16 loads (no F16C).
 torch::Tensor greedy(torch::Tensor x, torch::Tensor packed, torch::Tensor half, int64_t N,
-                     double bound) {
+                     double bound, double max_norm) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.device().is_cpu() &&
               x.is_contiguous(), "greedy head: x [M, K] fp32 CPU, contiguous");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == CP_TILE && packed.is_contiguous() &&
-              packed.dtype() == torch::kFloat32 && packed.size(1) == x.size(1) &&
+              packed.dtype() == torch::kFloat32 && packed.size(1) == x.size(1) && N > 0 &&
               packed.size(0) * CP_TILE >= N && N > packed.size(0) * CP_TILE - CP_TILE,
               "greedy head: packed [ceil(N/32), K, 32] for this x and N");
   TORCH_CHECK(half.dtype() == torch::kHalf && half.is_contiguous() &&
@@ -402,11 +412,14 @@ torch::Tensor greedy(torch::Tensor x, torch::Tensor packed, torch::Tensor half, 
                     reinterpret_cast<const uint16_t*>(half.data_ptr<at::Half>()), nullptr,
                     approx.data_ptr<float>(), M, K, N, tiles, chunk};
   run(n, job_part<uint16_t>, &job, M <= CP_SPIN_ROWS);
-  std::vector<float> exact(static_cast<size_t>(tiles * CP_TILE));
+  std::unique_ptr<float[]> exact(new float[static_cast<size_t>(tiles * CP_TILE)]);
   auto* out = tokens.data_ptr<int64_t>();
+  // past an eighth of the head, the one-thread confirmation costs more than the full head
+  const int64_t max_tiles = std::max<int64_t>(4, tiles / 8);
   for (int64_t m = 0; m < M; ++m)
     out[m] = confirm(x.data_ptr<float>() + m * K, packed.data_ptr<float>(),
-                     approx.data_ptr<float>() + m * N, K, N, bound, exact.data());
+                     approx.data_ptr<float>() + m * N, K, N, bound, max_norm, max_tiles,
+                     exact.get());
 #endif
   return tokens;
 }
@@ -515,10 +528,10 @@ def has_half() -> bool:
 
 
 def greedy(x: torch.Tensor, packed: torch.Tensor, half: torch.Tensor, n: int,
-           bound: float) -> torch.Tensor:
+           bound: float, max_norm: float) -> torch.Tensor:
     """Each row's first argmax of ``linear(x, packed, None, n)``, screened on ``half``
     (``kernels.greedy_head``); -1 for a row it cannot decide."""
-    out: torch.Tensor = _ops().greedy(x, packed, half, n, bound)
+    out: torch.Tensor = _ops().greedy(x, packed, half, n, bound, max_norm)
     return out
 
 

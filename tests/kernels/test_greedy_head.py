@@ -47,12 +47,14 @@ def test_ties_give_the_first_maximum() -> None:
     w = make_head()
     x = torch.randn(1, w.shape[1])
     best = full_argmax(w, x)[0]
-    for early in (0, 5, best - 1):
+    n = w.shape[0]
+    for early in (0, 5, (best - 1) % n):
         tied = w.clone()
         tied[early] = w[best]
-        tied[best + 7] = w[best]
-        assert full_argmax(tied, x) == [min(early, best)]
-        assert screened(tied).tokens(x) == [min(early, best)]
+        tied[(best + 7) % n] = w[best]
+        first = min(early, best, (best + 7) % n)
+        assert full_argmax(tied, x) == [first]
+        assert screened(tied).tokens(x) == [first]
 
 
 def test_rows_fp16_cannot_tell_apart() -> None:
@@ -79,11 +81,12 @@ def test_the_bound_holds_between_fp32_and_fp16_logits() -> None:
     output (the fp16 logits computed here by the fp32 kernel on the fp16 values, which it
     widens exactly, as the screen does)."""
     w = make_head(n=2000)
-    bound = greedy_head.screen_bound(w)
+    bound, max_norm = greedy_head.screen_bounds(w, greedy_head.half_pack(w))
     fp16_values = w.half().float()
     for seed in range(4):
         torch.manual_seed(seed)
         x = torch.randn(4, w.shape[1]) * 10 ** seed
+        assert bool((x.double().norm(dim=1) <= max_norm).all())
         exact = cpu_small_linear.linear(x, cpu_small_linear.pack(w), None, w.shape[0])
         approx = cpu_small_linear.linear(x, cpu_small_linear.pack(fp16_values), None, w.shape[0])
         gap = (exact.double() - approx.double()).abs().amax(dim=1)
@@ -102,6 +105,10 @@ def test_what_it_does_not_decide() -> None:
     inf = torch.randn(1, k)
     inf[0, 0] = float("inf")
     assert head.tokens(inf) is None
+    past = torch.full((1, k), 1e36)
+    assert float(past.double().norm()) > head.max_norm
+    assert head.tokens(past) is None  # past max_norm: partial sums could overflow
+    assert head.tokens(torch.zeros(1, k)) is None  # every output ties: too many candidates
     huge = w.clone()
     huge[0, 0] = 1e6  # beyond fp16: no screen at all
     assert ScreenedHead.of(huge, cpu_small_linear.pack(huge)) is None

@@ -19,10 +19,8 @@ rounding model needs no overflow: ``max_norm`` caps ||x||_2 so that no partial s
 1e37. A row with a non-finite value, a larger norm, or candidates in more than an eighth of
 the head's tiles returns -1 and the caller runs the full head.
 
-The token is what the request would get alone: the full head at the same few rows runs the
-same kernel, whose outputs do not depend on the other rows. A fixed-shape batch (static or
-dynamic batching) whose padding rows pushed its head past the small op's 32 rows took
-oneDNN's summation order before, so there a near tie may now resolve as it would alone.
+The token is the one the full head gives at the same rows: at up to ``MAX_ROWS`` rows it runs
+the same kernel, whose outputs do not depend on the other rows of the call.
 
 Contract: ``ScreenedHead.of(weight, packed)`` (``packed`` the small-batch op's fp32 copy) or
 None where it cannot apply (the op not built, no F16C, weights beyond fp16's range);

@@ -138,12 +138,15 @@ class ModelRunner:
                       rows: list[ScheduledRequest]) -> list[int] | None:
         """The rows' tokens when every row is plain greedy (no logits processor, no
         logprobs): the argmax of their logits, which the head may find without computing
-        them all (``LlamaForCausalLM.greedy_tokens``). None: sample from the logits."""
+        them all (``LlamaForCausalLM.greedy_tokens``). None: sample from the logits.
+        A fixed-shape batch's padding rows (after ``rows`` in ``last``) go through the head
+        too, so a seat costs the same whether its request still runs or not."""
         for s in rows:
             p = s.sampling_params
             if not p.greedy or p.processes_logits or p.logprobs is not None:
                 return None
-        return self.model.greedy_tokens(last[: len(rows)])
+        tokens = self.model.greedy_tokens(last)
+        return None if tokens is None else tokens[: len(rows)]
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         """(device_block, cpu_block) pairs: copy every layer's K and V to the CPU pool."""

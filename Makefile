@@ -26,8 +26,8 @@ $(STAMP): pyproject.toml
 # The CPU ops (C++/OpenMP: decode attention, KV write; norms, rotary, SiLU-mul; small-batch
 # linears; the one-call decoder stack; tens of seconds each, two at a time) on every set-up,
 # not behind the stamp: a pulled source change builds a new folder, an unchanged one is found
-# built in a second (a new venv's paths rebuild it). Without a compiler the engine keeps its
-# torch path.
+# built in a second, whichever venv built it (kernels/cpu_ext.py). Without a compiler the
+# engine keeps its torch path.
 ops: $(STAMP)
 	$(BIN)/python -m kernels.cpu_decode & $(BIN)/python -m kernels.cpu_layer_ops & wait
 	$(BIN)/python -m kernels.cpu_small_linear & $(BIN)/python -m kernels.cpu_decode_layers & wait

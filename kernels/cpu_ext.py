@@ -1,8 +1,8 @@
 """Build and load the engine's small C++/OpenMP CPU ops (torch's extension tooling).
 
 A ``CppOps`` is one extension: its C++ source, the functions it binds, and its build folder
-``~/.cache/carpool/ext/<name>-<hash of source, flags, torch version>``: a new source or torch
-builds a new folder and never loads a stale one. ``build()`` compiles (tens of seconds; ``make
+``~/.cache/carpool/ext/<name>-<hash of source, flags, torch and Python versions>``: a new source
+or torch builds a new folder and never loads a stale one. ``build()`` compiles (tens of seconds; ``make
 setup`` runs it). ``module()`` only loads a built file and is None otherwise: nothing is
 compiled at run time, so a server never stalls on a build and a machine with no compiler keeps
 the torch references. ``VEXP`` is a vectorisable fp32 exp the ops share (libm's ``expf`` does
@@ -16,6 +16,7 @@ import functools
 import hashlib
 import importlib.machinery
 import importlib.util
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -85,7 +86,13 @@ class CppOps:
         return self.module() is not None
 
     def main(self, what: str) -> None:
-        """``python -m kernels.<op>``: build once; a machine with no compiler keeps torch."""
+        """``python -m kernels.<op>``: build once; a machine with no compiler keeps torch.
+        A folder that already holds this op loads as it is, whichever venv built it (its key
+        has the source, the flags, torch's and Python's versions): a fresh clone's ``make
+        setup`` does not compile again what this machine has built."""
+        if self.module() is not None:
+            print(f"{self.name}: found built in {self.build_dir()}")
+            return
         try:
             self.build()
             print(f"{self.name}: built in {self.build_dir()}")
@@ -96,7 +103,7 @@ class CppOps:
 @functools.cache
 def _build_dir(name: str, source: str, flags: tuple[str, ...]) -> Path:
     # cached: the ops ask on every call whether they are built, and hashing costs ~10 us
-    key = f"{source}{list(flags)}{torch.__version__}"
+    key = f"{source}{list(flags)}{torch.__version__}{sys.version_info[:2]}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path.home() / ".cache" / "carpool" / "ext" / f"{name}-{digest}"
 

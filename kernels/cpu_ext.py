@@ -1,9 +1,9 @@
 """Build and load the engine's small C++/OpenMP CPU ops (torch's extension tooling).
 
 A ``CppOps`` is one extension: its C++ source, the functions it binds, and its build folder
-``~/.cache/carpool/ext/<name>-<hash of source, flags, torch and Python versions>``: a new source
-or torch builds a new folder and never loads a stale one. ``build()`` compiles (tens of seconds; ``make
-setup`` runs it). ``module()`` only loads a built file and is None otherwise: nothing is
+``~/.cache/carpool/ext/<name>-<hash of source, flags, torch and Python versions>``: a new
+source or torch builds a new folder and never loads a stale one. ``build()`` compiles (tens of
+seconds; ``make setup`` runs it). ``module()`` only loads a built file and is None otherwise: nothing is
 compiled at run time, so a server never stalls on a build and a machine with no compiler keeps
 the torch references. ``VEXP`` is a vectorisable fp32 exp the ops share (libm's ``expf`` does
 not vectorise without -ffast-math).

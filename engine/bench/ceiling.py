@@ -3,8 +3,8 @@ linear layers, run by the engine's own kernels on the model's own weights.
 
 Contract: ``linear_ops(model, tokens)`` lists the loaded model's linears in forward order (each
 layer's qkv, o, gate_up, down; then the LM head, for greedy rows, so on the screened head of
-``kernels.greedy_head`` at a few rows, as the engine runs it) with their shapes; ``linear_seconds(model,
-tokens, head_rows)`` times one pass of all of them (best of ``repeats``) on random inputs of
+``kernels.greedy_head`` at a few rows, as the engine runs it) with their shapes;
+``linear_seconds(model, tokens, head_rows)`` times one pass of all of them (best of ``repeats``) on random inputs of
 ``tokens`` rows (``head_rows`` for the LM head, which only runs on the rows that sample) and
 returns the seconds and the FLOPs it did; ``linear_ceiling(model, steps, useful_tokens)`` sums
 that over a run's steps, each at the batch sizes it really ran, and returns tokens/s.

@@ -29,6 +29,7 @@ from engine.runner.loader import (
 )
 from engine.runner.quantize import quantize_int8
 from engine.runner.sampler import Sampler
+from kernels import greedy_head
 from kernels.cpu_linear import route_cpu_linears
 
 DTYPES = {
@@ -141,6 +142,8 @@ class ModelRunner:
         them all (``LlamaForCausalLM.greedy_tokens``). None: sample from the logits.
         A fixed-shape batch's padding rows (after ``rows`` in ``last``) go through the head
         too, so a seat costs the same whether its request still runs or not."""
+        if len(last) > greedy_head.MAX_ROWS:  # a big batch: no per-row look at its params
+            return None
         for s in rows:
             p = s.sampling_params
             if not p.greedy or p.processes_logits or p.logprobs is not None:

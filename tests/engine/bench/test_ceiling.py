@@ -33,8 +33,8 @@ def _config_shapes(cfg: Any) -> list[tuple[int, int]]:
 def _record_calls(model: LlamaForCausalLM,
                   monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
     """(module name, input rows, output width) of every linear forward and LM-head call (the
-    full head or the greedy screen, whichever decided), and of every call of the small-batch op as the whole-stack op runs it (named by its
-    packed weight)."""
+    full head or the greedy screen, whichever decided), and of every call of the small-batch
+    op as the whole-stack op runs it (named by its packed weight)."""
     calls: list[tuple[str, int, int]] = []
     by_weight: dict[int, str] = {}
     for name, mod in model.named_modules():

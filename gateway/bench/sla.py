@@ -8,7 +8,8 @@ this process (``sla_client.py``). Every request has a distinct prompt and asks f
 tokens. First it calibrates capacity: output tokens/s of a closed loop at saturation, divided
 by the mean tokens of a finished request, gives completions/s. Then the rows (``sla_load.py``
 says how a row offers load, cuts what is left and counts tokens), each followed by a drain
-that waits for the engine and the queues to empty and reads ``/metrics`` and Redis:
+that waits for the engine and the queues to empty and reads ``/metrics`` and Redis (there also
+the server's fitted step-cost law, which prices what bulk can reach, ``sla_frontier.law_reach``):
   alone      interactive at ``--interactive-x`` x capacity
   overload   the same plus batch and best-effort at ``--overload-x`` x capacity in all, tiers on
   fcfs       the same offered load sent by one tenant in one tier: first come first served
@@ -82,7 +83,21 @@ class Bench:
         kv_used, left, after = await self.drain()
         return Row(name, run, cut_at, kv_used, left,
                    metric_sum(after, "carpool_requests_total")
-                   - metric_sum(before, "carpool_requests_total"))
+                   - metric_sum(before, "carpool_requests_total"), await self.step_law())
+
+    async def step_law(self) -> dict[str, float] | None:
+        """The server's fitted step-cost law now (its worker's tier status; None while its
+        model is cold): the steps of the row just run are the last in its window."""
+        from gateway.bus.client import redis_client
+        from gateway.bus.keys import RedisKeys
+        from gateway.http.shedding import read_statuses, step_costs
+
+        client = redis_client(self.redis_url)
+        try:
+            laws = step_costs(await read_statuses(client, RedisKeys(NAMESPACE)))
+        finally:
+            await client.aclose()
+        return next(iter(laws.values()), None)
 
     async def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
         from gateway.bench.client import LeanClient

@@ -31,6 +31,7 @@ class Call:
     last: float | None = None  # last content event
     events: int = 0  # content events seen
     tokens: int | None = None  # completion tokens from the usage chunk
+    prompt_tokens: int | None = None  # and prompt tokens
     done: bool = False  # [DONE] seen: the request ran to its end
     cancelled: bool = False
     error: str = ""  # transport error or an error event inside the stream
@@ -137,6 +138,7 @@ def _on_event(call: Call, event: bytes, now: float) -> None:
             call.error = str(obj["error"])
         if obj.get("usage"):
             call.tokens = int(obj["usage"]["completion_tokens"])
+            call.prompt_tokens = int(obj["usage"]["prompt_tokens"])
         for choice in obj.get("choices") or ():
             if (choice.get("delta") or {}).get("content"):
                 call.events += 1

@@ -22,6 +22,16 @@ whole offered load in one batch). From it:
   report takes the heavy row's longest steps, its TPOT p99, for the p99 first token).
 
 Estimates from two points of a noisy machine, printed beside the measured figures, not targets.
+
+The two-point law reads a row's step off its TPOT and its rows off its output tokens, so the
+prompt work of every request a row starts lands in its per-row cost (bench sla, session 25:
+~12 ms a row where a decode row costs ~3). The server's own law does not: its step budget fits
+``policies.step_cost`` to every step it runs (rows, tokens, context read, prompt rows) and
+publishes the fit in its tier status. ``MachineLaw`` is that fit, and ``law_reach`` prices
+bulk goodput with it: every step ``tpot_limit`` x interactive's alone TPOT long, each second
+holds ``1 / step`` steps' base cost plus every request's own work (a prompt row, its prompt
+tokens, a decode row a token after the first); what interactive's requests leave of the
+second, bulk's fill.
 """
 
 from __future__ import annotations
@@ -116,3 +126,86 @@ def ttft_growth_s(light: Point, heavy: Point) -> float:
     """The least a first token beside the heavy batch waits more than alone: the step in
     progress and its own step, each longer by the step's growth."""
     return 2 * max(0.0, heavy.step_s - light.step_s)
+
+
+@dataclass(frozen=True)
+class MachineLaw:
+    """A server's fitted step law (``StepBudget.law``): seconds = base + per_row rows +
+    per_token tokens + per_kv_token context tokens read + per_prefill_row prompt rows."""
+
+    base_s: float
+    per_row_s: float
+    per_token_s: float
+    per_kv_token_s: float
+    per_prefill_row_s: float
+    kv_per_row: float  # the mean context a row reads
+
+    @classmethod
+    def of(cls, published: dict[str, float] | None) -> MachineLaw | None:
+        if not published:
+            return None
+        return cls(*(float(published[k]) for k in (
+            "base_s", "per_row_s", "per_token_s", "per_kv_token_s", "per_prefill_row_s",
+            "kv_per_row")))
+
+    @property
+    def decode_row_s(self) -> float:
+        """What a decode row adds to a step: a row, a token, its context read."""
+        return self.per_row_s + self.per_token_s + self.per_kv_token_s * self.kv_per_row
+
+    def prompt_s(self, prompt_tokens: float) -> float:
+        """What a prompt computed in one chunk adds to a step: a row, a prompt row, and
+        each token computed and its KV entry read."""
+        return (self.per_row_s + self.per_prefill_row_s
+                + prompt_tokens * (self.per_token_s + self.per_kv_token_s))
+
+
+@dataclass(frozen=True)
+class Work:
+    """A stream of requests: output tokens/s, and each request's prompt and output tokens."""
+
+    tokens_s: float
+    prompt_tokens: float
+    output_tokens: float
+
+    def seconds_per_token(self, law: MachineLaw) -> float:
+        """Step time each output token costs, its request's prompt shared among its tokens
+        (the prompt's step yields the first token; the others a decode row each)."""
+        n = max(1.0, self.output_tokens)
+        return ((n - 1) * law.decode_row_s + law.prompt_s(self.prompt_tokens)) / n
+
+    def busy_s(self, law: MachineLaw) -> float:
+        """Step time this work takes each second."""
+        return self.tokens_s * self.seconds_per_token(law)
+
+
+def busy_share(law: MachineLaw, step_s: float, works: list[Work]) -> float:
+    """The share of each second steps of mean length ``step_s`` take to run ``works``: each
+    step's base, and the works' own costs (1: the machine is full at that step length)."""
+    return law.base_s / step_s + sum(w.busy_s(law) for w in works)
+
+
+@dataclass(frozen=True)
+class LawReach:
+    law: MachineLaw
+    step_s: float  # the mean step interactive's TPOT limit allows
+    bulk_tokens_s: float  # bulk goodput that fills the machine at that step
+    of_fcfs: float  # over the FCFS row's bulk goodput
+    tpot_ratio_needed: float  # the TPOT / alone whose step fits share x FCFS bulk (inf: none)
+
+
+def law_reach(law: MachineLaw, alone_step_s: float, interactive: Work, bulk: Work,
+              fcfs_bulk_s: float, tpot_limit: float = 1.3, share: float = 0.8
+              ) -> LawReach | None:
+    """Bulk goodput the machine's law allows beside ``interactive`` while every step stays
+    ``tpot_limit`` x ``alone_step_s`` (interactive's unloaded TPOT) long; ``bulk``'s shape
+    (prompt and output tokens) prices it, its rate is ignored. None without the figures."""
+    per_token = bulk.seconds_per_token(law)
+    if alone_step_s <= 0 or fcfs_bulk_s <= 0 or per_token <= 0:
+        return None
+    step = tpot_limit * alone_step_s
+    free = 1.0 - busy_share(law, step, [interactive])
+    tokens = max(0.0, free / per_token)
+    rest = 1.0 - interactive.busy_s(law) - share * fcfs_bulk_s * per_token
+    need = law.base_s / rest / alone_step_s if rest > 0 else math.inf
+    return LawReach(law, step, tokens, tokens / fcfs_bulk_s, need)

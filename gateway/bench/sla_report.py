@@ -13,7 +13,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.bench.sla_client import Call
-from gateway.bench.sla_frontier import Point, bulk_reach, light_reach, ttft_growth_s
+from gateway.bench.sla_frontier import (
+    LawReach,
+    MachineLaw,
+    Point,
+    Work,
+    bulk_reach,
+    law_reach,
+    light_reach,
+    ttft_growth_s,
+)
 from gateway.bench.sla_load import RowRun
 from policies.tiers import DERIVED_TPOT_HEADROOM, TPOT_PROMISE
 
@@ -48,6 +57,7 @@ class Row:
     kv_used: float  # carpool_kv_blocks{state="used"} after the drain
     queue_left: int  # entries left in the queue streams after the drain
     server_requests: float  # carpool_requests_total gained during the row (drain included)
+    law: dict[str, float] | None = None  # the server's fitted step law after the row
 
     def ttft_ms(self, stream: str, q: float) -> float:
         return pct(ttfts_ms(self.run.of(stream), self.cut_at), q)
@@ -163,6 +173,10 @@ def targets(rows: dict[str, Row], be_wrr_share: float) -> list[Target]:
             over.ttft_ms("interactive", 0.99), fcfs.ttft_ms("interactive", 0.99)), 0.5, True))
         out.append(Target("bulk goodput overload / FCFS",
                           _ratio(over.bulk_goodput, fcfs.bulk_goodput), 0.8, False))
+        reach = server_reach(rows)
+        if reach is not None:  # what can hold: the server's own law prices the bulk
+            out.append(Target(f"bulk goodput overload / law's reach at {TPOT_PROMISE:g}x TPOT",
+                              _ratio(over.bulk_goodput, reach.bulk_tokens_s), 0.8, False))
     light, heavy = rows.get("light"), rows.get("heavy")
     if light is not None and heavy is not None:
         out.append(Target("light TTFT p99 with 10x heavy / alone", _ratio(
@@ -204,10 +218,36 @@ def _point(row: Row, stream: str, q: float = 0.5) -> Point:
                  row.run.window_tokens(*names) / (row.run.end - row.run.start))
 
 
+def work(row: Row, *streams: str) -> Work | None:
+    """What ``streams`` offered in ``row``: output tokens/s in the window, and the mean
+    prompt and output tokens of their calls that ran to their end (None: none did)."""
+    done = [c for c in row.run.of(*streams) if c.done and c.prompt_tokens is not None]
+    if not done:
+        return None
+    return Work(row.run.window_tokens(*streams) / (row.run.end - row.run.start),
+                sum(c.prompt_tokens or 0 for c in done) / len(done),
+                sum(c.output_tokens for c in done) / len(done))
+
+
+def server_reach(rows: dict[str, Row], tpot_limit: float = TPOT_PROMISE) -> LawReach | None:
+    """Bulk goodput the server's own step law (read after the overload row) allows beside
+    the overload row's interactive work at ``tpot_limit`` x its alone TPOT
+    (``sla_frontier.law_reach``); None without the rows, a warm law or finished calls."""
+    alone, over, fcfs = rows.get("alone"), rows.get("overload"), rows.get("fcfs")
+    if alone is None or over is None or fcfs is None:
+        return None
+    law = MachineLaw.of(over.law)
+    inter, bulk = work(over, "interactive"), work(over, *BULK)
+    if law is None or inter is None or bulk is None:
+        return None
+    return law_reach(law, alone.tpot_ms("interactive", 0.5) / 1000, inter, bulk,
+                     fcfs.bulk_goodput, tpot_limit)
+
+
 def frontier_lines(rows: dict[str, Row]) -> list[str]:
     """What the step-cost law of this run lets the bulk and light targets reach
     (``sla_frontier``); empty without the rows it needs."""
-    lines = _bulk_lines(rows)
+    lines = _law_lines(rows) + _bulk_lines(rows)
     light, heavy = rows.get("light"), rows.get("heavy")
     if light is not None and heavy is not None:
         lines += _light_lines(light, heavy)
@@ -226,12 +266,30 @@ def _bulk_lines(rows: dict[str, Row]) -> list[str]:
     if reach is None or aimed is None:
         return []
     law = reach.law
-    return [(f"cost law from the alone and fcfs rows: step ~ {law.base_s * 1000:.0f} ms + "
+    return [(f"two-point law from the alone and fcfs rows: step ~ {law.base_s * 1000:.0f} ms + "
              f"{law.per_row_s * 1000:.1f} ms/row; with interactive TPOT <= {TPOT_PROMISE:g}x "
              f"alone, bulk can reach {reach.bulk_tokens_s:.1f} tok/s beside interactive's "
              f"{inter_s:.1f} = {reach.of_fcfs:.2f} of FCFS ({aimed.bulk_tokens_s:.1f} = "
              f"{aimed.of_fcfs:.2f} within the budget's {DERIVED_TPOT_HEADROOM:g}x); bulk >= "
              f"0.8x FCFS needs interactive TPOT {reach.tpot_ratio_needed:.2f}x alone")]
+
+
+def _law_lines(rows: dict[str, Row]) -> list[str]:
+    reach = server_reach(rows)
+    if reach is None:
+        return []
+    law, over = reach.law, rows["overload"]
+    inter, bulk = work(over, "interactive"), work(over, *BULK)
+    assert inter is not None and bulk is not None  # server_reach had them
+    return [(f"server's step law after the overload row: step ~ {law.base_s * 1000:.1f} ms + "
+             f"{law.decode_row_s * 1000:.2f} ms a decode row ({law.kv_per_row:.0f} context) + "
+             f"{law.prompt_s(bulk.prompt_tokens) * 1000:.1f} ms a {bulk.prompt_tokens:.0f}-token "
+             f"prompt; interactive's {inter.tokens_s:.1f} tok/s take "
+             f"{inter.busy_s(law):.2f} of each second; within {reach.step_s * 1000:.0f} ms steps "
+             f"({TPOT_PROMISE:g}x alone TPOT) bulk can reach {reach.bulk_tokens_s:.1f} tok/s "
+             f"({bulk.seconds_per_token(law) * 1000:.1f} ms a token with its prompt) = "
+             f"{reach.of_fcfs:.2f} of FCFS; bulk >= 0.8x FCFS needs interactive TPOT "
+             f"{reach.tpot_ratio_needed:.2f}x alone")]
 
 
 def _light_lines(light: Row, heavy: Row) -> list[str]:

@@ -1,7 +1,8 @@
 """``carpool tenants ...``: manage tenants, quotas and keys directly in Redis.
 
 ``carpool tenants tiers`` prints each tier's weight, objectives (TTFT/TPOT p99 targets, overload
-action) and the workers' live status (queue depth, service rate, predicted wait) as a table;
+action) and the workers' live status (queue depth, service rate, predicted wait) as a table,
+then each worker's step-cost law (what its step budget admits lower tiers by);
 ``list`` prints the tiers' objectives after the tenants, a JSON line per tier.
 
 Finds Redis through ``--redis-url``, ``REDIS_URL``, or the URL a local ``carpool serve`` left
@@ -85,7 +86,9 @@ async def _run(args: argparse.Namespace) -> int:
             for row in await _tier_rows(redis, config):
                 out.write(json.dumps({k: v for k, v in row.items() if k != "status"}) + "\n")
         elif args.action == "tiers":
-            out.write(format_tiers(await _tier_rows(redis, config)))
+            statuses = await _statuses(redis, config)
+            out.write(format_tiers(_tier_table(config, statuses)))
+            out.write(format_laws(statuses))
         elif args.action == "create":
             quota = TenantQuota(**_quota_changes(args))
             await store.put(Tenant(args.tenant_id, args.name or args.tenant_id, quota))
@@ -119,11 +122,28 @@ async def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _tier_rows(redis: Any, config: Any) -> list[dict[str, Any]]:
+async def _statuses(redis: Any, config: Any) -> list[dict[str, Any]]:
     from gateway.bus.keys import RedisKeys
-    from gateway.http.shedding import read_statuses, tier_table
+    from gateway.http.shedding import read_statuses
 
-    return tier_table(config, await read_statuses(redis, RedisKeys(config.namespace)))
+    return await read_statuses(redis, RedisKeys(config.namespace))
+
+
+def _tier_table(config: Any, statuses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from gateway.http.shedding import tier_table
+
+    return tier_table(config, statuses)
+
+
+async def _tier_rows(redis: Any, config: Any) -> list[dict[str, Any]]:
+    return _tier_table(config, await _statuses(redis, config))
+
+
+def format_laws(statuses: list[dict[str, Any]]) -> str:
+    """The live workers' step-cost laws (what their step budgets admit by), a line each."""
+    from gateway.http.shedding import law_line, step_costs
+
+    return "".join(law_line(w, law) + "\n" for w, law in step_costs(statuses).items())
 
 
 TIER_COLUMNS = ("tier", "weight", "ttft p99", "tpot p99", "action", "depth", "started/s",

@@ -127,3 +127,19 @@ def tier_table(config: GatewayConfig, statuses: list[dict[str, Any]]) -> list[di
                 "tenants": dict(load.tenant_depth), "workers": len(statuses)},
         })
     return rows
+
+
+def step_costs(statuses: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per live worker, the step-cost law its step budget runs on (``StepBudget.law``);
+    a worker whose model is still cold has none."""
+    return {str(s.get("worker")): law for s in statuses
+            if isinstance(law := s.get("step_cost"), dict)}
+
+
+def law_line(worker: str, law: dict[str, float]) -> str:
+    """One worker's step-cost law in words, for ``carpool tenants tiers``."""
+    return (f"worker {worker}: step ~ {law['base_s'] * 1e3:.1f} ms + "
+            f"{law['per_row_s'] * 1e3:.2f} ms/row + {law['per_token_s'] * 1e3:.2f} ms/token + "
+            f"{law['per_kv_token_s'] * 1e6:.2f} us/context token + "
+            f"{law['per_prefill_row_s'] * 1e3:.1f} ms/prompt row ({law['steps']:.0f} steps, "
+            f"{law['kv_per_row']:.0f} context tokens a row)")

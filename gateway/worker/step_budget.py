@@ -127,6 +127,9 @@ class StepBudget:
         self.lower_ttft_s: float | None = None  # the tightest lower-tier TTFT target
         self._bound_said: int | None = None  # the bound last logged at info
         self.lower_prefill_tokens: int | None = None  # the allowance set with it
+        # the fitted law for the tier status (operators; ``carpool bench sla`` prices its
+        # reach with it): set where the model is fitted, read whole elsewhere
+        self.law: dict[str, float] | None = None
         self.demand = UrgentDemand()  # what interactive asks (the worker feeds it)
         self.urgent_backlogged = False  # set with the cap: seats owed for every urgent row
         self.urgent_prompt_s = 0.0  # interactive's prompt tokens/s, read with its demand
@@ -227,6 +230,7 @@ class StepBudget:
             if bound != self.row_limit:
                 self._log_bound(bound, max_rows, law)
                 self.row_limit = bound
+        self.law = self._law()
         target = self._target()
         cap = self.model.max_rows_within(target, limit=max_rows)  # decode rows alone
         if not self.cold:  # a cold model's per-row mean cannot price a token
@@ -271,6 +275,22 @@ class StepBudget:
         tokens = self.model.mean_prefill_tokens()
         share = self.model.per_prefill_row / tokens if tokens else 0.0
         return self._token_s() + share
+
+    def _law(self) -> dict[str, float] | None:
+        """The fitted step-cost law this budget runs on, for ``law``: seconds a
+        step costs = ``base_s`` + ``per_row_s`` rows + ``per_token_s`` tokens +
+        ``per_kv_token_s`` context tokens read + ``per_prefill_row_s`` prompt rows; with the
+        window's mean context per row, prompt tokens per prompt row and its step count.
+        None while cold (a per-row mean, not the law). Walks the model's window: called
+        where the model is fed (``plan``), never beside it."""
+        if self.cold:
+            return None
+        model, cost = self.model, self.model.cost
+        return {"base_s": cost.base, "per_row_s": cost.per_row, "per_token_s": cost.per_token,
+                "per_kv_token_s": cost.per_kv_token, "per_prefill_row_s": model.per_prefill_row,
+                "kv_per_row": model.mean_kv_per_row(),
+                "prefill_tokens": model.mean_prefill_tokens(),
+                "steps": model.fitted_samples}
 
     @property
     def cold(self) -> bool:

@@ -11,7 +11,8 @@ a JSON object::
                       "action": "shed"|"queue", "depth": entries waiting (not yet delivered
                       to any worker), "rate_rps": requests this worker started per second
                       over the last W s, "predicted_wait_s": depth / rate,
-                      "tenants": {tenant: entries waiting}}}}
+                      "tenants": {tenant: entries waiting}}},
+     "step_cost": the step budget's fitted law (``StepBudget.law``) | null}
 
 A reader ignores a field older than ``STALE_AFTER_S`` (a dead worker's); each publish also
 deletes the fields it has seen unchanged for ``2 * STALE_AFTER_S`` on its own monotonic clock
@@ -131,8 +132,10 @@ class TierStatusPublisher:
                 "predicted_wait_s": round(predicted_wait(depth, rate, self.window_s), 3),
                 "tenants": await self.tenant_depths(tier) if depth else {},
             }
+        budget = self.step_budget
         return {"worker": self.worker_id, "ts": time.time(), "window_s": self.window_s,
-                "weights": dict(self.config.tier_weights), "tiers": tiers}
+                "weights": dict(self.config.tier_weights), "tiers": tiers,
+                "step_cost": None if budget is None else budget.law}
 
     def _tpot(self, tier: str) -> tuple[float | None, str | None]:
         configured = self.config.tier_slos[tier].tpot_p99_s

@@ -1,6 +1,6 @@
 """The step-cost frontier of ``carpool bench sla`` against a brute-force reference: operating
 points made from a known law give that law back, and the reachable bulk goodput / needed TPOT
-equal a scan over row counts."""
+equal a scan over row counts; the server-law reach against a schedule priced step by step."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ import math
 
 import pytest
 
-from gateway.bench.sla_frontier import Point, bulk_reach, fit, light_reach, ttft_growth_s
+from gateway.bench.sla_frontier import (
+    MachineLaw,
+    Point,
+    Work,
+    bulk_reach,
+    busy_share,
+    fit,
+    law_reach,
+    light_reach,
+    ttft_growth_s,
+)
 
 
 def point_of(a: float, b: float, rows: float) -> Point:
@@ -73,3 +83,62 @@ def test_tokens_past_the_law_s_ceiling_need_an_endless_step() -> None:
     assert law is not None
     assert math.isinf(law.step_for_tokens(1.01 / 0.01))
     assert not math.isinf(law.step_for_tokens(0.99 / 0.01))
+
+
+def schedule_seconds(law: MachineLaw, steps: int, decode_rows: list[int],
+                     prompts: list[list[float]]) -> float:
+    """Seconds ``steps`` steps take, each priced on its own: ``decode_rows[i]`` decode rows
+    of ``law.kv_per_row`` context, and the prompts (tokens each, in one chunk) of step i."""
+    total = 0.0
+    for i in range(steps):
+        chunk = prompts[i]
+        rows = decode_rows[i] + len(chunk)
+        tokens = decode_rows[i] + sum(chunk)
+        kv = decode_rows[i] * law.kv_per_row + sum(chunk)  # a prompt reads its own entries
+        total += (law.base_s + law.per_row_s * rows + law.per_token_s * tokens
+                  + law.per_kv_token_s * kv + law.per_prefill_row_s * len(chunk))
+    return total
+
+
+def test_a_works_machine_time_equals_its_schedule_priced_step_by_step() -> None:
+    law = MachineLaw(0.02, 0.0015, 0.0011, 2e-6, 0.018, kv_per_row=90.0)
+    # a steady cycle of 12 steps: 3 interactive requests of 4 output tokens (prompt 40) and
+    # 2 bulk ones of 6 (prompt 50) start per cycle, so 3 x 4 - 3 interactive and 2 x 6 - 2
+    # bulk decode rows run in it (each request's first token comes from its prompt's step)
+    steps = 12
+    prompts: list[list[float]] = [[] for _ in range(steps)]
+    for i, p in enumerate([40, 40, 40, 50, 50]):
+        prompts[(5 * i) % steps].append(p)
+    decode = [0] * steps
+    for i in range(3 * 3 + 2 * 5):
+        decode[i % steps] += 1
+    seconds = schedule_seconds(law, steps, decode, prompts)
+    step = seconds / steps
+    inter = Work(3 * 4 / seconds, 40, 4)
+    bulk = Work(2 * 6 / seconds, 50, 6)
+    assert busy_share(law, step, [inter, bulk]) == pytest.approx(1.0)
+    # the reach at that step is exactly that bulk, and asking for it needs that step
+    reach = law_reach(law, step / 1.3, inter, bulk, fcfs_bulk_s=bulk.tokens_s / 0.8)
+    assert reach is not None
+    assert reach.bulk_tokens_s == pytest.approx(bulk.tokens_s)
+    assert reach.of_fcfs == pytest.approx(0.8)
+    assert reach.tpot_ratio_needed == pytest.approx(1.3)
+
+
+def test_the_reach_grows_with_the_step_and_is_none_without_figures() -> None:
+    law = MachineLaw(0.02, 0.0015, 0.0011, 2e-6, 0.018, kv_per_row=90.0)
+    inter, bulk = Work(30.0, 44, 48), Work(0.0, 44, 48)
+    reach = [law_reach(law, 0.035, inter, bulk, 60.0, tpot_limit=x) for x in (1.1, 1.3, 2.0)]
+    tokens = [r.bulk_tokens_s for r in reach if r is not None]
+    assert len(tokens) == 3 and tokens[0] < tokens[1] < tokens[2]
+    # interactive alone fills a machine at a step this short: nothing is left for bulk
+    squeezed = law_reach(law, 0.021 / 1.3, inter, bulk, 60.0)
+    assert squeezed is not None and squeezed.bulk_tokens_s == 0.0
+    # bulk past what the law can ever run beside interactive needs an endless step
+    assert math.isinf(law_reach(law, 0.035, inter, bulk, 1e4).tpot_ratio_needed)  # type: ignore[union-attr]
+    assert law_reach(law, 0.035, inter, bulk, 0.0) is None
+    assert MachineLaw.of(None) is None
+    published = {"base_s": 0.02, "per_row_s": 0.0015, "per_token_s": 0.0011,
+                  "per_kv_token_s": 2e-6, "per_prefill_row_s": 0.018, "kv_per_row": 90.0,
+                  "prefill_tokens": 44.0, "steps": 512}
+    assert MachineLaw.of(published) == law

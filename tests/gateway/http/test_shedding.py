@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.cli.tenants import format_laws
+from gateway.http.shedding import step_costs
 from policies.tiers import BATCH, INTERACTIVE, TierSLO
 from tests.gateway.harness import SECRET, make_config, make_tenant, run_gateway
 from tests.gateway.worker.drainer_hold import HeldWorker, drainer_held, start_drainer
@@ -118,3 +120,16 @@ def test_saturated_tier_sheds_at_once_and_a_queue_tier_keeps_queueing(
 
     with drainer_held(shed_gateway):
         asyncio.run(go())
+
+
+def test_tenants_tiers_prints_each_live_workers_step_law() -> None:
+    law = {"base_s": 0.0215, "per_row_s": 0.00125, "per_token_s": 0.0018,
+           "per_kv_token_s": 2.5e-6, "per_prefill_row_s": 0.0192, "kv_per_row": 87.4,
+           "prefill_tokens": 44.0, "steps": 512.0}
+    statuses = [{"worker": "w2", "step_cost": law}, {"worker": "w1", "step_cost": None},
+                {"worker": "w3"}]
+    assert step_costs(statuses) == {"w2": law}  # a cold worker (or an older one) has none
+    text = format_laws(statuses)
+    assert text == ("worker w2: step ~ 21.5 ms + 1.25 ms/row + 1.80 ms/token + "
+                    "2.50 us/context token + 19.2 ms/prompt row (512 steps, 87 context tokens "
+                    "a row)\n")

@@ -342,3 +342,32 @@ def test_interactive_is_backlogged_when_its_demand_passes_the_capped_batch(fill:
     assert budget.owed_lower_rows(urgent) == owed_seats(urgent, cap, 0, {0: 6, 1: 3, 2: 1},
                                                         backlogged=backlogged)
     assert budget.owed_lower_rows(urgent) == (urgent * 4 // 6 if backlogged else 0)
+
+
+def test_the_published_law_is_the_fitted_one_and_none_while_cold() -> None:
+    """What the tier status publishes for operators and ``bench sla``: a law that prices the
+    synthetic engine's steps as its true law does, with the window's context per row."""
+    engine = RecordingEngine()
+    budget = StepBudget(engine, model=StepCostModel(min_samples=16))  # type: ignore[arg-type]
+    budget.attach()
+    feed(budget, engine, 5)
+    budget.update()
+    assert budget.law is None  # cold: a per-row mean is no law
+    feed(budget, engine, 200)
+    budget.update()
+    law = budget.law
+    assert law is not None
+    # the synthetic steps' columns are collinear (a fixed context), so the coefficients are
+    # one of many fits: the law must give the true cost of every such step back
+    for rows, context, prefill in ((1, 200, 0), (17, 200, 50), (40, 200, 100), (8, 200, 0)):
+        out, seconds = synthetic_step(rows, context, prefill)
+        n, tokens = len(out.scheduled), rows + prefill
+        kv = rows * context + prefill
+        predicted = (law["base_s"] + law["per_row_s"] * n + law["per_token_s"] * tokens
+                     + law["per_kv_token_s"] * kv + law["per_prefill_row_s"] * (prefill > 0))
+        assert predicted == pytest.approx(seconds, rel=1e-6)
+    assert law["kv_per_row"] == pytest.approx(budget.model.mean_kv_per_row())
+    fed = [(i % 3) * 50 for n in (5, 200) for i in range(n)]  # what ``feed`` sent
+    prompts = [p for p in fed if p]
+    assert law["prefill_tokens"] == pytest.approx(sum(prompts) / len(prompts))
+    assert law["steps"] == 205

@@ -19,7 +19,7 @@ from engine.frontend.echo import FakeEchoEngine
 from engine.runner.loader import load_tokenizer
 from gateway.bus.keys import RedisKeys
 from gateway.bus.queues import TierQueues
-from gateway.http.shedding import live_statuses, merge_loads
+from gateway.http.shedding import live_statuses, merge_loads, step_costs
 from gateway.worker.step_budget import StepBudget
 from gateway.worker.tier_status import STALE_AFTER_S, TierStatusPublisher
 from policies.tiers import BATCH, INTERACTIVE, TIERS, TierSLO
@@ -59,6 +59,7 @@ async def test_publish_writes_objectives_and_drops_dead_workers(
     client: Any = aioredis.Redis.from_url(redis_url)
     budget = StepBudget(FakeEchoEngine(load_tokenizer(tiny_model_dir)))
     budget.target_s = 0.123  # as the step budget derives it once it has steps
+    budget.law = {"base_s": 0.02, "per_row_s": 0.003, "steps": 64.0}  # and fits its law
     pub = publisher(client, budget, tier_slos={INTERACTIVE: TierSLO(2.0, None, "shed"),
                                                BATCH: TierSLO(60.0, 0.5)})
     key = pub.keys.tier_status
@@ -81,6 +82,9 @@ async def test_publish_writes_objectives_and_drops_dead_workers(
     assert (batch["ttft_p99_s"], batch["tpot_p99_s"], batch["tpot_source"], batch["action"]) \
         == (60.0, 0.5, "configured", "queue")
     assert all(t["depth"] == 0 and t["tenants"] == {} for t in status["tiers"].values())
+    assert status["step_cost"] == budget.law
+    assert step_costs(live_statuses(await client.hgetall(key), time.time())) == {
+        "w1": budget.law}
     assert 0 < await client.pttl(key) <= STALE_AFTER_S * 2000
     await pub.withdraw()
     assert await client.hgetall(key) == {}

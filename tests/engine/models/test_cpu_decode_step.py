@@ -132,23 +132,28 @@ def test_the_stack_op_is_built_wherever_its_three_ops_are() -> None:
 
 
 @pytest.mark.parametrize("with_stack", [True, False])
-def test_a_long_prompt_step_keeps_the_general_path(tiny_model_dir: Path, with_stack: bool,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """A prompt step goes direct up to the stack's MAX_TOKENS (the per-op path's MAX_ROWS
-    where no stack is bound), and to SDPA's general path past it."""
+def test_a_prompt_step_goes_direct_until_its_reads_pass_the_limit(
+        tiny_model_dir: Path, with_stack: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt step goes direct (the stack up to its MAX_TOKENS, the direct ops past it) while
+    its prompt tokens' contexts sum to at most MAX_PROMPT_READS, and to SDPA's general path
+    past it. Here the limit is lowered to a 60-token prompt's reads (1 + ... + 60)."""
     runner = make_runner(tiny_model_dir, "float32")
     blocks = BlockTables(runner.num_blocks, runner.block_size, seed=1)
     if not with_stack:
         monkeypatch.setattr(cpu_decode_step, "stack_for", lambda model: None)
     elif not cpu_decode_layers.available():
         pytest.skip("whole-stack op not built")
-    limit = cpu_decode_layers.MAX_TOKENS if with_stack else cpu_small_linear.MAX_ROWS
-    for n, direct in ((limit, True), (limit + 1, False)):
+    monkeypatch.setattr(cpu_decode_step, "MAX_PROMPT_READS", 60 * 61 // 2)
+    monkeypatch.setattr(cpu_decode_layers, "MAX_TOKENS", 40)
+    for n, direct, stacked in ((40, True, with_stack), (41, True, False), (60, True, False),
+                               (61, False, False)):
         step = runner.prepare_inputs([chunk(f"r{n}", list(range(3, 3 + n)), 0, blocks)])
         fast = cpu_decode_step.prepare(runner.model, step.input_ids, step.positions,
                                        runner.kv_caches, step.meta)
         assert (fast is not None) == direct, n
-        assert fast is None or (fast.stack is not None) == with_stack
+        assert fast is None or (fast.stack is not None) == stacked, n
+        if fast is not None:  # each prompt token reads its own context: causal
+            assert fast.seq_lens.tolist() == list(range(1, n + 1))
 
 
 def test_direct_path_close_to_transformers(tiny_model_dir: Path,
@@ -173,3 +178,31 @@ def test_float64_keeps_the_general_path(tiny_model_dir: Path,
     taken: list[str] = []
     _run(tiny_model_dir, "float64", "stack", monkeypatch, taken)
     assert taken == []
+
+
+def test_a_prompt_step_past_the_stack_is_close_to_the_general_path(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """120 prompt tokens in three requests (past the stack's MAX_TOKENS): the direct ops with
+    every prompt token attending as a decode row, against SDPA's general path (rounding apart),
+    and then a decode step on each path's KV."""
+    rng = random.Random(7)
+    seqs = {rid: [rng.randrange(3, 49152) for _ in range(n)] for rid, n in
+            (("a", 50), ("b", 40), ("c", 31))}
+    assert sum(len(s) - 1 for s in seqs.values()) > cpu_decode_layers.MAX_TOKENS
+
+    def run(general: bool) -> list[list[torch.Tensor]]:
+        runner = make_runner(tiny_model_dir, "float32")
+        blocks = BlockTables(runner.num_blocks, runner.block_size, seed=3)
+        with monkeypatch.context() as m:
+            if general:
+                m.setattr(cpu_decode_step, "prepare", lambda *args: None)
+            prompt = step_logits(runner, [chunk(rid, s[:-1], 0, blocks)
+                                          for rid, s in seqs.items()])
+            decode = step_logits(runner, [chunk(rid, s[-1:], len(s) - 1, blocks)
+                                          for rid, s in seqs.items()])
+        return [prompt, decode]
+
+    direct, general = run(False), run(True)
+    for got, want in zip(direct, general, strict=True):
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=2e-5, rtol=2e-5)

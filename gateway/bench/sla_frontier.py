@@ -1,37 +1,31 @@
 """What the machine's step-cost law lets ``carpool bench sla``'s targets reach (pure functions).
 
-A decode step costs about ``a + b * rows`` seconds (on a CPU b is large next to a: every row
-slows every other one), and each running row yields one token a step, so a row's measured
-TPOT p50 is the step time and tokens/s times it is the rows a step held (Little's law). Two
-rows of the run give the law: ``alone`` (interactive only, a small batch) and ``fcfs`` (the
-whole offered load in one batch). From it:
+A decode step costs about ``a + b * rows`` seconds, and each running row yields one token a
+step, so a row's measured TPOT p50 is the step time and tokens/s times it is the rows a step
+held (Little's law). For a tier with a heavy tenant, that tier's own two rows (``light`` alone,
+``heavy`` beside it) give such a law (``fit``, ``light_reach``):
 
-- the bulk goodput reachable while interactive's TPOT stays within ``limit`` x alone: a step
-  may then hold ``(limit * s_alone - a) / b`` rows, which yield that many tokens a step; what
-  interactive takes (its tokens/s in the overload row) is not bulk's;
-- the interactive TPOT ratio that bulk goodput >= ``share`` x FCFS's would need;
-- for a tier with a heavy tenant, from that tier's own two rows (``light`` alone, ``heavy``
-  beside it): the tier's tokens/s if its batch were held to the step that keeps the light
-  tenant's TTFT within ``limit`` x alone (a first token waits for at least one step of the
-  batch it joins, so the TTFT ratio is at least the step ratio); and what the heavy row's
-  batch (held to the worker's batch bound, ``policies.batch_bound``) yields of the law's
-  asymptote ``1 / b``: what the bound gives up.
+- the tier's tokens/s if its batch were held to the step that keeps the light tenant's TTFT
+  within ``limit`` x alone (a first token waits for at least one step of the batch it joins,
+  so the TTFT ratio is at least the step ratio); and what the heavy row's batch (held to the
+  worker's batch bound, ``policies.batch_bound``) yields of the law's asymptote ``1 / b``: what
+  the bound gives up;
 - the floor under the light tenant's TTFT beside the heavy one: its first token waits for the
   step in progress, then its own step, and both grew from the light row's step to the heavy
   row's: at least ``2 * (heavy step - light step)`` more than alone (``ttft_growth_s``; the
   report takes the heavy row's longest steps, its TPOT p99, for the p99 first token).
 
-Estimates from two points of a noisy machine, printed beside the measured figures, not targets.
+Bulk beside interactive is priced with the server's own law instead. A two-point law read off
+the alone and FCFS rows put every request's prompt work into its per-row cost (bench sla,
+session 25: 12-16 ms a row, an intercept of 0, where a decode row costs ~3 ms), and said bulk
+could reach nothing. The step budget fits ``policies.step_cost`` to every step the server
+runs (rows, tokens, context read, prompt rows) and publishes the fit in its tier status.
+``MachineLaw`` is that fit, and ``law_reach`` prices bulk goodput with it: every step
+``tpot_limit`` x interactive's alone TPOT long, each second holds ``1 / step`` steps' base
+cost plus every request's own work (a prompt row, its prompt tokens, a decode row a token
+after the first); what interactive's requests leave of the second, bulk's fill.
 
-The two-point law reads a row's step off its TPOT and its rows off its output tokens, so the
-prompt work of every request a row starts lands in its per-row cost (bench sla, session 25:
-~12 ms a row where a decode row costs ~3). The server's own law does not: its step budget fits
-``policies.step_cost`` to every step it runs (rows, tokens, context read, prompt rows) and
-publishes the fit in its tier status. ``MachineLaw`` is that fit, and ``law_reach`` prices
-bulk goodput with it: every step ``tpot_limit`` x interactive's alone TPOT long, each second
-holds ``1 / step`` steps' base cost plus every request's own work (a prompt row, its prompt
-tokens, a decode row a token after the first); what interactive's requests leave of the
-second, bulk's fill.
+Estimates from a noisy machine, printed beside the measured figures.
 """
 
 from __future__ import annotations
@@ -67,13 +61,6 @@ class CostLaw:
         """Tokens/s of a batch whose step takes ``step_s``."""
         return self.rows_within(step_s) / step_s
 
-    def step_for_tokens(self, tokens_s: float) -> float:
-        """The step time of the batch that yields ``tokens_s`` (inf: beyond 1 / b)."""
-        if tokens_s * self.per_row_s >= 1:
-            return math.inf
-        rows = tokens_s * self.base_s / (1 - tokens_s * self.per_row_s)
-        return self.step(rows)
-
 
 def fit(small: Point, large: Point) -> CostLaw | None:
     """The law through two operating points (None when they cannot give a rising one)."""
@@ -82,24 +69,6 @@ def fit(small: Point, large: Point) -> CostLaw | None:
         return None
     b = (large.step_s - small.step_s) / d_rows
     return CostLaw(max(0.0, small.step_s - b * small.rows), b)
-
-
-@dataclass(frozen=True)
-class BulkReach:
-    law: CostLaw
-    bulk_tokens_s: float  # the most bulk goodput within the TPOT limit
-    of_fcfs: float  # that, over the FCFS row's bulk goodput
-    tpot_ratio_needed: float  # interactive TPOT / alone that bulk >= share x FCFS needs
-
-
-def bulk_reach(alone: Point, fcfs: Point, interactive_tokens_s: float, fcfs_bulk_s: float,
-               tpot_limit: float = 1.3, share: float = 0.8) -> BulkReach | None:
-    law = fit(alone, fcfs)
-    if law is None or fcfs_bulk_s <= 0:
-        return None
-    bulk = max(0.0, law.tokens_s(tpot_limit * alone.step_s) - interactive_tokens_s)
-    need = law.step_for_tokens(share * fcfs_bulk_s + interactive_tokens_s) / alone.step_s
-    return BulkReach(law, bulk, bulk / fcfs_bulk_s, need)
 
 
 @dataclass(frozen=True)

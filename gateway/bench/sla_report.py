@@ -18,7 +18,6 @@ from gateway.bench.sla_frontier import (
     MachineLaw,
     Point,
     Work,
-    bulk_reach,
     law_reach,
     light_reach,
     ttft_growth_s,
@@ -247,36 +246,18 @@ def server_reach(rows: dict[str, Row], tpot_limit: float = TPOT_PROMISE) -> LawR
 def frontier_lines(rows: dict[str, Row]) -> list[str]:
     """What the step-cost law of this run lets the bulk and light targets reach
     (``sla_frontier``); empty without the rows it needs."""
-    lines = _law_lines(rows) + _bulk_lines(rows)
+    lines = _law_lines(rows)
     light, heavy = rows.get("light"), rows.get("heavy")
     if light is not None and heavy is not None:
         lines += _light_lines(light, heavy)
     return lines
 
 
-def _bulk_lines(rows: dict[str, Row]) -> list[str]:
-    alone, over, fcfs = rows.get("alone"), rows.get("overload"), rows.get("fcfs")
-    if alone is None or over is None or fcfs is None:
-        return []
-    inter_s = over.run.window_tokens("interactive") / (over.run.end - over.run.start)
-    points = _point(alone, "interactive"), _point(fcfs, "interactive")
-    reach = bulk_reach(*points, inter_s, fcfs.bulk_goodput, tpot_limit=TPOT_PROMISE)
-    # the step budget aims at the derived target, under the promise (policies.tiers)
-    aimed = bulk_reach(*points, inter_s, fcfs.bulk_goodput, tpot_limit=DERIVED_TPOT_HEADROOM)
-    if reach is None or aimed is None:
-        return []
-    law = reach.law
-    return [(f"two-point law from the alone and fcfs rows: step ~ {law.base_s * 1000:.0f} ms + "
-             f"{law.per_row_s * 1000:.1f} ms/row; with interactive TPOT <= {TPOT_PROMISE:g}x "
-             f"alone, bulk can reach {reach.bulk_tokens_s:.1f} tok/s beside interactive's "
-             f"{inter_s:.1f} = {reach.of_fcfs:.2f} of FCFS ({aimed.bulk_tokens_s:.1f} = "
-             f"{aimed.of_fcfs:.2f} within the budget's {DERIVED_TPOT_HEADROOM:g}x); bulk >= "
-             f"0.8x FCFS needs interactive TPOT {reach.tpot_ratio_needed:.2f}x alone")]
-
-
 def _law_lines(rows: dict[str, Row]) -> list[str]:
     reach = server_reach(rows)
-    if reach is None:
+    # the step budget aims at the derived target, under the promise (policies.tiers)
+    aimed = server_reach(rows, DERIVED_TPOT_HEADROOM)
+    if reach is None or aimed is None:
         return []
     law, over = reach.law, rows["overload"]
     inter, bulk = work(over, "interactive"), work(over, *BULK)
@@ -288,7 +269,9 @@ def _law_lines(rows: dict[str, Row]) -> list[str]:
              f"{inter.busy_s(law):.2f} of each second; within {reach.step_s * 1000:.0f} ms steps "
              f"({TPOT_PROMISE:g}x alone TPOT) bulk can reach {reach.bulk_tokens_s:.1f} tok/s "
              f"({bulk.seconds_per_token(law) * 1000:.1f} ms a token with its prompt) = "
-             f"{reach.of_fcfs:.2f} of FCFS; bulk >= 0.8x FCFS needs interactive TPOT "
+             f"{reach.of_fcfs:.2f} of FCFS ({aimed.bulk_tokens_s:.1f} = {aimed.of_fcfs:.2f} "
+             f"within the budget's {DERIVED_TPOT_HEADROOM:g}x); bulk >= 0.8x FCFS needs "
+             f"interactive TPOT "
              f"{reach.tpot_ratio_needed:.2f}x alone")]
 
 

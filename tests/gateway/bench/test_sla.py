@@ -143,9 +143,39 @@ def test_ratios_are_computed_from_the_rows(quick_run: tuple[list[Row], float]) -
         "5xx, all rows": 0.0, "KV blocks used after drain, max": 0.0,
         "queue entries left, max": 0.0,
     }
+    reach = _law_reach(by)
+    if reach is not None:  # the echo server's step budget had warmed up
+        want["bulk goodput overload / law's reach at 1.3x TPOT"] = (
+            _goodput(by["overload"]) / reach)
     assert got.keys() == want.keys()
     for what, value in want.items():
         assert math.isclose(got[what], value, rel_tol=1e-9), what
+
+
+def _law_reach(by: dict[str, Row]) -> float | None:
+    """Bulk tokens/s the server's published law leaves beside interactive at 1.3x alone's
+    TPOT p50, straight from the law's terms: seconds a second's steps and requests take."""
+    over = by["overload"]
+    law = over.law
+    if law is None:
+        return None
+    span = over.run.end - over.run.start
+
+    def token_cost(*streams: str) -> tuple[float, float]:
+        done = [c for c in over.run.of(*streams) if c.done]
+        prompt = sum(c.prompt_tokens or 0 for c in done) / len(done)
+        out = sum(c.output_tokens for c in done) / len(done)
+        decode = law["per_row_s"] + law["per_token_s"] + law["per_kv_token_s"] * law["kv_per_row"]
+        first = (law["per_row_s"] + law["per_prefill_row_s"]
+                 + prompt * (law["per_token_s"] + law["per_kv_token_s"]))
+        return ((out - 1) * decode + first) / out, over.run.window_tokens(*streams) / span
+
+    step = 1.3 * _tpot(by["alone"].run.of("interactive"), 0.5)
+    inter_cost, inter_rate = token_cost("interactive")
+    bulk_cost, _ = token_cost("batch", "best-effort")
+    if bulk_cost <= 0:  # a law that prices nothing (the echo engine's) reaches nothing
+        return None
+    return max(0.0, 1 - law["base_s"] / step - inter_rate * inter_cost) / bulk_cost
 
 
 def test_tokens_in_conserves_a_calls_tokens() -> None:

@@ -52,7 +52,6 @@ from engine.core.request_queue import RequestQueue
 from engine.core.row_cap import RowCap, StepRowCap, plan_step
 from engine.core.stats import SchedulerCounters, SchedulerStats
 from engine.core.step_plan import StepPlan
-from policies.admission import by_priority
 from policies.batching import AdmissionSnapshot, get_admission_policy, padding_rows
 from policies.preemption import choose_victim
 
@@ -173,9 +172,9 @@ class Scheduler(PreemptionMixin, ForkMixin):
             num_waiting=len(self.waiting),
             num_swapped=len(self.swapped),
             lowest_running_priority=max((r.priority for r in self.running.values()), default=None),
-            waiting_by_priority=by_priority(r.priority for r in self.waiting) if self.waiting else (),
+            waiting_by_priority=self.waiting.by_priority(),
             urgent_row_cap=None if self._row_cap is None else self._row_cap.cap,
-            swapped_by_priority=by_priority(r.priority for r in self.swapped) if self.swapped else (),
+            swapped_by_priority=self.swapped.by_priority(),
             device_blocks_total=bm.num_blocks,
             device_blocks_used=bm.num_used_blocks,
             device_blocks_free=bm.num_free_blocks,

@@ -110,3 +110,49 @@ def linear_ceiling(
     """Tokens/s if each step, a (matmul rows, LM-head rows) pair, cost only its linears."""
     total = sum(c * linear_seconds(model, t, h, repeats)[0] for (t, h), c in Counter(steps).items())
     return useful_tokens / total
+
+
+@dataclass(frozen=True)
+class Interleaved:
+    """A run's steps beside their own linears, timed one after the other (``interleaved``)."""
+
+    steps: int
+    step_s: float  # the engine's steps, summed (``LLMEngine.last_step_seconds``)
+    linear_s: float  # each step's linears alone, timed right after it, summed
+
+    @property
+    def share(self) -> float:
+        """The engine's time over its linears' alone: the share of the ceiling it reaches."""
+        return self.linear_s / self.step_s
+
+
+def interleaved(engine: Any, requests: Iterable[tuple[list[int], Any]]) -> Interleaved:
+    """Run ``requests`` (prompt ids, sampling params) on ``engine`` to the end, timing after
+    every step that step's linears alone (``linear_seconds`` once, at its matmul and head rows).
+
+    Why: ``linear_ceiling`` times the linears after the run, and this machine's speed drifts
+    by 10-20 % over minutes (the same step shapes' linears: 31.3 s then 35.5 s of a run's
+    ceiling, one run apart), so the ratio of a run to a ceiling timed later mixes the two
+    phases. Here each step and its linears share the same seconds. The linears' own time is
+    outside the step's (the observer runs after ``last_step_seconds`` is taken)."""
+    model = engine.runner.model
+    step_s = linear_s = 0.0
+    steps = 0
+
+    def observe(out: Any, seconds: float) -> None:
+        nonlocal step_s, linear_s, steps
+        rows = out.num_batched_tokens + out.num_padding_rows
+        heads = sum(s.sample for s in out.scheduled) + out.num_padding_rows
+        step_s += seconds
+        linear_s += linear_seconds(model, rows, heads, repeats=1)[0]
+        steps += 1
+
+    engine.step_observers.append(observe)
+    try:
+        for i, (prompt, params) in enumerate(requests):
+            engine.add_request(prompt, params, request_id=f"interleaved-{i}")
+        while engine.has_unfinished_requests():
+            engine.step()
+    finally:
+        engine.step_observers.remove(observe)
+    return Interleaved(steps, step_s, linear_s)

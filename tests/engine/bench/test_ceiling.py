@@ -120,3 +120,35 @@ def test_ceiling_times_each_distinct_step_once_and_skips_an_absent_head(
     assert len(calls) == (4 * n_layers) + (4 * n_layers + 1)
     assert sorted({rows for name, rows, _ in calls if name != "lm_head"}) == [2, 6]
     assert [rows for name, rows, _ in calls if name == "lm_head"] == [2]
+
+
+def test_interleaved_times_each_steps_own_linears_right_after_it(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step of the run gets one linear pass at its own matmul and head rows (a prompt
+    step's prompt tokens, a decode step's rows), and the sums are of those figures."""
+    from engine.bench import ceiling
+    from engine.core.sampling_params import SamplingParams
+    from engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_kwargs(model=str(tiny_model_dir), dtype="float32")
+    steps: list[tuple[int, int, float]] = []
+    engine.step_observers.append(lambda out, s: steps.append(
+        (out.num_batched_tokens + out.num_padding_rows,
+         sum(x.sample for x in out.scheduled) + out.num_padding_rows, s)))
+    passes: list[tuple[int, int]] = []
+
+    def fake(model: Any, tokens: int, head_rows: int, repeats: int = 2) -> tuple[float, float]:
+        assert model is engine.runner.model and repeats == 1
+        passes.append((tokens, head_rows))
+        return 0.001 * tokens, 0.0
+
+    monkeypatch.setattr(ceiling, "linear_seconds", fake)
+    prompts = [list(range(3, 3 + n)) for n in (5, 9, 2)]
+    got = ceiling.interleaved(engine, [(p, SamplingParams(max_tokens=4, ignore_eos=True))
+                                       for p in prompts])
+    assert passes == [(t, h) for t, h, _ in steps] and got.steps == len(steps)
+    assert passes[0] == (5 + 9 + 2, 3)  # the prompt step: every prompt token, three heads
+    assert got.step_s == pytest.approx(sum(s for *_, s in steps))
+    assert got.linear_s == pytest.approx(0.001 * sum(t for t, _, _ in steps))
+    assert got.share == pytest.approx(got.linear_s / got.step_s)
+    assert not engine.has_unfinished_requests() and len(engine.step_observers) == 1

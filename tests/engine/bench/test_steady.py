@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench.steady import run_steady, steady_lines
+from engine.bench.steady import run_steady, run_steady_together, steady_lines
 
 
 @pytest.mark.parametrize("mode", ["continuous", "static"])
@@ -44,3 +44,36 @@ def test_a_static_window_holds_whole_batches(tiny_model_dir: Path) -> None:
                       batching="static")
     # the queue empties at the fourth batch's admission: three whole batches before it
     assert full.steps == 3 * 8 and full.tokens == 3 * (2 + 8 + 2 + 8)
+
+
+def test_the_modes_step_in_turn_and_count_their_own_steps(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run together, the engines alternate step by step while both windows are open; each
+    window is what the same mode gives alone (its tokens and steps), its seconds its own."""
+    from engine.llm_engine import LLMEngine
+
+    order: list[int] = []
+    real = LLMEngine.step
+
+    def step(self: LLMEngine) -> object:
+        order.append(id(self))
+        return real(self)
+
+    prompts = [[5 + i, 6, 7] for i in range(16)]
+    lens = [2, 8] * 8
+    alone = [run_steady(mode, prompts, lens, str(tiny_model_dir), budget_s=600, max_num_seqs=4,
+                        batching=mode) for mode in ("continuous", "static")]
+    monkeypatch.setattr(LLMEngine, "step", step)
+    both = run_steady_together([(m, {"max_num_seqs": 4, "batching": m})
+                                for m in ("continuous", "static")],
+                               prompts, lens, str(tiny_model_dir), budget_s=600)
+    first, second = dict.fromkeys(order)
+    warm = order.index(second)  # each engine's warm-up steps, one engine after the other
+    assert order[:2 * warm] == [first] * warm + [second] * warm
+    run = order[2 * warm:]
+    shorter = min(run.count(first), run.count(second))
+    assert run[:2 * shorter] == [first, second] * shorter  # in turn while both are open
+    for got, want in zip(both, alone, strict=True):
+        assert (got.tokens, got.steps, got.matmul_rows) == (want.tokens, want.steps,
+                                                            want.matmul_rows)
+        assert 0 < got.seconds

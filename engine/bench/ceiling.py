@@ -128,7 +128,8 @@ class Interleaved:
 
 def interleaved(engine: Any, requests: Iterable[tuple[list[int], Any]]) -> Interleaved:
     """Run ``requests`` (prompt ids, sampling params) on ``engine`` to the end, timing after
-    every step that step's linears alone (``linear_seconds`` once, at its matmul and head rows).
+    every step that step's linears alone (``linear_seconds``, best of two as in
+    ``linear_ceiling``, at its matmul and head rows).
 
     Why: ``linear_ceiling`` times the linears after the run, and this machine's speed drifts
     by 10-20 % over minutes (the same step shapes' linears: 31.3 s then 35.5 s of a run's
@@ -144,7 +145,7 @@ def interleaved(engine: Any, requests: Iterable[tuple[list[int], Any]]) -> Inter
         rows = out.num_batched_tokens + out.num_padding_rows
         heads = sum(s.sample for s in out.scheduled) + out.num_padding_rows
         step_s += seconds
-        linear_s += linear_seconds(model, rows, heads, repeats=1)[0]
+        linear_s += linear_seconds(model, rows, heads)[0]  # best of two, as linear_ceiling
         steps += 1
 
     engine.step_observers.append(observe)

@@ -4,11 +4,10 @@ with few slots while the queue is kept fed (the restated seed 000 target).
 A finite workload's tail (the last long requests finishing with seats empty) weighs on both
 modes; the steady state is what a busy server lives in. So: ``n`` requests (400 by default)
 queued at once, useful tokens counted from the start until the waiting queue first empties
-(every request admitted: until then no seat ever lacked work) or ``budget_s`` passes, whichever
-comes first; the queue is still non-empty during the whole window. The two modes' engines
-take their steps in turn (``run_steady_together``), so both meet the machine in the same
-seconds. The window then ends just
-before the last step that admitted requests, so it holds whole admission cycles: a static
+(every request admitted: until then no seat ever lacked work) or its own steps have taken
+``budget_s``, whichever comes first; the queue is still non-empty during the whole window.
+The two modes' engines take their steps in turn (``run_steady_together``), so both meet the
+machine in the same seconds. The window then ends just before the last step that admitted requests, so it holds whole admission cycles: a static
 batch cut in its middle would count its first steps, where every seat is still busy, and not
 the padded tail (in one 60 s run static's 2.25 useful tokens a step were 2.19 over whole
 batches). Reported beside the finite
@@ -115,12 +114,15 @@ def run_steady_together(runs: list[tuple[str, dict[str, Any]]], prompts: list[li
     Why in turn: run one after the other, the two modes met this machine in different
     phases (its speed drifts 10-20 % over a minute), and the ratio moved with them: at 4.0
     matmul rows a step in both modes, static's steps cost 0.84-1.00 of continuous' across
-    four runs, the ratio 1.53-1.83 with the same tokens per step (1.82)."""
+    four runs, the ratio 1.53-1.83 with the same tokens per step (1.82). A window that has
+    ended still takes its turns, uncounted, while another is open."""
     windows = [_start(name, prompts, output_lens, model, budget_s, kw) for name, kw in runs]
     while not all(w.done for w in windows):
         for w in windows:
             if not w.done:
                 w.step()
+            elif w.engine.has_unfinished_requests():  # keeps the turns: uncounted
+                w.engine.step()
     return [w.row() for w in windows]
 
 

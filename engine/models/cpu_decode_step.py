@@ -9,8 +9,9 @@ checks and conversions run once per step (``prepare``) and every layer calls the
 
 Contract: ``prepare(model, input_ids, positions, kv_caches, meta)`` returns a ``CpuDecodeStep``
 only when the step can take this path: fp32 CPU weights and caches (contiguous), the C++ ops
-built, Triton not forced, and its prompt tokens' contexts within ``MAX_PROMPT_READS`` (a
-pure decode step has none); otherwise None and the model runs its general path. In a
+built, Triton not forced, and, past the stack's tokens, its prompt tokens' contexts within
+``MAX_PROMPT_READS`` (a pure decode step has none); otherwise None and the model runs its
+general path. In a
 step with prompt tokens each token attends as a decode row of its own: its request's block
 table, context = its position + 1 (the step writes every new token's K and V before any
 attention reads, so that is causal attention over the cached prefix and the chunk); a prompt of
@@ -42,12 +43,14 @@ if TYPE_CHECKING:
     from engine.models.llama import AttentionMetadata, LlamaDecoderLayer, LlamaForCausalLM
 
 
-# A step's prompt tokens attend as decode rows while the context they read, summed over them,
-# stays within this (tokens x context, about): the in-place decode op beat SDPA's general path
-# at every chunk measured, one request's chunk of L tokens ending at context C (2 AVX2 cores,
-# one layer): L = C = 8: 0.014 vs 0.83 ms; 64: 0.27 vs 2.1; 512: 7.2 vs 24; 2048: 95 vs 355;
-# L 256, C 4096: 49 vs 85. Many short prompts gain most: seed 000's first step (100 prompts,
-# 512 tokens) spent 2.3-2.7 of its 3.3-3.7 s in SDPA's per-request calls.
+# Past the stack's tokens, a step's prompt tokens attend as decode rows while the context they
+# read, summed over them, stays within this: the in-place decode op beat SDPA's general path at
+# every chunk measured, one request's chunk of L tokens ending at context C (2 AVX2 cores, one
+# layer): L = C = 8: 0.014 vs 0.83 ms; 64: 0.27 vs 2.1; 512: 7.2 vs 24; 2048 (2.1M reads): 95
+# vs 355; L 256, C 4096 (1.0M): 49 vs 85; L 128, C 1024: 6.7 vs 7.9. The limit is twice the
+# largest read measured, where the op still won 3.7x. Many short prompts gain most: seed 000's
+# first step (100 prompts, 512 tokens) spent 2.3-2.7 of its 3.3-3.7 s in SDPA's per-request
+# calls.
 MAX_PROMPT_READS = 1 << 22
 
 
@@ -118,10 +121,10 @@ def prepare(
     stack = stack_for(model) if tokens <= cpu_decode_layers.MAX_TOKENS else None
     block_tables, seq_lens = meta.block_tables, meta.seq_lens
     if tokens != rows:  # prompt tokens: each attends as a decode row of its own (see above)
-        seq_lens = positions + 1
-        if int(seq_lens.sum()) > MAX_PROMPT_READS:
-            return None  # past what was measured: SDPA's path
         counts = (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).to(torch.int64)
+        seq_lens = positions + 1
+        if stack is None and _prompt_reads(seq_lens, counts) > MAX_PROMPT_READS:
+            return None  # long chunks deep in long contexts: SDPA's path
         block_tables = block_tables.repeat_interleave(counts, 0)
     return CpuDecodeStep(
         layer_ops, decode_op, positions.to(torch.int64).contiguous(),
@@ -129,6 +132,13 @@ def prepare(
         block_tables.to(torch.int32).contiguous(), seq_lens.to(torch.int32).contiguous(),
         model.cos_sin.contiguous(), stack,
     )
+
+
+def _prompt_reads(seq_lens: torch.Tensor, counts: torch.Tensor) -> int:
+    """The context the step's prompt tokens read, summed (a decode row's is not counted):
+    ``seq_lens`` per token, ``counts`` tokens per row."""
+    prompt = (counts > 1).repeat_interleave(counts)
+    return int(seq_lens[prompt].sum())
 
 
 def layer_forward(

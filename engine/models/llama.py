@@ -222,7 +222,7 @@ class LlamaForCausalLM(nn.Module):
         if fast is not None and fast.stack is not None:  # a few rows: the stack in one call
             return fast.stack.forward(x, fast, kv_caches)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            if fast is not None:  # a pure decode step on CPU fp32: the ops called directly
+            if fast is not None:  # a step on CPU fp32 past the stack: the ops called directly
                 x, residual = cpu_decode_step.layer_forward(
                     layer, fast, x, residual, kv_cache)  # type: ignore[arg-type]
             else:

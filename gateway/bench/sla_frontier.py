@@ -22,8 +22,10 @@ could reach nothing. The step budget fits ``policies.step_cost`` to every step t
 runs (rows, tokens, context read, prompt rows) and publishes the fit in its tier status.
 ``MachineLaw`` is that fit, and ``law_reach`` prices bulk goodput with it: every step
 ``tpot_limit`` x interactive's alone TPOT long, each second holds ``1 / step`` steps' base
-cost plus every request's own work (a prompt row, its prompt tokens, a decode row a token
-after the first); what interactive's requests leave of the second, bulk's fill.
+cost plus every request's own work (a row and a prompt row a prompt chunk, its prompt tokens
+and the context they read, a decode row a token after the first); what interactive's requests
+leave of the second, bulk's fill. Bulk's prompts are priced in the chunks the server's prompt
+rows computed on average (the step budget's allowance chunks lower prompts under overload).
 
 Estimates from a noisy machine, printed beside the measured figures.
 """
@@ -108,6 +110,7 @@ class MachineLaw:
     per_kv_token_s: float
     per_prefill_row_s: float
     kv_per_row: float  # the mean context a row reads
+    prefill_tokens: float = 0.0  # the mean tokens a prompt row computed (0: not known)
 
     @classmethod
     def of(cls, published: dict[str, float] | None) -> MachineLaw | None:
@@ -115,18 +118,23 @@ class MachineLaw:
             return None
         return cls(*(float(published[k]) for k in (
             "base_s", "per_row_s", "per_token_s", "per_kv_token_s", "per_prefill_row_s",
-            "kv_per_row")))
+            "kv_per_row", "prefill_tokens")))
 
     @property
     def decode_row_s(self) -> float:
         """What a decode row adds to a step: a row, a token, its context read."""
         return self.per_row_s + self.per_token_s + self.per_kv_token_s * self.kv_per_row
 
-    def prompt_s(self, prompt_tokens: float) -> float:
-        """What a prompt computed in one chunk adds to a step: a row, a prompt row, and
-        each token computed and its KV entry read."""
-        return (self.per_row_s + self.per_prefill_row_s
-                + prompt_tokens * (self.per_token_s + self.per_kv_token_s))
+    def prompt_s(self, prompt_tokens: float, chunk_tokens: float | None = None) -> float:
+        """What a prompt adds to the steps that compute it, in chunks of ``chunk_tokens``
+        (None: one chunk): a row and a prompt row a chunk, each token computed, and the
+        context each chunk reads (its own tokens and the chunks before it)."""
+        chunk = prompt_tokens if not chunk_tokens or chunk_tokens >= prompt_tokens \
+            else chunk_tokens
+        k = max(1, math.ceil(prompt_tokens / chunk)) if chunk > 0 else 1
+        reads = prompt_tokens + chunk * k * (k - 1) / 2  # chunk j starts at j * chunk
+        return (k * (self.per_row_s + self.per_prefill_row_s) + prompt_tokens * self.per_token_s
+                + reads * self.per_kv_token_s)
 
 
 @dataclass(frozen=True)
@@ -136,12 +144,14 @@ class Work:
     tokens_s: float
     prompt_tokens: float
     output_tokens: float
+    chunk_tokens: float | None = None  # its prompts come in chunks this long (None: whole)
 
     def seconds_per_token(self, law: MachineLaw) -> float:
         """Step time each output token costs, its request's prompt shared among its tokens
-        (the prompt's step yields the first token; the others a decode row each)."""
+        (the prompt's last step yields the first token; the others a decode row each)."""
         n = max(1.0, self.output_tokens)
-        return ((n - 1) * law.decode_row_s + law.prompt_s(self.prompt_tokens)) / n
+        return ((n - 1) * law.decode_row_s
+                + law.prompt_s(self.prompt_tokens, self.chunk_tokens)) / n
 
     def busy_s(self, law: MachineLaw) -> float:
         """Step time this work takes each second."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.bench.sla_client import Call
 from gateway.bench.sla_frontier import (
@@ -228,6 +228,15 @@ def work(row: Row, *streams: str) -> Work | None:
                 sum(c.output_tokens for c in done) / len(done))
 
 
+def work_in_chunks(row: Row, law: MachineLaw | None, *streams: str) -> Work | None:
+    """``work``, its prompts in the chunks the server's prompt rows computed on average
+    (the step budget chunks lower-tier prompts under overload)."""
+    w = work(row, *streams)
+    if w is None or law is None or law.prefill_tokens <= 0:
+        return w
+    return replace(w, chunk_tokens=law.prefill_tokens)
+
+
 def server_reach(rows: dict[str, Row], tpot_limit: float = TPOT_PROMISE) -> LawReach | None:
     """Bulk goodput the server's own step law (read after the overload row) allows beside
     the overload row's interactive work at ``tpot_limit`` x its alone TPOT
@@ -236,7 +245,7 @@ def server_reach(rows: dict[str, Row], tpot_limit: float = TPOT_PROMISE) -> LawR
     if alone is None or over is None or fcfs is None:
         return None
     law = MachineLaw.of(over.law)
-    inter, bulk = work(over, "interactive"), work(over, *BULK)
+    inter, bulk = work(over, "interactive"), work_in_chunks(over, law, *BULK)
     if law is None or inter is None or bulk is None:
         return None
     return law_reach(law, alone.tpot_ms("interactive", 0.5) / 1000, inter, bulk,
@@ -260,12 +269,13 @@ def _law_lines(rows: dict[str, Row]) -> list[str]:
     if reach is None or aimed is None:
         return []
     law, over = reach.law, rows["overload"]
-    inter, bulk = work(over, "interactive"), work(over, *BULK)
+    inter, bulk = work(over, "interactive"), work_in_chunks(over, law, *BULK)
     assert inter is not None and bulk is not None  # server_reach had them
     return [(f"server's step law after the overload row: step ~ {law.base_s * 1000:.1f} ms + "
              f"{law.decode_row_s * 1000:.2f} ms a decode row ({law.kv_per_row:.0f} context) + "
-             f"{law.prompt_s(bulk.prompt_tokens) * 1000:.1f} ms a {bulk.prompt_tokens:.0f}-token "
-             f"prompt; interactive's {inter.tokens_s:.1f} tok/s take "
+             f"{law.prompt_s(bulk.prompt_tokens, bulk.chunk_tokens) * 1000:.1f} ms a "
+             f"{bulk.prompt_tokens:.0f}-token bulk prompt in {law.prefill_tokens:.0f}-token "
+             f"chunks; interactive's {inter.tokens_s:.1f} tok/s take "
              f"{inter.busy_s(law):.2f} of each second; within {reach.step_s * 1000:.0f} ms steps "
              f"({TPOT_PROMISE:g}x alone TPOT) bulk can reach {reach.bulk_tokens_s:.1f} tok/s "
              f"({bulk.seconds_per_token(law) * 1000:.1f} ms a token with its prompt) = "

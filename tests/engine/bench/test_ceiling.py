@@ -138,7 +138,7 @@ def test_interleaved_times_each_steps_own_linears_right_after_it(
     passes: list[tuple[int, int]] = []
 
     def fake(model: Any, tokens: int, head_rows: int, repeats: int = 2) -> tuple[float, float]:
-        assert model is engine.runner.model and repeats == 1
+        assert model is engine.runner.model and repeats == 2
         passes.append((tokens, head_rows))
         return 0.001 * tokens, 0.0
 

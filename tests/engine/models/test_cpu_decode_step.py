@@ -1,7 +1,9 @@
 """engine.models.cpu_decode_step: a pure decode step on CPU fp32 takes the whole-stack op
 (kernels.cpu_decode_layers) or, without it, the direct-op path; both give the same bits as the
 general path (the same ops in the same order), and logits close to transformers' float64
-model; prompt steps and float64 keep the general path."""
+model. Prompt steps take the direct paths too (their tokens attend as decode rows: SDPA's
+numbers up to rounding) until their reads pass MAX_PROMPT_READS; float64 keeps the general
+path."""
 
 from __future__ import annotations
 
@@ -134,9 +136,9 @@ def test_the_stack_op_is_built_wherever_its_three_ops_are() -> None:
 @pytest.mark.parametrize("with_stack", [True, False])
 def test_a_prompt_step_goes_direct_until_its_reads_pass_the_limit(
         tiny_model_dir: Path, with_stack: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A prompt step goes direct (the stack up to its MAX_TOKENS, the direct ops past it) while
-    its prompt tokens' contexts sum to at most MAX_PROMPT_READS, and to SDPA's general path
-    past it. Here the limit is lowered to a 60-token prompt's reads (1 + ... + 60)."""
+    """A prompt step goes direct: the stack up to its MAX_TOKENS, past it the direct ops while
+    its prompt tokens' contexts sum to at most MAX_PROMPT_READS, and SDPA's general path past
+    that. Here the limit is lowered to a 60-token prompt's reads (1 + ... + 60)."""
     runner = make_runner(tiny_model_dir, "float32")
     blocks = BlockTables(runner.num_blocks, runner.block_size, seed=1)
     if not with_stack:
@@ -154,6 +156,18 @@ def test_a_prompt_step_goes_direct_until_its_reads_pass_the_limit(
         assert fast is None or (fast.stack is not None) == stacked, n
         if fast is not None:  # each prompt token reads its own context: causal
             assert fast.seq_lens.tolist() == list(range(1, n + 1))
+    # a decode row's context is not a prompt read: beside it a 60-token prompt still goes direct
+    step = runner.prepare_inputs([chunk("r41", [7], 20, blocks),  # tables made above
+                                  chunk("r60", list(range(3, 63)), 0, blocks)])
+    fast = cpu_decode_step.prepare(runner.model, step.input_ids, step.positions,
+                                   runner.kv_caches, step.meta)
+    assert fast is not None and fast.seq_lens.tolist() == [21, *range(1, 61)]
+    if with_stack:  # within the stack's tokens the limit does not apply
+        monkeypatch.setattr(cpu_decode_step, "MAX_PROMPT_READS", 10)
+        step = runner.prepare_inputs([chunk("r40", list(range(3, 43)), 0, blocks)])
+        fast = cpu_decode_step.prepare(runner.model, step.input_ids, step.positions,
+                                       runner.kv_caches, step.meta)
+        assert fast is not None and fast.stack is not None
 
 
 def test_direct_path_close_to_transformers(tiny_model_dir: Path,
@@ -190,10 +204,18 @@ def test_a_prompt_step_past_the_stack_is_close_to_the_general_path(
             (("a", 50), ("b", 40), ("c", 31))}
     assert sum(len(s) - 1 for s in seqs.values()) > cpu_decode_layers.MAX_TOKENS
 
+    taken: list[str] = []
+    real_layer = cpu_decode_step.layer_forward
+
+    def layer(*args: object) -> object:
+        taken.append("layer")
+        return real_layer(*args)  # type: ignore[arg-type]
+
     def run(general: bool) -> list[list[torch.Tensor]]:
         runner = make_runner(tiny_model_dir, "float32")
         blocks = BlockTables(runner.num_blocks, runner.block_size, seed=3)
         with monkeypatch.context() as m:
+            m.setattr(cpu_decode_step, "layer_forward", layer)
             if general:
                 m.setattr(cpu_decode_step, "prepare", lambda *args: None)
             prompt = step_logits(runner, [chunk(rid, s[:-1], 0, blocks)
@@ -202,7 +224,12 @@ def test_a_prompt_step_past_the_stack_is_close_to_the_general_path(
                                           for rid, s in seqs.items()])
         return [prompt, decode]
 
-    direct, general = run(False), run(True)
+    direct = run(False)
+    layers = len(make_runner(tiny_model_dir, "float32").model.layers)
+    # the prompt step on the direct ops, layer by layer (past the stack); the decode step on
+    # the stack where it is built
+    assert taken == ["layer"] * layers * (1 if cpu_decode_layers.available() else 2)
+    general = run(True)
     for got, want in zip(direct, general, strict=True):
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, atol=2e-5, rtol=2e-5)

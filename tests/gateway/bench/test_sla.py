@@ -161,18 +161,22 @@ def _law_reach(by: dict[str, Row]) -> float | None:
         return None
     span = over.run.end - over.run.start
 
-    def token_cost(*streams: str) -> tuple[float, float]:
+    def token_cost(chunk: float | None, *streams: str) -> tuple[float, float]:
         done = [c for c in over.run.of(*streams) if c.done]
         prompt = sum(c.prompt_tokens or 0 for c in done) / len(done)
         out = sum(c.output_tokens for c in done) / len(done)
         decode = law["per_row_s"] + law["per_token_s"] + law["per_kv_token_s"] * law["kv_per_row"]
-        first = (law["per_row_s"] + law["per_prefill_row_s"]
-                 + prompt * (law["per_token_s"] + law["per_kv_token_s"]))
+        first, start = 0.0, 0.0
+        while start < prompt:  # chunk by chunk, each reading the context up to its end
+            n = min(chunk or prompt, prompt - start)
+            first += (law["per_row_s"] + law["per_prefill_row_s"] + n * law["per_token_s"]
+                      + (n + start) * law["per_kv_token_s"])
+            start += n
         return ((out - 1) * decode + first) / out, over.run.window_tokens(*streams) / span
 
     step = 1.3 * _tpot(by["alone"].run.of("interactive"), 0.5)
-    inter_cost, inter_rate = token_cost("interactive")
-    bulk_cost, _ = token_cost("batch", "best-effort")
+    inter_cost, inter_rate = token_cost(None, "interactive")
+    bulk_cost, _ = token_cost(law["prefill_tokens"] or None, "batch", "best-effort")
     if bulk_cost <= 0:  # a law that prices nothing (the echo engine's) reaches nothing
         return None
     return max(0.0, 1 - law["base_s"] / step - inter_rate * inter_cost) / bulk_cost

@@ -5,6 +5,7 @@ row counts; the server-law bulk reach equals a schedule priced step by step."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -59,36 +60,39 @@ def test_no_law_from_points_that_do_not_rise() -> None:
 
 
 def schedule_seconds(law: MachineLaw, steps: int, decode_rows: list[int],
-                     prompts: list[list[float]]) -> float:
+                     prompts: list[list[tuple[int, int]]]) -> float:
     """Seconds ``steps`` steps take, each priced on its own: ``decode_rows[i]`` decode rows
-    of ``law.kv_per_row`` context, and the prompts (tokens each, in one chunk) of step i."""
+    of ``law.kv_per_row`` context, and the prompt chunks (tokens, start position) of step i,
+    each reading the context up to its end (``StepBudget.observe``'s kv_tokens)."""
     total = 0.0
     for i in range(steps):
-        chunk = prompts[i]
-        rows = decode_rows[i] + len(chunk)
-        tokens = decode_rows[i] + sum(chunk)
-        kv = decode_rows[i] * law.kv_per_row + sum(chunk)  # a prompt reads its own entries
+        chunks = prompts[i]
+        rows = decode_rows[i] + len(chunks)
+        tokens = decode_rows[i] + sum(n for n, _ in chunks)
+        kv = decode_rows[i] * law.kv_per_row + sum(n + start for n, start in chunks)
         total += (law.base_s + law.per_row_s * rows + law.per_token_s * tokens
-                  + law.per_kv_token_s * kv + law.per_prefill_row_s * len(chunk))
+                  + law.per_kv_token_s * kv + law.per_prefill_row_s * len(chunks))
     return total
 
 
 def test_a_works_machine_time_equals_its_schedule_priced_step_by_step() -> None:
-    law = MachineLaw(0.02, 0.0015, 0.0011, 2e-6, 0.018, kv_per_row=90.0)
-    # a steady cycle of 12 steps: 3 interactive requests of 4 output tokens (prompt 40) and
-    # 2 bulk ones of 6 (prompt 50) start per cycle, so 3 x 4 - 3 interactive and 2 x 6 - 2
-    # bulk decode rows run in it (each request's first token comes from its prompt's step)
+    law = MachineLaw(0.02, 0.0015, 0.0011, 2e-6, 0.018, kv_per_row=90.0, prefill_tokens=20.0)
+    # a steady cycle of 12 steps: 3 interactive requests of 4 output tokens (a 40-token prompt,
+    # whole) and 2 bulk ones of 6 (a 50-token prompt in chunks of 20, 20 and 10) start per
+    # cycle, so 3 x 4 - 3 interactive and 2 x 6 - 2 bulk decode rows run in it (each request's
+    # first token comes from its prompt's last chunk)
     steps = 12
-    prompts: list[list[float]] = [[] for _ in range(steps)]
-    for i, p in enumerate([40, 40, 40, 50, 50]):
-        prompts[(5 * i) % steps].append(p)
+    chunks = [(40, 0)] * 3 + [(20, 0), (20, 20), (10, 40)] * 2
+    prompts: list[list[tuple[int, int]]] = [[] for _ in range(steps)]
+    for i, c in enumerate(chunks):
+        prompts[(5 * i) % steps].append(c)
     decode = [0] * steps
     for i in range(3 * 3 + 2 * 5):
         decode[i % steps] += 1
     seconds = schedule_seconds(law, steps, decode, prompts)
     step = seconds / steps
     inter = Work(3 * 4 / seconds, 40, 4)
-    bulk = Work(2 * 6 / seconds, 50, 6)
+    bulk = Work(2 * 6 / seconds, 50, 6, chunk_tokens=law.prefill_tokens)
     assert busy_share(law, step, [inter, bulk]) == pytest.approx(1.0)
     # the reach at that step is exactly that bulk, and asking for it needs that step
     reach = law_reach(law, step / 1.3, inter, bulk, fcfs_bulk_s=bulk.tokens_s / 0.8)
@@ -96,6 +100,8 @@ def test_a_works_machine_time_equals_its_schedule_priced_step_by_step() -> None:
     assert reach.bulk_tokens_s == pytest.approx(bulk.tokens_s)
     assert reach.of_fcfs == pytest.approx(0.8)
     assert reach.tpot_ratio_needed == pytest.approx(1.3)
+    # priced as one chunk, the same bulk would look cheaper: the chunks' rows and re-reads
+    assert Work(1, 50, 6).seconds_per_token(law) < bulk.seconds_per_token(law)
 
 
 def test_the_reach_grows_with_the_step_and_is_none_without_figures() -> None:
@@ -108,10 +114,11 @@ def test_the_reach_grows_with_the_step_and_is_none_without_figures() -> None:
     squeezed = law_reach(law, 0.021 / 1.3, inter, bulk, 60.0)
     assert squeezed is not None and squeezed.bulk_tokens_s == 0.0
     # bulk past what the law can ever run beside interactive needs an endless step
-    assert math.isinf(law_reach(law, 0.035, inter, bulk, 1e4).tpot_ratio_needed)  # type: ignore[union-attr]
+    endless = law_reach(law, 0.035, inter, bulk, 1e4)
+    assert endless is not None and math.isinf(endless.tpot_ratio_needed)
     assert law_reach(law, 0.035, inter, bulk, 0.0) is None
     assert MachineLaw.of(None) is None
     published = {"base_s": 0.02, "per_row_s": 0.0015, "per_token_s": 0.0011,
                   "per_kv_token_s": 2e-6, "per_prefill_row_s": 0.018, "kv_per_row": 90.0,
                   "prefill_tokens": 44.0, "steps": 512}
-    assert MachineLaw.of(published) == law
+    assert MachineLaw.of(published) == replace(law, prefill_tokens=44.0)

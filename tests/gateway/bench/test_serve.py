@@ -14,6 +14,7 @@ import pytest
 
 from gateway.bench import serve
 from gateway.bench.serve_rows import Row, Trace, percentile, table
+from gateway.bench.sla_client import ChatTarget
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +95,25 @@ def test_streams_prompts_are_32_tokens(tiny_model_dir: Path) -> None:
     tok = load_tokenizer(tiny_model_dir)  # SmolLM2's tokenizer
     assert [len(tok.encode(PROMPT.format(topic=t), add_special_tokens=False)) for t in TOPICS] \
         == [32] * len(TOPICS)
+
+
+def test_the_sweep_runs_each_level_on_every_server_back_to_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Level by level, the kept servers in turn, the order reversed at every other level, so a
+    level's rows are seconds apart whatever server they ran on."""
+    ran: list[tuple[str, int]] = []
+
+    async def fake_row(server: str, target: ChatTarget, key: str, tier: str, n: int,
+                       seconds: float) -> Row:
+        ran.append((server, n))
+        return Row(f"{server}, {n} streams", seconds, [], server=server, streams=n)
+
+    monkeypatch.setattr(serve, "streams_row", fake_row)
+    args = serve.parse_args(["--quick", "--streams", "1", "8", "32"])
+    targets = [serve.SweepTarget(name, ChatTarget("127.0.0.1", 1, "m"), "k")
+               for name in ("A", "B", "C")]
+    rows = serve.sweep_rows(targets, args)
+    assert ran == [("A", 1), ("B", 1), ("C", 1), ("C", 8), ("B", 8), ("A", 8),
+                   ("A", 32), ("B", 32), ("C", 32)]
+    assert [(r.server, r.streams) for r in rows] == ran
+

@@ -6,6 +6,7 @@ no binary is said, not raised."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import stat
 import subprocess
 from pathlib import Path
@@ -89,7 +90,8 @@ def test_configs_q4_then_f32_and_no_quantize_says_so(tmp_path: Path,
 
 def test_llama_baseline_without_a_binary_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     args = serve.parse_args(["--quick", "--llama-server", "/nonexistent/llama-server"])
-    assert serve_llama.llama_rows(serve.make_workload(2, 1, 2), args) == []
+    with contextlib.ExitStack() as keep:
+        assert serve_llama.llama_rows(serve.make_workload(2, 1, 2), args, keep) == ([], [])
     assert "no llama-server binary found" in capsys.readouterr().out
 
 

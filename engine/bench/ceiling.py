@@ -4,9 +4,9 @@ linear layers, run by the engine's own kernels on the model's own weights.
 Contract: ``linear_ops(model, tokens)`` lists the loaded model's linears in forward order (each
 layer's qkv, o, gate_up, down; then the LM head, for greedy rows, so on the screened head of
 ``kernels.greedy_head`` at a few rows, as the engine runs it) with their shapes;
-``linear_seconds(model, tokens, head_rows)`` times one pass of all of them (best of ``repeats``) on random inputs of
-``tokens`` rows (``head_rows`` for the LM head, which only runs on the rows that sample) and
-returns the seconds and the FLOPs it did; ``linear_ceiling(model, steps, useful_tokens)`` sums
+``linear_seconds(model, tokens, head_rows)`` times one pass of all of them (best of
+``repeats``) on random inputs of ``tokens`` rows (``head_rows`` for the LM head, which only
+runs on the rows that sample) and returns the seconds and the FLOPs it did; ``linear_ceiling(model, steps, useful_tokens)`` sums
 that over a run's steps, each at the batch sizes it really ran, and returns tokens/s.
 
 Why this and not ``engine.bench.engine.matmul_ceiling`` (kept, printed beside it): that one
@@ -112,6 +112,13 @@ def linear_ceiling(
     return useful_tokens / total
 
 
+def step_rows(out: Any) -> tuple[int, int]:
+    """A step's (matmul rows, LM-head rows) from its ``SchedulerOutput``: every computed token
+    and every padding row for the linears; the sampling rows and the padding for the head."""
+    pad = out.num_padding_rows
+    return out.num_batched_tokens + pad, sum(s.sample for s in out.scheduled) + pad
+
+
 @dataclass(frozen=True)
 class Interleaved:
     """A run's steps beside their own linears, timed one after the other (``interleaved``)."""
@@ -142,8 +149,7 @@ def interleaved(engine: Any, requests: Iterable[tuple[list[int], Any]]) -> Inter
 
     def observe(out: Any, seconds: float) -> None:
         nonlocal step_s, linear_s, steps
-        rows = out.num_batched_tokens + out.num_padding_rows
-        heads = sum(s.sample for s in out.scheduled) + out.num_padding_rows
+        rows, heads = step_rows(out)
         step_s += seconds
         linear_s += linear_seconds(model, rows, heads)[0]  # best of two, as linear_ceiling
         steps += 1

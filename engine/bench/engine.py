@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from engine.bench import ceiling
 from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
 
@@ -81,8 +82,9 @@ def run_carpool(name: str, wl: Workload, model: str | None, **kw: Any) -> Row:
     step_heads: list[int] = []
 
     def observe(out: Any, _s: float) -> None:
-        step_rows.append(out.num_batched_tokens + out.num_padding_rows)
-        step_heads.append(sum(s.sample for s in out.scheduled) + out.num_padding_rows)
+        rows, heads = ceiling.step_rows(out)
+        step_rows.append(rows)
+        step_heads.append(heads)
 
     engine.step_observers.append(observe)
     start = time.monotonic()

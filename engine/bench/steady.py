@@ -7,10 +7,10 @@ queued at once, useful tokens counted from the start until the waiting queue fir
 (every request admitted: until then no seat ever lacked work) or its own steps have taken
 ``budget_s``, whichever comes first; the queue is still non-empty during the whole window.
 The two modes' engines take their steps in turn (``run_steady_together``), so both meet the
-machine in the same seconds. The window then ends just before the last step that admitted requests, so it holds whole admission cycles: a static
-batch cut in its middle would count its first steps, where every seat is still busy, and not
-the padded tail (in one 60 s run static's 2.25 useful tokens a step were 2.19 over whole
-batches). Reported beside the finite
+machine in the same seconds. The window then ends just before the last step that admitted
+requests, so it holds whole admission cycles: a static batch cut in its middle would count its
+first steps, where every seat is still busy, and not the padded tail (in one 60 s run static's
+2.25 useful tokens a step were 2.19 over whole batches). Reported beside the finite
 100-request ratio of the same run, with the ratio's two factors: useful tokens per step (what
 the seats buy) and milliseconds per step (what a step costs; matmul rows per step beside it,
 padding rows included, since a static batch keeps its finished seats as padding).
@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from engine.bench.ceiling import step_rows
 from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
 
@@ -97,7 +98,7 @@ def _start(name: str, prompts: list[list[int]], output_lens: list[int], model: s
         engine.step()
     rows: list[int] = []
     engine.step_observers.append(
-        lambda out, _s: rows.append(out.num_batched_tokens + out.num_padding_rows))
+        lambda out, _s: rows.append(step_rows(out)[0]))
     start = time.monotonic()
     for i, (p, n) in enumerate(zip(prompts, output_lens)):
         engine.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True),

@@ -11,19 +11,18 @@ Contract: ``prepare(model, input_ids, positions, kv_caches, meta)`` returns a ``
 only when the step can take this path: fp32 CPU weights and caches (contiguous), the C++ ops
 built, Triton not forced, and, past the stack's tokens, its prompt tokens' contexts within
 ``MAX_PROMPT_READS`` (a pure decode step has none); otherwise None and the model runs its
-general path. In a
-step with prompt tokens each token attends as a decode row of its own: its request's block
-table, context = its position + 1 (the step writes every new token's K and V before any
-attention reads, so that is causal attention over the cached prefix and the chunk); a prompt of
-a few tokens then costs its linears on the small-batch op and no SDPA setup (a 35-token prompt
-step: ~100-160 ms on the general path, 2 AVX2 cores, most of it OpenMP wakes under PASSIVE). On
-a pure decode step ``layer_forward`` gives the same bits as ``LlamaDecoderLayer.forward``: the
-same ops on the same tensors in the same order; with prompt tokens, SDPA's numbers up to
-rounding (tests/engine/models/test_cpu_decode_step.py). Its ``stack`` is the whole decoder stack
-in one C++ call (``kernels.cpu_decode_layers``, the same ops again, so the same bits) where the
-model's linears have the small-batch op's weights and the step has at most
-``kernels.cpu_decode_layers.MAX_TOKENS`` tokens; the model then runs ``stack.forward`` instead
-of its layers.
+general path. In a step with prompt tokens each token attends as a decode row of its own: its
+request's block table, context = its position + 1 (the step writes every new token's K and V
+before any attention reads, so that is causal attention over the cached prefix and the chunk);
+a prompt of a few tokens then costs its linears on the small-batch op and no SDPA setup (a
+35-token prompt step: ~100-160 ms on the general path, 2 AVX2 cores, most of it OpenMP wakes
+under PASSIVE). On a pure decode step ``layer_forward`` gives the same bits as
+``LlamaDecoderLayer.forward``: the same ops on the same tensors in the same order; with prompt
+tokens, SDPA's numbers up to rounding (tests/engine/models/test_cpu_decode_step.py). Its
+``stack`` is the whole decoder stack in one C++ call (``kernels.cpu_decode_layers``, the same
+ops again, so the same bits) where the model's linears have the small-batch op's weights and
+the step has at most ``kernels.cpu_decode_layers.MAX_TOKENS`` tokens; the model then runs
+``stack.forward`` instead of its layers.
 """
 
 from __future__ import annotations

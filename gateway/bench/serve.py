@@ -17,8 +17,8 @@ The workload: ``--num-requests`` (100) short chat prompts sent at once, alternat
 ``--streams 1 8 32`` adds closed-loop rows of N streams of 64-token answers to 32-token
 prompts (guidellm's concurrency sweep; ``serve_streams.py``) on every Carpool configuration
 and on the llama-servers with ``--stream-slots`` (64) slots: those servers stay up after their
-seed row, and each level runs on all of them back to back (``sweep_rows``). Then the issue's targets
-(``serve_compare.py``): served / offline, served / best llama-server for the fastest Carpool
+seed row, and each level runs on all of them back to back (``sweep_rows``). Then the issue's
+targets (``serve_compare.py``): served / offline, served / best llama-server for the fastest Carpool
 row and fp32, and guidellm's table against llama-server F32. ``--quick`` is a tiny run for
 tests. Run it alone on the machine (timings are shared-core sensitive).
 """

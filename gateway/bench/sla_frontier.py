@@ -167,6 +167,8 @@ def busy_share(law: MachineLaw, step_s: float, works: list[Work]) -> float:
 @dataclass(frozen=True)
 class LawReach:
     law: MachineLaw
+    interactive: Work  # what it was priced beside
+    bulk: Work  # the shape that priced bulk
     step_s: float  # the mean step interactive's TPOT limit allows
     bulk_tokens_s: float  # bulk goodput that fills the machine at that step
     of_fcfs: float  # over the FCFS row's bulk goodput
@@ -187,4 +189,4 @@ def law_reach(law: MachineLaw, alone_step_s: float, interactive: Work, bulk: Wor
     tokens = max(0.0, free / per_token)
     rest = 1.0 - interactive.busy_s(law) - share * fcfs_bulk_s * per_token
     need = law.base_s / rest / alone_step_s if rest > 0 else math.inf
-    return LawReach(law, step, tokens, tokens / fcfs_bulk_s, need)
+    return LawReach(law, interactive, bulk, step, tokens, tokens / fcfs_bulk_s, need)

@@ -268,9 +268,7 @@ def _law_lines(rows: dict[str, Row]) -> list[str]:
     aimed = server_reach(rows, DERIVED_TPOT_HEADROOM)
     if reach is None or aimed is None:
         return []
-    law, over = reach.law, rows["overload"]
-    inter, bulk = work(over, "interactive"), work_in_chunks(over, law, *BULK)
-    assert inter is not None and bulk is not None  # server_reach had them
+    law, inter, bulk = reach.law, reach.interactive, reach.bulk
     return [(f"server's step law after the overload row: step ~ {law.base_s * 1000:.1f} ms + "
              f"{law.decode_row_s * 1000:.2f} ms a decode row ({law.kv_per_row:.0f} context) + "
              f"{law.prompt_s(bulk.prompt_tokens, bulk.chunk_tokens) * 1000:.1f} ms a "
@@ -281,8 +279,7 @@ def _law_lines(rows: dict[str, Row]) -> list[str]:
              f"({bulk.seconds_per_token(law) * 1000:.1f} ms a token with its prompt) = "
              f"{reach.of_fcfs:.2f} of FCFS ({aimed.bulk_tokens_s:.1f} = {aimed.of_fcfs:.2f} "
              f"within the budget's {DERIVED_TPOT_HEADROOM:g}x); bulk >= 0.8x FCFS needs "
-             f"interactive TPOT "
-             f"{reach.tpot_ratio_needed:.2f}x alone")]
+             f"interactive TPOT {reach.tpot_ratio_needed:.2f}x alone")]
 
 
 def _light_lines(light: Row, heavy: Row) -> list[str]:

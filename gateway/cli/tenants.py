@@ -83,11 +83,11 @@ async def _run(args: argparse.Namespace) -> int:
         if args.action == "list":
             for t in await store.list():
                 out.write(json.dumps(tenant_json(t)) + "\n")
-            for row in await _tier_rows(redis, config):
+            for row in _tier_rows(config, await _statuses(redis, config)):
                 out.write(json.dumps({k: v for k, v in row.items() if k != "status"}) + "\n")
         elif args.action == "tiers":
             statuses = await _statuses(redis, config)
-            out.write(format_tiers(_tier_table(config, statuses)))
+            out.write(format_tiers(_tier_rows(config, statuses)))
             out.write(format_laws(statuses))
         elif args.action == "create":
             quota = TenantQuota(**_quota_changes(args))
@@ -129,14 +129,10 @@ async def _statuses(redis: Any, config: Any) -> list[dict[str, Any]]:
     return await read_statuses(redis, RedisKeys(config.namespace))
 
 
-def _tier_table(config: Any, statuses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _tier_rows(config: Any, statuses: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from gateway.http.shedding import tier_table
 
     return tier_table(config, statuses)
-
-
-async def _tier_rows(redis: Any, config: Any) -> list[dict[str, Any]]:
-    return _tier_table(config, await _statuses(redis, config))
 
 
 def format_laws(statuses: list[dict[str, Any]]) -> str:

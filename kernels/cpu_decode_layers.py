@@ -20,7 +20,7 @@ once, so it does not spin through the head (the head's worker may still spin int
 step's start).
 
 Contract: ``DecodeLayers(layers, final_norm, ...)`` binds a stack to its weights (each linear as
-the small-batch op packs it; raises when the op is not built;
+the small-batch op packs it, fp32 or int8 with its scales; raises when the op is not built;
 ``engine.models.cpu_decode_step.stack_for`` binds the model's). ``forward(x [R, H], step,
 kv_caches)`` takes the embedded tokens of a step of at most ``MAX_TOKENS`` tokens and the step's
 prepared metadata (``engine.models.cpu_decode_step.CpuDecodeStep``: one attention row a token,
@@ -78,8 +78,9 @@ _DRIVER = r"""
 struct Layer {
   torch::Tensor norm1, norm2;
   double eps1, eps2;
-  // the four linears: qkv, o, gate_up, down (packed [ceil(N/32), K, 32], bias or undefined)
-  torch::Tensor w[4], b[4];
+  // the four linears: qkv, o, gate_up, down (packed [ceil(N/32), K, 32], bias or undefined,
+  // int8 weights' scale [N] or undefined for fp32 ones)
+  torch::Tensor w[4], b[4], s[4];
   int64_t n[4];
 };
 
@@ -90,16 +91,19 @@ static c10::optional<torch::Tensor> maybe(const torch::Tensor& t) {
 class DecodeLayers {
  public:
   // per layer, in order: norm1, qkv, qkv bias, o, o bias, norm2, gate_up, gate_up bias, down,
-  // down bias (a bias may be None); eps: (eps1, eps2) a layer; out: the four N a layer
+  // down bias (a bias may be None); eps: (eps1, eps2) a layer; out: the four N a layer;
+  // scales: the four linears' int8 scales a layer (None: fp32 weights)
   DecodeLayers(std::vector<c10::optional<torch::Tensor>> tensors, std::vector<double> eps,
-               std::vector<int64_t> out, torch::Tensor final_norm, double final_eps,
+               std::vector<int64_t> out, std::vector<c10::optional<torch::Tensor>> scales,
+               torch::Tensor final_norm, double final_eps,
                torch::Tensor cos_sin, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
                double scale)
       : final_norm_(final_norm), final_eps_(final_eps), cos_sin_(cos_sin.contiguous()),
         hq_(q_heads), hk_(kv_heads), d_(head_dim), scale_(scale) {
     const size_t L = eps.size() / 2;
-    TORCH_CHECK(eps.size() == 2 * L && tensors.size() == 10 * L && out.size() == 4 * L && L > 0,
-                "DecodeLayers: 10 tensors, 2 eps and 4 sizes a layer");
+    TORCH_CHECK(eps.size() == 2 * L && tensors.size() == 10 * L && out.size() == 4 * L &&
+                scales.size() == 4 * L && L > 0,
+                "DecodeLayers: 10 tensors, 2 eps, 4 sizes and 4 scales a layer");
     for (size_t i = 0; i < L; ++i) {
       auto t = [&](size_t j) { return tensors[10 * i + j].value_or(torch::Tensor()); };
       Layer l;
@@ -108,7 +112,10 @@ class DecodeLayers {
       const size_t at[4] = {1, 3, 6, 8};
       for (int k = 0; k < 4; ++k) {
         l.w[k] = t(at[k]); l.b[k] = t(at[k] + 1); l.n[k] = out[4 * i + k];
+        l.s[k] = scales[4 * i + k].value_or(torch::Tensor());
         TORCH_CHECK(l.w[k].defined() && l.w[k].dim() == 3, "DecodeLayers: packed weights");
+        TORCH_CHECK(l.s[k].defined() == (l.w[k].dtype() == torch::kChar),
+                    "DecodeLayers: a scale for int8 weights only");
       }
       TORCH_CHECK(l.norm1.defined() && l.norm2.defined(), "DecodeLayers: norm weights");
       layers_.push_back(l);
@@ -155,6 +162,8 @@ class DecodeLayers {
   // linear lets them sleep at once: the LM head that follows runs on the standalone op's pool,
   // and a worker spinning here would take its core.
   static torch::Tensor linear(const torch::Tensor& x, const Layer& l, int k, bool last) {
+    if (l.s[k].defined())
+      return small_linear::linear_int8_on_pool(x, l.w[k], l.s[k], maybe(l.b[k]), l.n[k], !last);
     return small_linear::linear_on_pool(x, l.w[k], maybe(l.b[k]), l.n[k], !last);
   }
 
@@ -169,8 +178,8 @@ class DecodeLayers {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<DecodeLayers>(m, "DecodeLayers")
       .def(py::init<std::vector<c10::optional<torch::Tensor>>, std::vector<double>,
-                    std::vector<int64_t>, torch::Tensor, double, torch::Tensor, int64_t, int64_t,
-                    int64_t, double>())
+                    std::vector<int64_t>, std::vector<c10::optional<torch::Tensor>>,
+                    torch::Tensor, double, torch::Tensor, int64_t, int64_t, int64_t, double>())
       // no Python object is touched inside: the event loop runs while the stack does
       .def("forward", &DecodeLayers::forward, py::call_guard<py::gil_scoped_release>());
 }
@@ -205,9 +214,10 @@ def available() -> bool:
 class SmallLinear:
     """One linear as the small-batch op holds it (``kernels.cpu_linear.OneDNNLinear.small``)."""
 
-    packed: torch.Tensor  # [ceil(N/32), K, 32]
+    packed: torch.Tensor  # [ceil(N/32), K, 32], fp32 or int8
     bias: torch.Tensor | None
     out_features: int
+    scale: torch.Tensor | None = None  # [N]: int8 weights' scales (kernels.cpu_int8_linear)
 
 
 @dataclass(frozen=True)
@@ -234,16 +244,18 @@ class DecodeLayers:
         tensors: list[torch.Tensor | None] = []
         eps: list[float] = []
         out: list[int] = []
+        scales: list[torch.Tensor | None] = []
         for w in layers:
             for part in (w.norm1, w.qkv, w.o, w.norm2, w.gate_up, w.down):
                 if isinstance(part, SmallLinear):
                     tensors += [part.packed, part.bias]
                     out.append(part.out_features)
+                    scales.append(part.scale)
                 else:
                     tensors.append(part.contiguous())
             eps += [w.eps1, w.eps2]
-        self._stack = module.DecodeLayers(tensors, eps, out, final_norm.contiguous(), final_eps,
-                                          cos_sin, q_heads, kv_heads, head_dim, scale)
+        self._stack = module.DecodeLayers(tensors, eps, out, scales, final_norm.contiguous(),
+                                          final_eps, cos_sin, q_heads, kv_heads, head_dim, scale)
 
     def forward(self, x: torch.Tensor, step: CpuDecodeStep,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

@@ -19,6 +19,10 @@ Contract:
 - ``linear(x [M, K], packed, bias [N] | None, n) -> [M, n]``: ``F.linear(x, weight, bias)`` up
   to fp32 rounding (each output sums its K products in order, with FMA: not bit for bit).
   x fp32 CPU with a contiguous last dim; any M works, but beyond ``MAX_ROWS`` oneDNN is faster.
+- ``pack_int8(q [N, K] int8) -> [ceil(N/32), K, 32]`` int8 and ``linear_int8(x, packed, scale
+  [N], bias, n)``: the same kernel on int8 weights (``kernels.cpu_int8_linear``), each weight
+  widened to fp32 exactly and each output's sum multiplied by its scale: a quarter of the bytes
+  to stream.
 - Threads: torch's count on the calling thread (``torch.set_num_threads``), the caller
   included; 1 runs on the calling thread only. Each output is one thread's sum over k in
   order, so results do not depend on the thread count, nor on the other rows of the batch.
@@ -57,6 +61,7 @@ _SOURCE = r"""
 #include <exception>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 #include <cstdlib>
 #include <linux/futex.h>
@@ -99,6 +104,21 @@ static inline vf vload(const uint16_t* p) {
 #else
 #define CP_HALF 0
 #endif
+// int8 weights (--quantization int8): CP_W of them widened to floats exactly; the tile's
+// per-output scales are applied once to the sums (tile_rows), not per product
+static inline vf vload(const int8_t* p) {
+#if defined(__AVX512F__) && CP_W == 16
+  return reinterpret_cast<vf>(_mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
+#elif defined(__AVX2__) && CP_W == 8
+  return reinterpret_cast<vf>(_mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
+#else
+  vf r;
+  for (int i = 0; i < CP_W; ++i) r[i] = static_cast<float>(p[i]);
+  return r;
+#endif
+}
 
 // ---- the pool: workers spin SPIN_US after each task, then sleep on a futex ----------------
 struct Pool {
@@ -191,10 +211,12 @@ static int threads_now() { return std::max(1, at::get_num_threads()); }
 
 // ---- the kernel ---------------------------------------------------------------------------
 // MR rows of x against one tile: acc[m][v] holds outputs tile*32 + v*CP_W .. of row m.
-// T: float, or uint16_t for fp16 weights (widened by vload); the arithmetic is the same.
+// T: float, uint16_t for fp16 weights or int8_t (widened by vload); the arithmetic is the same.
+// scale: the outputs' int8 scales (each sum times its output's scale), else nullptr.
 template <int MR, class T = float>
 static inline void tile_rows(const float* x, int64_t sx, const T* w, int64_t K,
-                             const float* bias, float* out, int64_t so, int64_t n0, int64_t N) {
+                             const float* bias, float* out, int64_t so, int64_t n0, int64_t N,
+                             const float* scale = nullptr) {
   vf acc[MR][CP_V];
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < CP_V; ++v) acc[m][v] = vf{};
@@ -214,6 +236,9 @@ static inline void tile_rows(const float* x, int64_t sx, const T* w, int64_t K,
     float tmp[CP_TILE];
     for (int v = 0; v < CP_V; ++v) *reinterpret_cast<vfu*>(tmp + v * CP_W) = acc[m][v];
     float* o = out + m * so + n0;
+    if (scale != nullptr) {
+      for (int64_t j = 0; j < valid; ++j) tmp[j] *= scale[n0 + j];
+    }
     if (bias != nullptr) {
       for (int64_t j = 0; j < valid; ++j) o[j] = tmp[j] + bias[n0 + j];
     } else {
@@ -224,9 +249,10 @@ static inline void tile_rows(const float* x, int64_t sx, const T* w, int64_t K,
 
 template <class T>
 static void rows_any(int mr, const float* x, int64_t sx, const T* w, int64_t K,
-                     const float* bias, float* out, int64_t so, int64_t n0, int64_t N) {
+                     const float* bias, float* out, int64_t so, int64_t n0, int64_t N,
+                     const float* scale) {
   switch (mr) {
-#define CP_CASE(R) case R: tile_rows<(R <= CP_MR ? R : 1), T>(x, sx, w, K, bias, out, so, n0, N); break;
+#define CP_CASE(R) case R: tile_rows<(R <= CP_MR ? R : 1), T>(x, sx, w, K, bias, out, so, n0, N, scale); break;
     CP_CASE(1) CP_CASE(2) CP_CASE(3) CP_CASE(4) CP_CASE(5) CP_CASE(6) CP_CASE(7) CP_CASE(8)
 #undef CP_CASE
     default: break;
@@ -237,17 +263,43 @@ template <class T>
 struct Job {
   const float* x; int64_t sx; const T* w; const float* bias; float* out;
   int64_t M, K, N, tiles, chunk;
+  const float* scale = nullptr;  // int8 weights' per-output scales
   std::atomic<int64_t> next{0};
 };
 
+// An int8 tile widened once for all its row groups past two: widening per group made 16
+// rows 1.2x slower than fp32 weights (conversions, not bytes, bound it). Widening is exact, so
+// each output keeps the bits the int8 kernel gives it at any row count.
+static const float* widened(const int8_t* w, int64_t K) {
+  static thread_local std::vector<float> buf;
+  buf.resize(static_cast<size_t>(K * CP_TILE));
+  for (int64_t i = 0; i < K * CP_TILE; i += CP_W)
+    *reinterpret_cast<vfu*>(buf.data() + i) = vload(w + i);
+  return buf.data();
+}
+
 template <class T>
 static void run_tiles(const Job<T>& j, int64_t t0, int64_t t1) {
+  if constexpr (std::is_same<T, int8_t>::value) {
+    if (j.M > 2 * CP_MR) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const float* w = widened(j.w + t * j.K * CP_TILE, j.K);
+        for (int64_t m = 0; m < j.M; m += CP_MR) {
+          const int mr = static_cast<int>(std::min<int64_t>(CP_MR, j.M - m));
+          rows_any(mr, j.x + m * j.sx, j.sx, w, j.K, j.bias, j.out + m * j.N, j.N, t * CP_TILE,
+                   j.N, j.scale);
+        }
+      }
+      return;
+    }
+  }
   for (int64_t t = t0; t < t1; ++t) {
     const T* w = j.w + t * j.K * CP_TILE;
     // every row group over the same tile while it sits in L2: the weight leaves memory once
     for (int64_t m = 0; m < j.M; m += CP_MR) {
       const int mr = static_cast<int>(std::min<int64_t>(CP_MR, j.M - m));
-      rows_any(mr, j.x + m * j.sx, j.sx, w, j.K, j.bias, j.out + m * j.N, j.N, t * CP_TILE, j.N);
+      rows_any(mr, j.x + m * j.sx, j.sx, w, j.K, j.bias, j.out + m * j.N, j.N, t * CP_TILE, j.N,
+               j.scale);
     }
   }
 }
@@ -286,21 +338,65 @@ static torch::Tensor huge_empty(int64_t tiles, int64_t K,
                           torch::TensorOptions().dtype(dtype));
 }
 
-// weight [N, K] fp32 -> [ceil(N/32), K, 32] of fp32, or of fp16 (the greedy head's screen)
-torch::Tensor pack_as(torch::Tensor weight, bool half) {
-  TORCH_CHECK(weight.dim() == 2 && weight.dtype() == torch::kFloat32 && weight.device().is_cpu(),
-              "pack: weight [N, K] fp32 CPU");
-  const auto dtype = half ? torch::kHalf : torch::kFloat32;
+// weight [N, K] -> [ceil(N/32), K, 32] of dtype (zero-padded): the 32 outputs' weights for one
+// k sit together
+static torch::Tensor pack_tiles(const torch::Tensor& weight, torch::ScalarType dtype) {
   const int64_t N = weight.size(0), K = weight.size(1), tiles = (N + CP_TILE - 1) / CP_TILE;
   auto padded = torch::zeros({tiles * CP_TILE, K}, weight.options().dtype(dtype));
   padded.narrow(0, 0, N).copy_(weight);
-  // [tiles, 32, K] -> [tiles, K, 32]: the 32 outputs' weights for one k sit together
   auto packed = huge_empty(tiles, K, dtype);
   packed.copy_(padded.view({tiles, CP_TILE, K}).transpose(1, 2));
   return packed;
 }
 
+// weight [N, K] fp32 -> [ceil(N/32), K, 32] of fp32, or of fp16 (the greedy head's screen)
+torch::Tensor pack_as(torch::Tensor weight, bool half) {
+  TORCH_CHECK(weight.dim() == 2 && weight.dtype() == torch::kFloat32 && weight.device().is_cpu(),
+              "pack: weight [N, K] fp32 CPU");
+  return pack_tiles(weight, half ? torch::kHalf : torch::kFloat32);
+}
+
 torch::Tensor pack(torch::Tensor weight) { return pack_as(weight, false); }
+
+// q [N, K] int8 (already quantized: kernels.cpu_int8_linear) -> [ceil(N/32), K, 32] int8
+torch::Tensor pack_int8(torch::Tensor q) {
+  TORCH_CHECK(q.dim() == 2 && q.dtype() == torch::kChar && q.device().is_cpu(),
+              "pack_int8: q [N, K] int8 CPU");
+  return pack_tiles(q, torch::kChar);
+}
+
+static void check_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t N,
+                         torch::ScalarType dtype) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.device().is_cpu() &&
+              x.stride(1) == 1, "small linear: x [M, K] fp32 CPU, contiguous rows");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == CP_TILE && packed.is_contiguous() &&
+              packed.dtype() == dtype && packed.size(1) == x.size(1) &&
+              packed.size(0) * CP_TILE >= N && N > packed.size(0) * CP_TILE - CP_TILE,
+              "small linear: packed [ceil(N/32), K, 32] for this x and N");
+}
+
+static const float* fp32_vector(const c10::optional<torch::Tensor>& t, int64_t N,
+                                const char* what) {
+  if (!t.has_value() || !t->defined()) return nullptr;
+  TORCH_CHECK(t->numel() == N && t->is_contiguous() && t->dtype() == torch::kFloat32, what);
+  return t->data_ptr<float>();
+}
+
+// Every tile of w against x's rows, on the pool: out [M, N] fp32.
+template <class T>
+static torch::Tensor run_linear(const torch::Tensor& x, const T* w, int64_t tiles,
+                                const float* bias, const float* scale, int64_t N, bool spin) {
+  const int64_t M = x.size(0), K = x.size(1);
+  auto out = torch::empty({M, N}, x.options());
+  if (M == 0) return out;
+  const int n = static_cast<int>(std::min<int64_t>(threads_now(), tiles));
+  // ~4 chunks a thread: enough to even out a slow thread, few enough atomics
+  const int64_t chunk = std::max<int64_t>(1, tiles / (4 * n));
+  Job<T> job{x.data_ptr<float>(), x.stride(0), w, bias, out.data_ptr<float>(), M, K, N, tiles,
+             chunk, scale};
+  run(n, job_part<T>, &job, spin);
+  return out;
+}
 
 // spin: whether the workers spin for the next task after this call (false: they sleep at once).
 // Called from Python (linear_spin) that is only after decode-sized calls; the combined stack
@@ -308,29 +404,24 @@ torch::Tensor pack(torch::Tensor weight) { return pack_as(weight, false); }
 // row count but after its last linear, which work on another pool follows.
 torch::Tensor linear_on_pool(torch::Tensor x, torch::Tensor packed,
                              c10::optional<torch::Tensor> bias, int64_t N, bool spin) {
-  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.device().is_cpu() &&
-              x.stride(1) == 1, "small linear: x [M, K] fp32 CPU, contiguous rows");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == CP_TILE && packed.is_contiguous() &&
-              packed.dtype() == torch::kFloat32 && packed.size(1) == x.size(1) &&
-              packed.size(0) * CP_TILE >= N && N > packed.size(0) * CP_TILE - CP_TILE,
-              "small linear: packed [ceil(N/32), K, 32] for this x and N");
-  const float* bp = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == N && bias->is_contiguous() && bias->dtype() == torch::kFloat32,
-                "small linear: bias [N] fp32");
-    bp = bias->data_ptr<float>();
-  }
-  const int64_t M = x.size(0), K = x.size(1);
-  auto out = torch::empty({M, N}, x.options());
-  if (M == 0) return out;
-  const int64_t tiles = packed.size(0);
-  const int n = static_cast<int>(std::min<int64_t>(threads_now(), tiles));
-  // ~4 chunks a thread: enough to even out a slow thread, few enough atomics
-  const int64_t chunk = std::max<int64_t>(1, tiles / (4 * n));
-  Job<float> job{x.data_ptr<float>(), x.stride(0), packed.data_ptr<float>(), bp,
-                 out.data_ptr<float>(), M, K, N, tiles, chunk};
-  run(n, job_part<float>, &job, spin);
-  return out;
+  check_linear(x, packed, N, torch::kFloat32);
+  return run_linear(x, packed.data_ptr<float>(), packed.size(0),
+                    fp32_vector(bias, N, "small linear: bias [N] fp32"), nullptr, N, spin);
+}
+
+// int8 weights (pack_int8) with their per-output scale [N]: out = (x . q) * scale + bias
+torch::Tensor linear_int8_on_pool(torch::Tensor x, torch::Tensor packed, torch::Tensor scale,
+                                  c10::optional<torch::Tensor> bias, int64_t N, bool spin) {
+  check_linear(x, packed, N, torch::kChar);
+  const float* sp = fp32_vector(scale, N, "int8 linear: scale [N] fp32");
+  TORCH_CHECK(sp != nullptr, "int8 linear: scale [N] fp32");
+  return run_linear(x, packed.data_ptr<int8_t>(), packed.size(0),
+                    fp32_vector(bias, N, "small linear: bias [N] fp32"), sp, N, spin);
+}
+
+torch::Tensor linear_int8(torch::Tensor x, torch::Tensor packed, torch::Tensor scale,
+                          c10::optional<torch::Tensor> bias, int64_t N) {
+  return linear_int8_on_pool(x, packed, scale, bias, N, x.size(0) <= CP_SPIN_ROWS);
 }
 
 // may_spin false: the workers sleep at once after this call
@@ -484,7 +575,8 @@ void pool_parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
 
 OPS = CppOps("carpool_cpu_small_linear",
              f"#define CP_SPIN_US {SPIN_US}\n#define CP_SPIN_ROWS {SPIN_ROWS}\n" + _SOURCE,
-             ("pack", "pack_as", "linear", "linear_on_pool", "greedy", "has_half"))
+             ("pack", "pack_as", "pack_int8", "linear", "linear_on_pool", "linear_int8",
+              "linear_int8_on_pool", "greedy", "has_half"))
 
 
 def available() -> bool:
@@ -513,6 +605,19 @@ def linear_on_pool(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     """``linear`` with the workers' spin chosen by the caller at any row count (the
     whole-stack op's linears, for benchmarks that time them as it runs them)."""
     out: torch.Tensor = _ops().linear_on_pool(x, packed, bias, n, spin)
+    return out
+
+
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """``pack`` of an already quantized int8 weight [N, K] (``kernels.cpu_int8_linear``)."""
+    packed: torch.Tensor = _ops().pack_int8(q.detach().contiguous())
+    return packed
+
+
+def linear_int8(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    """``linear`` on int8 tiles (``pack_int8``): each output's sum times its ``scale``."""
+    out: torch.Tensor = _ops().linear_int8(x, packed, scale, bias, n)
     return out
 
 

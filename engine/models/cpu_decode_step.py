@@ -36,6 +36,7 @@ from torch import nn
 
 from kernels import cpu_decode, cpu_decode_layers, cpu_layer_ops
 from kernels.cpu_decode_layers import DecodeLayers, LayerWeights, SmallLinear
+from kernels.cpu_int8_linear import Int8Linear
 from kernels.cpu_linear import OneDNNLinear
 
 if TYPE_CHECKING:
@@ -81,8 +82,10 @@ def stack_for(model: LlamaForCausalLM) -> DecodeLayers | None:
 
 
 def _small(linear: nn.Module) -> SmallLinear | None:
+    if isinstance(linear, Int8Linear) and linear.small is not None:
+        return SmallLinear(linear.small, linear.bias, linear.out_features, linear.scale)
     if not isinstance(linear, OneDNNLinear) or linear.small is None:
-        return None  # float64, int8, or the small-batch op not built
+        return None  # float64, or the small-batch op not built
     return SmallLinear(linear.small, linear.bias, linear.out_features)
 
 

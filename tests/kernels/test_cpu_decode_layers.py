@@ -50,14 +50,18 @@ def _decode_hidden(runner: ModelRunner, contexts: list[int], seed: int) -> dict[
     return out
 
 
+@pytest.mark.parametrize("quantization", [None, "int8"])
 @pytest.mark.parametrize("n_threads", [1, 2])
 @pytest.mark.parametrize("contexts", [[7], [3, 40, 1100], [5 + 3 * i for i in range(32)],
                                       [4 + i for i in range(64)]],
                          ids=["1 row", "3 rows, 1143 tokens", "32 rows", "64 rows"])
 def test_tiny_model_same_bits_as_per_op_path(tiny_model_dir: Path, contexts: list[int],
-                                             n_threads: int, threads: None) -> None:
+                                             n_threads: int, quantization: str | None,
+                                             threads: None) -> None:
     torch.set_num_threads(n_threads)
-    runner = make_runner(tiny_model_dir, "float32", block_size=16, num_blocks=400)
+    runner = make_runner(tiny_model_dir, "float32", block_size=16, num_blocks=400,
+                         quantization=quantization)
+    assert (cpu_decode_step.stack_for(runner.model) is not None)  # int8 weights too
     out = _decode_hidden(runner, contexts, seed=len(contexts))
     assert out["stack"].shape == (len(contexts), runner.args.hidden_size)
     assert torch.equal(out["stack"], out["per-op"])

@@ -21,7 +21,8 @@ def make_runner(model_dir: Path | None, dtype: str = "float64", **overrides: Any
     fields = {f.name for f in dataclasses.fields(CacheConfig)}
     cache.update({k: overrides.pop(k) for k in list(overrides) if k in fields})
     model = ModelConfig(
-        model=None if model_dir is None else str(model_dir), dtype=cast(DType, dtype)
+        model=None if model_dir is None else str(model_dir), dtype=cast(DType, dtype),
+        quantization=overrides.pop("quantization", None),
     )
     return ModelRunner(model, CacheConfig(**cache), **overrides)  # type: ignore[arg-type]
 

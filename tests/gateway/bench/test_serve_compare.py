@@ -63,6 +63,19 @@ def test_streams_table_and_targets_are_the_plain_comparison(seed: int) -> None:
                                + ("met" if itl_met else "MISSED"))
 
 
+def test_int8_is_also_held_against_q8_0() -> None:
+    rng = random.Random(1)
+    servers = ("Carpool fp32", "Carpool int8", "llama-server F32, 64 slots",
+               "llama-server Q8_0, 64 slots")
+    rows = [_row(s, n, rng, 10 + 5 * i) for i, s in enumerate(servers) for n in LEVELS]
+    heads = [line.split(":")[0] for line in streams_targets(rows)]
+    assert heads == [line for c, ref in (("Carpool fp32", servers[2]),
+                                         ("Carpool int8", servers[2]),
+                                         ("Carpool int8", servers[3]))
+                     for line in (f"{c} out tok/s >= {ref} at every level",
+                                  f"{c} ITL p50 at 1 stream <= {ref}")]
+
+
 def test_no_streams_rows_or_no_f32_reference() -> None:
     rng = random.Random(0)
     assert streams_table([Row("seed", 1.0, [], server="Carpool fp32")]) == ""

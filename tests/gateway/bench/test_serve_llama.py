@@ -1,5 +1,5 @@
 """The llama.cpp baseline of ``carpool bench serve`` without llama.cpp (it is an optional
-extra): the F32 conversion's command line, made once into the cache through a temporary name
+extra): the F32 and Q8_0 conversions' command line, made once into the cache through a temporary name
 (a stand-in ``llama-quantize`` script records its calls), nothing left behind when it fails;
 no binary is said, not raised."""
 
@@ -32,12 +32,13 @@ def _fake(tmp_path: Path, fail: bool = False) -> tuple[str, Path]:
     return str(script), log
 
 
-def test_f32_command_line() -> None:
+@pytest.mark.parametrize("kind", ["F32", "Q8_0"])
+def test_requant_command_line(kind: str) -> None:
     src, dst = Path("/m/SmolLM2-135M-Instruct.Q4_1.gguf"), Path("/c/out.gguf")
-    assert serve_llama.f32_command("/bin/llama-quantize", src, dst) == [
-        "/bin/llama-quantize", "--allow-requantize", str(src), str(dst), "F32"]
-    assert serve_llama.f32_path(src, Path("/c")) == Path(
-        "/c/gguf/SmolLM2-135M-Instruct.Q4_1.F32.gguf")
+    assert serve_llama.requant_command("/bin/llama-quantize", src, dst, kind) == [
+        "/bin/llama-quantize", "--allow-requantize", str(src), str(dst), kind]
+    assert serve_llama.requant_path(src, Path("/c"), kind) == Path(
+        f"/c/gguf/SmolLM2-135M-Instruct.Q4_1.{kind}.gguf")
 
 
 def test_f32_gguf_is_made_once_through_a_temporary_name(tmp_path: Path,
@@ -45,9 +46,9 @@ def test_f32_gguf_is_made_once_through_a_temporary_name(tmp_path: Path,
     quantize, log = _fake(tmp_path)
     src = tmp_path / "model.Q4_1.gguf"
     src.write_bytes(b"q4")
-    first = serve_llama.f32_gguf(src, quantize, tmp_path / "cache")
-    again = serve_llama.f32_gguf(src, quantize, tmp_path / "cache")
-    assert first == again == serve_llama.f32_path(src, tmp_path / "cache")
+    first = serve_llama.requant_gguf(src, quantize, tmp_path / "cache", "F32")
+    again = serve_llama.requant_gguf(src, quantize, tmp_path / "cache", "F32")
+    assert first == again == serve_llama.requant_path(src, tmp_path / "cache", "F32")
     assert first.read_bytes() == b"GGUF-F32"
     calls = log.read_text().splitlines()
     assert len(calls) == 1  # the second run found the cached file
@@ -64,7 +65,7 @@ def test_a_failed_conversion_leaves_nothing(tmp_path: Path) -> None:
     src = tmp_path / "model.gguf"
     src.write_bytes(b"q4")
     with pytest.raises(subprocess.CalledProcessError):
-        serve_llama.f32_gguf(src, quantize, tmp_path / "cache")
+        serve_llama.requant_gguf(src, quantize, tmp_path / "cache", "F32")
     assert list((tmp_path / "cache" / "gguf").iterdir()) == []
 
 
@@ -75,17 +76,19 @@ def test_configs_q4_then_f32_and_no_quantize_says_so(tmp_path: Path,
     server.write_text("")
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"q4")
-    args = argparse.Namespace(llama_slots=[16, 64], llama_f32_slots=[64],
+    args = argparse.Namespace(llama_slots=[16, 64], llama_f32_slots=[64], llama_q8_slots=[8],
                               cache_dir=str(tmp_path / "c"))
     got = [(c.weights, c.slots, c.gguf) for c in serve_llama.configs(args, str(server), gguf)]
-    f32 = serve_llama.f32_path(gguf, tmp_path / "c")
-    assert got == [("Q4_1", 16, gguf), ("Q4_1", 64, gguf), ("F32", 64, f32)]
+    f32 = serve_llama.requant_path(gguf, tmp_path / "c", "F32")
+    q8 = serve_llama.requant_path(gguf, tmp_path / "c", "Q8_0")
+    assert got == [("Q4_1", 16, gguf), ("Q4_1", 64, gguf), ("F32", 64, f32), ("Q8_0", 8, q8)]
+    assert f32.is_file() and q8.is_file()
     Path(quantize).unlink()
     lone = tmp_path / "lone" / "llama-server"
     lone.parent.mkdir()
     if serve_llama.quantize_binary(str(lone)) is None:  # none on PATH either
         assert len(serve_llama.configs(args, str(lone), gguf)) == 2
-        assert "no llama-quantize" in capsys.readouterr().out
+        assert "the F32 and Q8_0 rows are skipped" in capsys.readouterr().out
 
 
 def test_llama_baseline_without_a_binary_says_so(capsys: pytest.CaptureFixture[str]) -> None:

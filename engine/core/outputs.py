@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from engine.core.sampling_params import SamplingParams
 
 
-@dataclass
+@dataclass(slots=True)  # built for every row of every step: slots make that and reads cheaper
 class ScheduledRequest:
     """One request's share of a step.
 

@@ -56,6 +56,25 @@ class RequestTimes:
 
 
 class Request:
+    # the scheduler reads these for every running request every step: slots make it cheaper
+    __slots__ = (
+        "eos_token_id",
+        "error",
+        "first_token_urgent",
+        "last_scheduled_step",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_preemptions",
+        "output_logprobs",
+        "output_token_ids",
+        "priority",
+        "prompt_token_ids",
+        "request_id",
+        "sampling_params",
+        "status",
+        "times",
+    )
+
     def __init__(
         self,
         request_id: str,

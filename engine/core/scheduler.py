@@ -432,9 +432,13 @@ class Scheduler(PreemptionMixin, ForkMixin):
             req = self._requests.get(rid)
             if req is None or req.status != RequestStatus.RUNNING:
                 continue  # aborted/finished after schedule(): dropped at the step boundary
-            computed = sched.start_pos + len(sched.token_ids)
+            start = sched.start_pos
+            computed = start + len(sched.token_ids)
             req.num_computed_tokens = computed
-            if bm.enable_prefix_caching and computed // block_size > bm.num_cached_blocks_of(rid):
+            # a block filled up this step (the hashes cover every full block before it, so a
+            # decode token inside a block has nothing to hash: the hot path skips the lookup)
+            if (bm.enable_prefix_caching and computed // block_size > start // block_size
+                    and computed // block_size > bm.num_cached_blocks_of(rid)):
                 bm.cache_blocks(rid, req.all_token_ids, computed)
             if not sched.sample:
                 continue
@@ -454,6 +458,6 @@ class Scheduler(PreemptionMixin, ForkMixin):
             if status is not None:
                 self._finish(req, status, returned=False)
         for rid, req in changed.items():
-            if req.is_finished:
+            if req.status > RequestStatus.PREEMPTED:  # finished (``is_finished``, inlined)
                 self._requests.pop(rid, None)
         return list(changed.values())

@@ -38,18 +38,23 @@ class StepPlan:
         """Schedule ``num_new`` tokens of ``req`` from its ``num_computed_tokens`` on."""
         start = req.num_computed_tokens
         end = start + num_new
+        prompt, output = req.prompt_token_ids, req.output_token_ids
+        params = req.sampling_params
+        done = len(prompt) + len(output)
+        # a decode row's one token (the hot path: every running request, every step)
+        tokens = [output[-1]] if end == done and num_new == 1 and output else \
+            token_slice(req, start, end)
         self.scheduled[req.request_id] = ScheduledRequest(
             req.request_id,
-            token_slice(req, start, end),
+            tokens,
             start,
-            list(block_ids),  # a copy: the block table keeps growing after this step
-            end == req.num_tokens,  # sample only when this chunk reaches the known end
-            req.sampling_params,
-            len(req.output_token_ids),
+            block_ids[:],  # a copy: the block table keeps growing after this step
+            end == done,  # sample only when this chunk reaches the known end
+            params,
+            len(output),
             # penalties read the tokens so far; min_tokens bans EOS: only then (hot path)
-            history=(req.prompt_token_ids, req.output_token_ids)
-            if req.sampling_params.needs_history else None,
-            eos_token_id=req.eos_token_id,
+            (prompt, output) if params.needs_history else None,
+            req.eos_token_id,
         )
         self.budget -= num_new
 

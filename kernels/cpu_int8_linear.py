@@ -38,20 +38,27 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Linear(nn.Module):
-    """An ``nn.Linear`` with int8 weights: decode-sized calls on the small-batch op's int8
-    tiles, larger ones (prompt chunks) on the dequantized weight."""
+    """An ``nn.Linear`` with int8 weights: calls of up to ``cpu_small_linear.MAX_ROWS`` rows
+    (any count with ``all_rows``) on the small-batch op's int8 tiles, larger ones (prompt
+    chunks) on the dequantized weight."""
 
     scale: torch.Tensor
 
-    def __init__(self, src: nn.Linear) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 all_rows: bool = False) -> None:
         super().__init__()
-        self.in_features, self.out_features = src.in_features, src.out_features
-        q, scale = quantize(src.weight.float())
+        self.out_features, self.in_features = weight.shape
+        self.all_rows = all_rows
+        q, scale = quantize(weight.float())
         self.register_buffer("scale", scale)
-        self.bias = None if src.bias is None else src.bias.detach().float().contiguous()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
         # the small-batch op's tiles when it is built, else the row-major int8 weight
         self.small = cpu_small_linear.pack_int8(q) if cpu_small_linear.available() else None
         self._q = None if self.small is not None else q
+
+    @classmethod
+    def of(cls, src: nn.Linear) -> Int8Linear:
+        return cls(src.weight, src.bias)
 
     def weight(self) -> torch.Tensor:
         """The dequantized [N, K] fp32 weight (``q * scale``), built on each call."""
@@ -63,7 +70,8 @@ class Int8Linear(nn.Module):
         return w.float() * self.scale[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small is not None and x.dim() == 2 and x.shape[0] <= cpu_small_linear.MAX_ROWS:
+        if self.small is not None and x.dim() == 2 and (
+                self.all_rows or x.shape[0] <= cpu_small_linear.MAX_ROWS):
             return cpu_small_linear.linear_int8(x if x.stride(1) == 1 else x.contiguous(),
                                                 self.small, self.scale, self.bias,
                                                 self.out_features)

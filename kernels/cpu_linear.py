@@ -113,7 +113,9 @@ def route_cpu_linears(model: nn.Module) -> int:
                 routed += 1
     head = getattr(model, "lm_head", None)
     embed = getattr(model, "embed_tokens", None)
-    if isinstance(head, OneDNNLinear) and head.bias is None and head_weight is not None:
+    if getattr(model, "logits_linear", None) is not None:
+        pass  # a head of its own already (int8: ``engine.runner.quantize``)
+    elif isinstance(head, OneDNNLinear) and head.bias is None and head_weight is not None:
         model.logits_linear = PackedHead.of(  # type: ignore[assignment]
             head_weight, head.small, head.packed)
     elif head is None and embed is not None and available(embed.weight):

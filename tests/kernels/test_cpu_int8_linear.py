@@ -66,11 +66,12 @@ def test_same_bits_at_any_thread_count_and_batch() -> None:
     assert torch.equal(alone, two)  # 1 row reads int8 directly, 20 rows a widened tile
 
 
-@pytest.mark.parametrize("m", [2, 50])  # the small-batch op, and the dequantized weight
-def test_int8_linear_module(m: int) -> None:
+@pytest.mark.parametrize(("m", "all_rows"), [(2, False), (50, False), (50, True)])
+def test_int8_linear_module(m: int, all_rows: bool) -> None:
+    # small-batch op (2 rows; 50 with all_rows), or the dequantized weight (50 past MAX_ROWS)
     torch.manual_seed(3)
     src = torch.nn.Linear(96, 130)
-    layer = Int8Linear(src)
+    layer = Int8Linear(src.weight, src.bias, all_rows=all_rows)
     assert not any(p.dtype == torch.float32 and p.numel() == 96 * 130
                    for p in [*layer.parameters(), *layer.buffers()])  # no fp32 weight kept
     q, scale = quantize(src.weight)

@@ -1,6 +1,6 @@
 """The int8-vs-fp32 quality check: its logits are transformers' (teacher-forced, every
 position), it scores an engine against itself as identical, and the int8 engine is transformers
-with every decoder linear's weight rounded to int8 (its perplexity recomputed here from the
+with every decoder linear's and the LM head's weight rounded to int8 (its perplexity recomputed here from the
 logits)."""
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def test_an_engine_against_itself_agrees_everywhere(engines: tuple[LLMEngine, LL
 
 def test_int8_is_the_model_with_its_layer_weights_rounded(
         engines: tuple[LLMEngine, LLMEngine], tiny_model_dir: Path) -> None:
-    # independent reference: transformers with every layer linear's weight replaced by its
-    # int8 rounding (q * scale), embeddings and norms untouched
+    # independent reference: transformers with every layer linear's and the head's weight
+    # replaced by its int8 rounding (q * scale), the embedding lookup and norms untouched
     from transformers import AutoModelForCausalLM
 
     from kernels.cpu_int8_linear import Int8Linear, quantize
@@ -54,6 +54,7 @@ def test_int8_is_the_model_with_its_layer_weights_rounded(
     assert all(isinstance(m, Int8Linear) for layer in layers for m in
                (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                 layer.mlp.down_proj))
+    assert isinstance(int8.runner.model.logits_linear, Int8Linear)
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32,
                                               local_files_only=True).eval()
     with torch.no_grad():
@@ -61,6 +62,9 @@ def test_int8_is_the_model_with_its_layer_weights_rounded(
             if isinstance(module, torch.nn.Linear):
                 q, scale = quantize(module.weight)
                 module.weight.copy_(q.float() * scale[:, None])
+        # the head reads its own int8 copy; a tied embedding lookup keeps the fp32 table
+        q, scale = quantize(hf.lm_head.weight)
+        hf.lm_head.weight = torch.nn.Parameter(q.float() * scale[:, None])
     ids = list(fp32.tokenizer.encode(TEXTS[1], add_special_tokens=False))
     with torch.inference_mode():
         ref = hf(torch.tensor([ids])).logits[0].double()

@@ -6,6 +6,7 @@ the token accounting conserves tokens, the metrics parser agrees with prometheus
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -150,6 +151,24 @@ def test_ratios_are_computed_from_the_rows(quick_run: tuple[list[Row], float]) -
     assert got.keys() == want.keys()
     for what, value in want.items():
         assert math.isclose(got[what], value, rel_tol=1e-9), what
+
+
+def test_the_law_reach_target_prices_with_the_published_terms(
+        quick_run: tuple[list[Row], float]) -> None:
+    # the echo engine's own law prices nothing (no reach, no target row): a law in its place,
+    # scaled to the run's alone TPOT so that bulk has room beside interactive
+    rows, _ = quick_run
+    by = {r.name: r for r in rows}
+    step = 1.3 * _tpot(by["alone"].run.of("interactive"), 0.5)
+    law = {"base_s": 0.1 * step, "per_row_s": 0.01 * step, "per_token_s": 0.002 * step,
+           "per_kv_token_s": 1e-5 * step, "per_prefill_row_s": 0.005 * step,
+           "kv_per_row": 40.0, "prefill_tokens": 8.0}
+    by["overload"] = dataclasses.replace(by["overload"], law=law)
+    reach = _law_reach(by)
+    assert reach is not None and reach > 0
+    got = {t.what: t.value for t in targets(by, 0.1)}
+    assert math.isclose(got["bulk goodput overload / law's reach at 1.3x TPOT"],
+                        _goodput(by["overload"]) / reach, rel_tol=1e-9)
 
 
 def _law_reach(by: dict[str, Row]) -> float | None:

@@ -267,9 +267,12 @@ struct Job {
   std::atomic<int64_t> next{0};
 };
 
-// An int8 tile widened once for all its row groups past two: widening per group made 16
-// rows 1.2x slower than fp32 weights (conversions, not bytes, bound it). Widening is exact, so
-// each output keeps the bits the int8 kernel gives it at any row count.
+// From CP_WIDEN_ROWS rows an int8 tile is widened once for all its row groups: per group the
+// conversions bind the kernel there (the model's int8 linears, widened / per group, 2 AVX2
+// cores: 32 rows 0.87, 64 rows 0.81, 96 rows 0.90; but 8 rows 1.27, 16 rows 1.12-1.48, 24 rows
+// 1.26). Widening is exact, so each output keeps the bits the int8 kernel gives it at any row
+// count.
+#define CP_WIDEN_ROWS 32
 static const float* widened(const int8_t* w, int64_t K) {
   static thread_local std::vector<float> buf;
   buf.resize(static_cast<size_t>(K * CP_TILE));
@@ -281,7 +284,7 @@ static const float* widened(const int8_t* w, int64_t K) {
 template <class T>
 static void run_tiles(const Job<T>& j, int64_t t0, int64_t t1) {
   if constexpr (std::is_same<T, int8_t>::value) {
-    if (j.M > 2 * CP_MR) {
+    if (j.M >= CP_WIDEN_ROWS) {
       for (int64_t t = t0; t < t1; ++t) {
         const float* w = widened(j.w + t * j.K * CP_TILE, j.K);
         for (int64_t m = 0; m < j.M; m += CP_MR) {

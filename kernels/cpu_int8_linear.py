@@ -11,7 +11,10 @@ Why weight-only: torch's dynamic quantization, which this replaced, also rounded
 activations to int8 with one scale for the whole batch, so a request's logits depended on its
 batch neighbours, and the MLP's down projection (a few huge SiLU-gated channels) could not be
 quantized at all. With fp32 activations every linear is int8 and a row's output depends on
-that row alone (``engine.bench.quality`` prints the agreement with fp32).
+that row alone wherever its step runs on the int8 tiles (a step of up to
+``kernels.cpu_decode_layers.MAX_TOKENS`` tokens; beside a longer prompt chunk it multiplies by
+the dequantized weight, the same numbers up to fp32 rounding, as fp32's oneDNN path does).
+``engine.bench.quality`` prints the agreement with fp32.
 
 Contract: ``quantize(weight [N, K] fp32) -> (q [N, K] int8, scale [N] fp32)`` with
 ``|weight - q * scale| <= scale / 2`` elementwise; ``Int8Linear(linear)`` replaces an
@@ -30,10 +33,15 @@ QMAX = 127  # symmetric: -128 is never used, so q and -q are both representable
 
 
 def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-output-row symmetric int8: ``(q, scale)`` with ``weight ~ q * scale[:, None]``."""
-    amax = weight.detach().abs().amax(dim=1)
-    scale = torch.where(amax > 0, amax / QMAX, torch.ones_like(amax)).float()
-    q = torch.round(weight.detach() / scale[:, None]).clamp_(-QMAX, QMAX).to(torch.int8)
+    """Per-output-row symmetric int8: ``(q, scale)`` with ``weight ~ q * scale[:, None]``;
+    raises on a non-finite weight (its row would round to garbage)."""
+    w = weight.detach().float()
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("int8: the weight has non-finite values")
+    scale = w.abs().amax(dim=1) / QMAX
+    # an all-zero row (or one so small its scale underflows) rounds to zeros at scale 1
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(w / scale[:, None]).clamp_(-QMAX, QMAX).to(torch.int8)
     return q.contiguous(), scale.contiguous()
 
 
@@ -52,22 +60,24 @@ class Int8Linear(nn.Module):
         q, scale = quantize(weight.float())
         self.register_buffer("scale", scale)
         self.bias = None if bias is None else bias.detach().float().contiguous()
-        # the small-batch op's tiles when it is built, else the row-major int8 weight
+        # the small-batch op's tiles when it is built; without it the dequantized weight
+        # itself, once (every call multiplies by it: rebuilding it a call cost a step 650 MB)
         self.small = cpu_small_linear.pack_int8(q) if cpu_small_linear.available() else None
-        self._q = None if self.small is not None else q
+        self._dequantized = None if self.small is not None else _dequantize(q, scale)
 
     @classmethod
     def of(cls, src: nn.Linear) -> Int8Linear:
         return cls(src.weight, src.bias)
 
     def weight(self) -> torch.Tensor:
-        """The dequantized [N, K] fp32 weight (``q * scale``), built on each call."""
-        if self.small is None:
-            assert self._q is not None
-            return self._q.float() * self.scale[:, None]
+        """The dequantized [N, K] fp32 weight (``q * scale``); built on each call from the
+        int8 tiles (a prompt chunk's call multiplies hundreds of rows by it)."""
+        if self._dequantized is not None:
+            return self._dequantized
+        assert self.small is not None
         tiles, k, tile = self.small.shape
-        w = self.small.transpose(1, 2).reshape(tiles * tile, k)[: self.out_features]
-        return w.float() * self.scale[:, None]
+        q = self.small.transpose(1, 2).reshape(tiles * tile, k)[: self.out_features]
+        return _dequantize(q, self.scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.small is not None and x.dim() == 2 and (
@@ -76,3 +86,7 @@ class Int8Linear(nn.Module):
                                                 self.small, self.scale, self.bias,
                                                 self.out_features)
         return F.linear(x, self.weight(), self.bias)
+
+
+def _dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return torch.mul(q.to(torch.float32), scale[:, None])

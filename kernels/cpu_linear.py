@@ -6,11 +6,12 @@ its own packed copy of the weight near memory bandwidth (2x oneDNN at 1-8 rows; 
 Contract: ``route_cpu_linears(model)`` replaces every plain ``nn.Linear`` of ``model`` whose
 weight is float32 on CPU by a ``OneDNNLinear`` holding the weight packed once by
 ``torch.ops.mkldnn._reorder_linear_weight`` (what Inductor's CPU path does), and gives a tied or
-untied LM head the same packed op through ``model.logits_linear``; it returns how many linears
-it routed. Outputs equal ``F.linear`` to fp32 rounding (a different summation order), not bit
-for bit. Without the small-batch op built, every row count takes oneDNN. Nothing changes (F.linear stays) for float64 (the transformers-equality tests), other
-devices, int8 modules (``engine.runner.quantize``: no longer ``nn.Linear``) and a torch without
-oneDNN. Why: torch's fp32 ``F.linear`` (MKL sgemv/sgemm) runs small M on one thread; oneDNN
+untied LM head the same packed op through ``model.logits_linear`` (unless the model has one of
+its own already: int8's); it returns how many linears it routed. Outputs equal ``F.linear`` to
+fp32 rounding (a different summation order), not bit for bit. Without the small-batch op built,
+every row count takes oneDNN. Nothing changes (F.linear stays) for float64 (the
+transformers-equality tests), other devices, int8 modules (``engine.runner.quantize``: no
+longer ``nn.Linear``; they run their own int8 op) and a torch without oneDNN. Why: torch's fp32 ``F.linear`` (MKL sgemv/sgemm) runs small M on one thread; oneDNN
 uses every thread and packed weights stream faster (SmolLM2's LM head at M=8 on 2 cores:
 16.1 ms -> 4.2 ms).
 """

@@ -611,6 +611,13 @@ def linear_on_pool(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     return out
 
 
+def linear_int8_on_pool(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                        bias: torch.Tensor | None, n: int, spin: bool) -> torch.Tensor:
+    """``linear_int8`` with the workers' spin chosen by the caller (as ``linear_on_pool``)."""
+    out: torch.Tensor = _ops().linear_int8_on_pool(x, packed, scale, bias, n, spin)
+    return out
+
+
 def pack_int8(q: torch.Tensor) -> torch.Tensor:
     """``pack`` of an already quantized int8 weight [N, K] (``kernels.cpu_int8_linear``)."""
     packed: torch.Tensor = _ops().pack_int8(q.detach().contiguous())

@@ -33,6 +33,7 @@ from engine.models import cpu_decode_step
 from engine.models.llama import LlamaForCausalLM
 from kernels import cpu_small_linear
 from kernels.cpu_decode_layers import MAX_TOKENS
+from kernels.cpu_int8_linear import Int8Linear
 from kernels.cpu_linear import OneDNNLinear
 
 
@@ -54,7 +55,7 @@ def linear_ops(model: LlamaForCausalLM, tokens: int = 1) -> list[LinearOp]:
     ops: list[LinearOp] = []
     for i, layer in enumerate(model.layers):
         for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
-            # nn.Linear, OneDNNLinear or an int8 dynamic linear: all carry these two sizes
+            # nn.Linear, OneDNNLinear or Int8Linear: all carry these two sizes
             mod: Any = layer.get_submodule(name)
             fn = _stack_linear(mod) if in_stack else mod
             ops.append(LinearOp(f"layers.{i}.{name}", mod.in_features, mod.out_features, fn))
@@ -73,9 +74,12 @@ def _head(model: LlamaForCausalLM, x: torch.Tensor) -> object:
     return model.compute_logits(x) if tokens is None else tokens
 
 
-def _stack_linear(mod: OneDNNLinear) -> Callable[[torch.Tensor], torch.Tensor]:
+def _stack_linear(mod: OneDNNLinear | Int8Linear) -> Callable[[torch.Tensor], torch.Tensor]:
     small = mod.small
     assert small is not None  # stack_for binds only small-batch weights
+    if isinstance(mod, Int8Linear):
+        return lambda x: cpu_small_linear.linear_int8_on_pool(x, small, mod.scale, mod.bias,
+                                                              mod.out_features, True)
     return lambda x: cpu_small_linear.linear_on_pool(x, small, mod.bias, mod.out_features, True)
 
 

@@ -28,8 +28,8 @@ class ModelConfig:
     device: str = "cpu"
     max_model_len: int | None = None  # None = the model's own max_position_embeddings
     cache_dir: str | None = None  # where converted checkpoints live; None = ~/.cache/carpool
-    # "int8": int8 weights in the layers' linears (weight-only, kernels/cpu_int8_linear.py;
-    # CPU); None = as loaded
+    # "int8": int8 weights in the layers' linears and the LM head (weight-only,
+    # kernels/cpu_int8_linear.py; CPU); None = as loaded
     quantization: str | None = None
 
     def __post_init__(self) -> None:

@@ -55,7 +55,8 @@ def _add_serve(sub: Any) -> None:
     g.add_argument("--preemption-mode", choices=("recompute", "swap"), default=None)
     g.add_argument("--device", default=None)
     g.add_argument("--quantization", choices=("int8",), default=None,
-                   help="int8 weights in the decoder's linears (CPU, fp32; lossy, opt-in)")
+                   help="int8 weights in the decoder's linears and the LM head (CPU, fp32 "
+                        "activations; lossy, opt-in)")
     p.set_defaults(func=_run_serve)
 
 

@@ -31,6 +31,28 @@ def test_quantize_rounds_each_row_to_its_own_scale() -> None:
     assert bool((q.abs().amax(1)[torch.arange(40) != 7] == QMAX).all())  # each row uses its range
 
 
+def test_quantize_refuses_non_finite_and_keeps_a_tiny_row_finite() -> None:
+    w = torch.ones(3, 8)
+    w[1] = 1e-44  # amax / 127 underflows to 0: that row rounds to zeros at scale 1
+    q, scale = quantize(w)
+    assert bool(torch.isfinite(scale).all()) and float(scale[1]) == 1.0 and bool((q[1] == 0).all())
+    w[2, 3] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        quantize(w)
+
+
+@built
+def test_a_zero_row_gives_its_bias() -> None:
+    w = torch.randn(40, 64)
+    w[5] = 0.0
+    q, scale = quantize(w)
+    b = torch.randn(40)
+    for m in (1, 40):
+        out = cpu_small_linear.linear_int8(torch.randn(m, 64), cpu_small_linear.pack_int8(q),
+                                           scale, b, 40)
+        assert bool((out[:, 5] == b[5]).all())
+
+
 @built
 @pytest.mark.parametrize("m", [1, 3, 7, 9, 17, 32, 33, 50])  # direct and widened tiles
 @pytest.mark.parametrize(("n", "k"), [(1000, 576), (17, 64), (64, 1536), (33, 7)])
@@ -72,8 +94,11 @@ def test_int8_linear_module(m: int, all_rows: bool) -> None:
     torch.manual_seed(3)
     src = torch.nn.Linear(96, 130)
     layer = Int8Linear(src.weight, src.bias, all_rows=all_rows)
-    assert not any(p.dtype == torch.float32 and p.numel() == 96 * 130
-                   for p in [*layer.parameters(), *layer.buffers()])  # no fp32 weight kept
+    held = [v for v in vars(layer).values() if isinstance(v, torch.Tensor)]
+    held += [*layer.parameters(), *layer.buffers()]
+    if cpu_small_linear.available():  # only the int8 tiles: no fp32 copy of the weight
+        assert layer.small is not None and layer.small.dtype == torch.int8
+        assert not any(t.dtype == torch.float32 and t.numel() >= 96 * 130 for t in held)
     q, scale = quantize(src.weight)
     x = torch.randn(m, 96)
     ref = F.linear(x.double(), dequantized(q, scale), src.bias.double())

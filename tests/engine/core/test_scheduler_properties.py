@@ -51,6 +51,11 @@ def _step(sched: Any, runner: FakeRunner, clock: FakeClock) -> None:
     out = sched.schedule()
     sched.update_from_output(out, runner.execute(out))
     clock.advance(0.01)  # lets dynamic batching time out
+    bm = sched.block_manager
+    if bm.enable_prefix_caching:  # every full block of a running request is hashed: the
+        # update looks blocks up only when a step fills one (``update_from_output``)
+        for rid, req in sched.running.items():
+            assert bm.num_cached_blocks_of(rid) == req.num_computed_tokens // bm.block_size
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,0 +1,41 @@
+"""engine.runner.quantize: an int8 engine's request gives the same tokens and logprobs, bit for
+bit, alone and beside other requests (its steps within the whole-stack op's tokens, where every
+int8 linear runs a row on its own), and every layer linear and the head are int8."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.core.sampling_params import SamplingParams
+from engine.llm_engine import LLMEngine
+from kernels.cpu_int8_linear import Int8Linear
+
+Result = tuple[list[int], list[tuple[float, object]]]
+
+
+def _run(engine: LLMEngine, prompts: list[list[int]]) -> list[Result]:
+    params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=2)
+    ids = [engine.add_request(p, params) for p in prompts]
+    got: dict[str, Result] = {i: ([], []) for i in ids}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens, logprobs = got[out.request_id]
+            tokens += out.new_token_ids
+            logprobs += [(x.logprob, x.top) for x in out.logprobs or ()]
+    return [got[i] for i in ids]
+
+
+def test_an_int8_request_is_the_same_alone_and_in_a_batch(tiny_model_dir: Path) -> None:
+    engine = LLMEngine.from_kwargs(model=str(tiny_model_dir), dtype="float32", num_blocks=128,
+                                   quantization="int8", enable_prefix_caching=False)
+    model = engine.runner.model
+    assert isinstance(model.logits_linear, Int8Linear)
+    assert all(isinstance(m, Int8Linear) for layer in model.layers
+               for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                         layer.mlp.gate_up_proj, layer.mlp.down_proj))
+    prompts = [[5 + i, 17, 23 + 2 * i, 40, 7 + i, 11] for i in range(6)]  # 36 tokens a step
+    alone = _run(engine, prompts[:1])[0]
+    batched = _run(engine, prompts)
+    assert len(alone[0]) == 12 and len(alone[1]) == 12
+    assert batched[0] == alone
+    assert len({tuple(tokens) for tokens, _ in batched}) > 1  # the batch's rows really differ

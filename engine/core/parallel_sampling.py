@@ -11,7 +11,9 @@ copy-on-write done by recompute; a prompt within one block forks no table, so th
 may copy that block's cached head instead) and samples its own first token there. Children then
 wait in the waiting queue at the parent's priority and arrival, so they start next as seats and
 blocks allow; from there on they are ordinary requests (preemption, swap and finishing treat
-them alone). A child's seed is the parent's + its index (vLLM's rule), so seeded choices differ
+them alone). Parked there, a child's blocks go to a request ahead of it that lacks blocks
+(``PreemptionMixin._free_parked``): the child recomputes its prompt when it starts, instead
+of holding blocks that nothing running would free. A child's seed is the parent's + its index (vLLM's rule), so seeded choices differ
 and each stays reproducible.
 
 Aborting the request (by the parent's id) aborts every sequence; a parent that ends before it

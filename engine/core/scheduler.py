@@ -244,6 +244,8 @@ class Scheduler(PreemptionMixin, ForkMixin):
         while not bm.allocate_slots(req.request_id, num_new, req.num_computed_tokens):
             if self._fail_if_outgrown(req, req.num_computed_tokens + num_new):
                 return False
+            if self._free_parked(req):  # a parked fork's blocks before running work
+                continue
             plan.memory_preempted = True
             victim_id = choose_victim(self._candidates(lambda r: True, plan))
             assert victim_id is not None  # req itself is always a candidate
@@ -268,7 +270,8 @@ class Scheduler(PreemptionMixin, ForkMixin):
             while num_new and not (
                 len(self.running) < self.config.max_num_seqs and bm.num_free_blocks >= need
             ):
-                if not self._preempt_lower(req.priority, need, plan):
+                if not (self._preempt_lower(req.priority, need, plan)
+                        or self._free_parked_for_blocks(req)):
                     num_new = 0
             if not num_new:
                 plan.blocked_priority = req.priority
@@ -343,7 +346,8 @@ class Scheduler(PreemptionMixin, ForkMixin):
             len(self.running) < self.config.max_num_seqs
             and bm.allocate_slots(req.request_id, num_new, computed, tokens)
         ):
-            if not self._preempt_lower(req.priority, fresh, plan):
+            if not (self._preempt_lower(req.priority, fresh, plan)
+                    or self._free_parked_for_blocks(req)):
                 return _NO_ROOM
         self.waiting.remove(req.request_id)
         req.num_computed_tokens = computed
@@ -351,6 +355,11 @@ class Scheduler(PreemptionMixin, ForkMixin):
             req.num_cached_tokens = computed
         self._start_running(req, num_new, plan)
         return _OK
+
+    def _free_parked_for_blocks(self, req: Request) -> bool:
+        """``_free_parked`` for a request that has a seat and lacks blocks (freeing them
+        cannot give it a seat: no work is dropped for nothing)."""
+        return len(self.running) < self.config.max_num_seqs and self._free_parked(req)
 
     # ---- mechanism --------------------------------------------------------------------
     def _chunk(self, req: Request, computed: int, budget: int) -> int:

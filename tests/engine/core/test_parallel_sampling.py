@@ -134,3 +134,29 @@ def test_preempted_children_recompute_and_still_match() -> None:
     finished = list({r.request_id: r for r in returned if r.is_finished}.values())
     assert len(finished) == 4 and sched.stats.preemptions_recompute > 0
     assert all(r.output_token_ids == reference_tokens(req) for r in finished)
+
+
+def test_a_parked_fork_gives_its_blocks_to_a_more_urgent_request() -> None:
+    # 11 blocks of 2: a 21-token n=2 request finishes at its first token, its child waits
+    # holding the 10 shared prompt blocks; a more urgent 3-token request then needs a second
+    # block. Before, it preempted itself for it at every third step, forever.
+    sched = make_scheduler(num_blocks=11, block_size=2, max_num_seqs=1, max_num_batched_tokens=1,
+                           num_cpu_blocks=0, enable_prefix_caching=False)
+    runner = FakeRunner(sched)
+    [big] = make_requests(1, prompt_len=21, max_tokens=1)
+    big = _with_n(big, 2)
+    big.priority = 1
+    sched.add_request(big)
+    while not sched.waiting or next(iter(sched.waiting)).request_id != child_id(big.request_id, 1):
+        step(sched, runner)
+    child = sched.get_request(child_id(big.request_id, 1))
+    assert child is not None and sched.block_manager.num_device_blocks_of(child.request_id) == 10
+    urgent = Request("urgent", [5], dataclasses.replace(big.sampling_params, n=1, max_tokens=3),
+                     priority=0)
+    sched.add_request(urgent)
+    for _ in range(30):
+        step(sched, runner)
+    assert urgent.status == RequestStatus.FINISHED_LENGTH
+    assert child.status == RequestStatus.FINISHED_LENGTH  # it recomputed its prompt, then ran
+    assert child.output_token_ids == reference_tokens(big)
+    assert sched.block_manager.num_used_blocks == 0

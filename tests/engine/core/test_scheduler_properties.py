@@ -1,4 +1,5 @@
-"""Property test: random add / step / abort / forced-preempt sequences with the fake runner.
+"""Property test: random add (n = 1 to 3 sequences) / step / abort / forced-preempt sequences
+with the fake runner.
 
 After every operation the block manager's invariants hold; once the scheduler is drained all
 device and CPU blocks are free, every request finished, and its tokens are the independent
@@ -32,7 +33,8 @@ configs = st.fixed_dictionaries(
     }
 )
 add = st.tuples(
-    st.just("add"), st.integers(1, 24), st.integers(1, 16), st.integers(0, 2), st.booleans()
+    st.just("add"), st.integers(1, 24), st.integers(1, 16), st.integers(0, 2), st.booleans(),
+    st.sampled_from([1, 1, 2, 3]),  # n: parallel sampling forks sequences holding blocks
 )
 ops = st.lists(
     st.one_of(
@@ -68,11 +70,11 @@ def test_random_operations_keep_the_cache_consistent(config: dict[str, Any], scr
     reqs: list[Request] = []
     for op in script:
         if op[0] == "add":
-            _, n, max_tokens, prio, shared = op
+            _, n, max_tokens, prio, shared, seqs = op
             k = len(reqs)
             prompt = (PREFIX if shared else []) + [(k * 13 + j) % 97 for j in range(n)]
-            req = Request(f"p{k}", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                          priority=prio, arrival_time=clock.now)
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, n=seqs)
+            req = Request(f"p{k}", prompt, params, priority=prio, arrival_time=clock.now)
             reqs.append(req)
             sched.add_request(req)
         elif op[0] == "step":

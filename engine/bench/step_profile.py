@@ -30,6 +30,7 @@ from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
 from engine.models import cpu_decode_step
 from kernels.cpu_decode_layers import DecodeLayers
+from kernels.cpu_int8_linear import Int8Linear
 from kernels.cpu_linear import OneDNNLinear
 
 # part name -> the kernels functions timed as that part
@@ -66,6 +67,8 @@ def _targets(engine: LLMEngine) -> list[tuple[Any, str, str]]:
     out: list[tuple[Any, str, str]] = [
         (kernels, fn, part) for part, fns in _KERNEL_PARTS.items() for fn in fns
     ]
+    # int8 layers' linears one by one: the int8 head is one too, timed by compute_logits
+    out += [(m, "forward", "linear") for m in model.layers.modules() if isinstance(m, Int8Linear)]
     out += [(nn.Linear, "forward", "linear"), (OneDNNLinear, "forward", "linear"),
             (model, "compute_logits", "linear"),
             (model, "greedy_tokens", "LM head, greedy screen (kernels.greedy_head)"),
@@ -120,11 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--per-op", action="store_true",
                     help="no whole-stack op: every layer's ops called from Python")
+    ap.add_argument("--quantization", choices=("int8",), default=None,
+                    help="int8 weights (the head's logits then count as linear)")
     args = ap.parse_args(argv)
     if args.per_op:
         cpu_decode_step.stack_for = lambda model: None  # type: ignore[assignment]
     engine = LLMEngine.from_kwargs(model=args.model, dtype="float32",
-                                   max_num_seqs=max(args.rows))
+                                   max_num_seqs=max(args.rows), quantization=args.quantization)
     profile_rows(engine, 2, 8, 2)  # warm-up
     results = {r: profile_rows(engine, r, args.context, args.steps) for r in args.rows}
     print(f"decode step by part, context ~{args.context}, {torch.get_num_threads()} threads:")

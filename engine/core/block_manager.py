@@ -44,8 +44,8 @@ Contract (the scheduler is the only caller; it is not thread-safe):
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Sequence
 
 
 def cdiv(a: int, b: int) -> int:
@@ -128,6 +128,12 @@ class BlockManager:
 
     def num_device_blocks_of(self, request_id: str) -> int:
         return len(self._tables.get(request_id, ()))
+
+    def blocks_freed_by(self, request_ids: Iterable[str]) -> int:
+        """How many device blocks freeing every one of ``request_ids`` would free: those
+        that no other table holds."""
+        drop = Counter(b for rid in request_ids for b in self._tables.get(rid, ()))
+        return sum(1 for b, n in drop.items() if self._ref[b] == n)
 
     def get_cpu_block_ids(self, request_id: str) -> list[int]:
         return list(self._cpu_tables.get(request_id, ()))

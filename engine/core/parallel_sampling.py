@@ -12,8 +12,8 @@ may copy that block's cached head instead) and samples its own first token there
 wait in the waiting queue at the parent's priority and arrival, so they start next as seats and
 blocks allow; from there on they are ordinary requests (preemption, swap and finishing treat
 them alone). Parked there, a child's blocks go to a request ahead of it that lacks blocks
-(``PreemptionMixin._free_parked``): the child recomputes its prompt when it starts, instead
-of holding blocks that nothing running would free. A child's seed is the parent's + its index (vLLM's rule), so seeded choices differ
+(``ForkMixin._free_parked``): the child recomputes its prompt when it starts, instead of
+holding blocks that nothing running would free. A child's seed is the parent's + its index (vLLM's rule), so seeded choices differ
 and each stays reproducible.
 
 Aborting the request (by the parent's id) aborts every sequence; a parent that ends before it
@@ -102,6 +102,39 @@ class ForkMixin:
         if group is not None:
             for cid in [c for c in group.live if c != request_id]:
                 self.abort_request(cid)
+
+    def _free_parked(self, ahead: Request, need_blocks: int) -> bool:
+        """Drop the prompt KV of the last forked sequence waiting behind ``ahead`` (queued
+        after it; for a running or swapped ``ahead``, any of its priority or lower: those never
+        displace it), when all of them together hold enough to make ``need_blocks`` free
+        (else no work is dropped for nothing). False when nothing was dropped.
+
+        Why: parked in the waiting queue, a child's blocks could be the ones ``ahead`` needs
+        while nothing that runs would ever free them (the fuzzed scheduler: a request
+        preempting itself every few steps forever for a block a parked child held, or nothing
+        running at all). A dropped child recomputes its prompt when it starts (the prefix
+        cache may still hold it); it never ran, so this is no preemption and counts as none.
+        """
+        if not self._parent_of:  # no forked sequence alive: nothing can be parked
+            return False
+        bm = self.block_manager
+        parked = [r for r in self._queued_behind(ahead)
+                  if r.request_id in self._parent_of and bm.num_device_blocks_of(r.request_id)]
+        if not parked or (bm.num_free_blocks + bm.blocks_freed_by(r.request_id for r in parked)
+                          < need_blocks):
+            return False
+        # one a call, the caller retrying its allocation in between (a prefix hit it revives
+        # takes a free block too): each True drops a table, so the retries end
+        victim = parked[-1]
+        bm.free(victim.request_id)
+        victim.num_computed_tokens = 0
+        return True
+
+    def _queued_behind(self, ahead: Request) -> list[Request]:
+        if ahead.request_id in self.waiting:
+            queue = list(self.waiting)
+            return queue[queue.index(ahead) + 1:]
+        return [r for r in self.waiting if r.priority >= ahead.priority]
 
     def _group_member_finished(self, req: Request, returned: bool) -> None:
         """Bookkeeping when a sequence of a group finishes. A parent that ends before its

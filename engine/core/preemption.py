@@ -64,32 +64,6 @@ class PreemptionMixin:
         self._preempt(self.running[victim_id], plan)
         return True
 
-    def _free_parked(self, ahead: Request) -> bool:
-        """Drop the KV of the last waiting request that holds device blocks and would start
-        after ``ahead`` (queued behind it; for a running or swapped ``ahead``, any of its
-        priority or lower: those never displace it); False if none.
-
-        Why: a forked sequence (n > 1) waits holding its shared prompt blocks, and parked
-        there it could hold the blocks ``ahead`` needs while nothing that runs would ever free
-        them (the fuzzed scheduler: a request preempting itself at every step for the block a
-        parked sibling held, or nothing running at all). It recomputes its prompt when it
-        starts; the prefix cache may still hold it."""
-        bm = self.block_manager
-        if ahead.request_id in self.waiting:
-            queue = list(self.waiting)
-            behind = queue[queue.index(ahead) + 1:]
-        else:
-            behind = [r for r in self.waiting if r.priority >= ahead.priority]
-        parked = [r for r in behind if bm.num_device_blocks_of(r.request_id) > 0]
-        if not parked:
-            return False
-        victim = parked[-1]
-        bm.free(victim.request_id)
-        victim.num_computed_tokens = 0
-        victim.num_preemptions += 1
-        self._counts.preemptions_recompute += 1
-        return True
-
     def _candidates(
         self, eligible: Callable[[Request], bool], plan: StepPlan
     ) -> list[VictimCandidate]:

@@ -244,8 +244,9 @@ class Scheduler(PreemptionMixin, ForkMixin):
         while not bm.allocate_slots(req.request_id, num_new, req.num_computed_tokens):
             if self._fail_if_outgrown(req, req.num_computed_tokens + num_new):
                 return False
-            if self._free_parked(req):  # a parked fork's blocks before running work
-                continue
+            grow = bm.blocks_needed(req.num_computed_tokens + num_new)
+            if self._free_parked(req, grow - bm.num_device_blocks_of(req.request_id)):
+                continue  # a parked fork's blocks before running work
             plan.memory_preempted = True
             victim_id = choose_victim(self._candidates(lambda r: True, plan))
             assert victim_id is not None  # req itself is always a candidate
@@ -270,8 +271,8 @@ class Scheduler(PreemptionMixin, ForkMixin):
             while num_new and not (
                 len(self.running) < self.config.max_num_seqs and bm.num_free_blocks >= need
             ):
-                if not (self._preempt_lower(req.priority, need, plan)
-                        or self._free_parked_for_blocks(req)):
+                if not (self._free_parked_for_blocks(req, need)
+                        or self._preempt_lower(req.priority, need, plan)):
                     num_new = 0
             if not num_new:
                 plan.blocked_priority = req.priority
@@ -346,8 +347,8 @@ class Scheduler(PreemptionMixin, ForkMixin):
             len(self.running) < self.config.max_num_seqs
             and bm.allocate_slots(req.request_id, num_new, computed, tokens)
         ):
-            if not (self._preempt_lower(req.priority, fresh, plan)
-                    or self._free_parked_for_blocks(req)):
+            if not (self._free_parked_for_blocks(req, fresh)
+                    or self._preempt_lower(req.priority, fresh, plan)):
                 return _NO_ROOM
         self.waiting.remove(req.request_id)
         req.num_computed_tokens = computed
@@ -356,10 +357,11 @@ class Scheduler(PreemptionMixin, ForkMixin):
         self._start_running(req, num_new, plan)
         return _OK
 
-    def _free_parked_for_blocks(self, req: Request) -> bool:
-        """``_free_parked`` for a request that has a seat and lacks blocks (freeing them
-        cannot give it a seat: no work is dropped for nothing)."""
-        return len(self.running) < self.config.max_num_seqs and self._free_parked(req)
+    def _free_parked_for_blocks(self, req: Request, need_blocks: int) -> bool:
+        """``_free_parked`` for a request with a seat (blocks cannot give it one: no work
+        is dropped for nothing), before any running work is preempted for it."""
+        return (len(self.running) < self.config.max_num_seqs
+                and self._free_parked(req, need_blocks))
 
     # ---- mechanism --------------------------------------------------------------------
     def _chunk(self, req: Request, computed: int, budget: int) -> int:

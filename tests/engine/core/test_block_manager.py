@@ -165,3 +165,18 @@ def test_growing_a_table_past_its_computed_tokens_is_refused() -> None:
     assert bm.allocate_slots("a", 4)
     with pytest.raises(ValueError, match="computed"):
         bm.allocate_slots("a", 2, num_computed_tokens=7)  # 7 computed, 1 block of 4
+
+
+def test_blocks_freed_by_counts_only_blocks_no_other_table_holds() -> None:
+    bm = make_bm(num_blocks=8, block_size=4)
+    assert bm.allocate_slots("p", 12)  # 3 blocks
+    bm.fork("p", "c1", 2)
+    bm.fork("p", "c2", 2)
+    assert bm.allocate_slots("c1", 4, 8) and bm.allocate_slots("c2", 4, 8)  # one own each
+    assert bm.blocks_freed_by(["c1"]) == 1  # the shared two stay with p and c2
+    assert bm.blocks_freed_by(["c1", "c2"]) == 2
+    assert bm.blocks_freed_by(["p", "c1", "c2"]) == 5
+    free = bm.num_free_blocks
+    for rid in ("p", "c1", "c2"):
+        bm.free(rid)
+    assert bm.num_free_blocks == free + 5

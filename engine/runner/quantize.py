@@ -27,9 +27,7 @@ def quantize_int8(model: LlamaForCausalLM) -> LlamaForCausalLM:
                 if type(child) is nn.Linear:
                     setattr(parent, name, Int8Linear.of(child))
     head = model.lm_head if model.lm_head is not None else model.embed_tokens
-    # the head's calls have a row per sampled sequence: every count on the int8 tiles (its
-    # dequantized weight would be 113 MB a call for SmolLM2)
-    int8_head = Int8Linear(head.weight, getattr(head, "bias", None), all_rows=True)
+    int8_head = Int8Linear(head.weight, getattr(head, "bias", None))
     model.lm_head = None  # untied: no fp32 head left for the routing to pack
     model.logits_linear = int8_head
     return model

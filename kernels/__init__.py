@@ -84,7 +84,7 @@ def write_kv_cache(
         write_kv_cache_triton(k, v, k_cache, v_cache, slot_mapping)
     elif (k.dim() == 3 and k_cache.is_contiguous() and v_cache.is_contiguous()
           and k.stride(1) == v.stride(1) == k.shape[2]
-          and cpu_layer_ops.usable(k, v, k_cache, v_cache)):
+          and cpu_layer_ops.usable(k, v) and cpu_layer_ops.cache_usable(k_cache, v_cache)):
         cpu_layer_ops.write_kv(k, v, k_cache, v_cache, slot_mapping)
     else:
         write_kv_cache_ref(k, v, k_cache, v_cache, slot_mapping)
@@ -100,7 +100,7 @@ def paged_attention(
         return paged_attention_triton(
             q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
         )
-    # CPU: decode rows read the KV blocks in place when the C++ op is built (fp32)
+    # CPU: decode rows read the KV blocks in place when the C++ op is built (fp32 queries)
     decode = cpu_decode.paged_decode if cpu_decode.usable(q, k_cache) else None
     return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                                decode)

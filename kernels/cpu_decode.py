@@ -18,8 +18,10 @@ Vector code is GCC/Clang vector extensions, as wide as the build machine's wides
 vector (AVX-512, AVX2 or SSE; ``-march=native``): nothing requires AVX-512 at compile time.
 
 Contract: ``paged_decode(q [R, Hq, D], k_cache, v_cache [N, B, Hk, D], block_tables [R, M]
-int32, seq_lens [R] int32, scale) -> [R, Hq, D]``, fp32 contiguous CPU tensors; the same
-numbers as ``paged_attention_ref`` for one query token per row (up to fp32 rounding).
+int32, seq_lens [R] int32, scale) -> [R, Hq, D]``, contiguous CPU tensors, fp32 queries and
+fp32 or fp16 caches (an fp16 element is widened exactly as it is loaded: half the bytes of
+the KV read, which is what binds this op at large batches); the same numbers as
+``paged_attention_ref`` for one query token per row (up to fp32 rounding).
 ``available()`` is False when the op was not built (no compiler at set-up): callers keep the
 torch path. Nothing is compiled at run time, so a server never stalls on a build.
 """
@@ -56,6 +58,19 @@ typedef float vf __attribute__((vector_size(CP_W * 4)));
 typedef float vfu __attribute__((vector_size(CP_W * 4), aligned(4), may_alias));  // unaligned
 
 static inline vf vload(const float* p) { return *reinterpret_cast<const vfu*>(p); }
+// An fp16 cache's elements widened to fp32 as they are loaded (F16C / AVX-512's vcvtph2ps:
+// exact), so attention reads half the bytes and computes as it does on an fp32 cache.
+static inline vf vload(const at::Half* p) {
+#if defined(__AVX512F__)
+  return (vf)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(__AVX__) && defined(__F16C__)
+  return (vf)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  vf v;
+  for (int l = 0; l < CP_W; ++l) v[l] = static_cast<float>(p[l]);
+  return v;
+#endif
+}
 static inline void vstore(float* p, vf v) { *reinterpret_cast<vfu*>(p) = v; }
 static inline float hsum(vf v) {
 #if defined(__AVX512F__)
@@ -76,27 +91,31 @@ static inline float hsum(vf v) {
 // Locality hint 1 (prefetcht2, not into L1): on AMD EPYC (Zen 4), 30 layers of 50 rows x 110
 // tokens from a cold cache, 28 ms against 36 with hint 3, whose prefetches hold L1's few miss
 // buffers (figures: README, "Decode attention near the KV read's rate").
-static inline void prefetch(const float* p, int64_t floats) {
-  for (int64_t o = 0; o < floats; o += 16) __builtin_prefetch(p + o, 0, 1);
+template <typename KT>
+static inline void prefetch(const KT* p, int64_t n) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t o = 0; o < n * static_cast<int64_t>(sizeof(KT)); o += 64)
+    __builtin_prefetch(c + o, 0, 1);
 }
 
 // A block to prefetch while the current one is worked on (nullptr: none).
-struct Next { const float* p; int64_t tokens; };
+template <typename KT>
+struct Next { const KT* p; int64_t tokens; };
 
 struct Geo { int64_t Hk, G, D, B, tok; float sc; };
 
 // Scores of tokens [t0, t1) of one row (t0 on a block edge): s[hq * n + j] = q_hq . k_(t0+j)
 // * scale. Walks (block, KV head, token, query head of the group); DC, GC > 0 fix the head dim
 // and group size at compile time so q stays in registers and each dot is a few vector FMAs.
-template <int DC, int GC>
-static void scores(const float* qr, const float* kc, const int* tab, int64_t t0, int64_t t1,
-                   const Geo& g, float* s, Next after) {
+template <int DC, int GC, typename KT>
+static void scores(const float* qr, const KT* kc, const int* tab, int64_t t0, int64_t t1,
+                   const Geo& g, float* s, Next<KT> after) {
   const int64_t D = DC > 0 ? DC : g.D, G = GC > 0 ? GC : g.G, n = t1 - t0, tok = g.tok;
   for (int64_t tb = t0; tb < t1; tb += g.B) {
     const int64_t m = std::min(g.B, t1 - tb);
-    const float* kb = kc + static_cast<int64_t>(tab[tb / g.B]) * g.B * tok;
-    Next nx = tb + g.B < t1
-        ? Next{kc + static_cast<int64_t>(tab[tb / g.B + 1]) * g.B * tok, std::min(g.B, t1 - tb - g.B)}
+    const KT* kb = kc + static_cast<int64_t>(tab[tb / g.B]) * g.B * tok;
+    Next<KT> nx = tb + g.B < t1
+        ? Next<KT>{kc + static_cast<int64_t>(tab[tb / g.B + 1]) * g.B * tok, std::min(g.B, t1 - tb - g.B)}
         : after;
     for (int64_t h = 0; h < g.Hk; ++h) {
       float* sh = s + h * G * n + (tb - t0);
@@ -109,7 +128,7 @@ static void scores(const float* qr, const float* kc, const int* tab, int64_t t0,
           for (int j = 0; j < NV; ++j) qv[gg][j] = vload(qh + gg * DC + j * CP_W);
         for (int64_t i = 0; i < m; ++i) {
           if (pf && i < nx.tokens) prefetch(nx.p + i * tok, tok);
-          const float* kp = kb + i * tok + h * DC;
+          const KT* kp = kb + i * tok + h * DC;
           vf kv[NV];
           for (int j = 0; j < NV; ++j) kv[j] = vload(kp + j * CP_W);
           for (int gg = 0; gg < GC; ++gg) {
@@ -121,12 +140,12 @@ static void scores(const float* qr, const float* kc, const int* tab, int64_t t0,
       } else {
         for (int64_t i = 0; i < m; ++i) {
           if (pf && i < nx.tokens) prefetch(nx.p + i * tok, tok);
-          const float* kp = kb + i * tok + h * D;
+          const KT* kp = kb + i * tok + h * D;
           for (int64_t gg = 0; gg < G; ++gg) {
             const float* qg = qh + gg * D;
             float dot = 0.f;
             #pragma omp simd reduction(+:dot)
-            for (int64_t d = 0; d < D; ++d) dot += qg[d] * kp[d];
+            for (int64_t d = 0; d < D; ++d) dot += qg[d] * static_cast<float>(kp[d]);
             sh[gg * n + i] = dot * g.sc;
           }
         }
@@ -137,15 +156,15 @@ static void scores(const float* qr, const float* kc, const int* tab, int64_t t0,
 }
 
 // acc[hq * D + d] += sum_j s[hq * n + j] * v_(t0+j)[hq's KV head][d], same walk as scores().
-template <int DC, int GC>
-static void values(const float* vc, const int* tab, int64_t t0, int64_t t1, const Geo& g,
-                   const float* s, float* acc, Next after) {
+template <int DC, int GC, typename KT>
+static void values(const KT* vc, const int* tab, int64_t t0, int64_t t1, const Geo& g,
+                   const float* s, float* acc, Next<KT> after) {
   const int64_t D = DC > 0 ? DC : g.D, G = GC > 0 ? GC : g.G, n = t1 - t0, tok = g.tok;
   for (int64_t tb = t0; tb < t1; tb += g.B) {
     const int64_t m = std::min(g.B, t1 - tb);
-    const float* vb = vc + static_cast<int64_t>(tab[tb / g.B]) * g.B * tok;
-    Next nx = tb + g.B < t1
-        ? Next{vc + static_cast<int64_t>(tab[tb / g.B + 1]) * g.B * tok, std::min(g.B, t1 - tb - g.B)}
+    const KT* vb = vc + static_cast<int64_t>(tab[tb / g.B]) * g.B * tok;
+    Next<KT> nx = tb + g.B < t1
+        ? Next<KT>{vc + static_cast<int64_t>(tab[tb / g.B + 1]) * g.B * tok, std::min(g.B, t1 - tb - g.B)}
         : after;
     for (int64_t h = 0; h < g.Hk; ++h) {
       const float* sh = s + h * G * n + (tb - t0);
@@ -158,7 +177,7 @@ static void values(const float* vc, const int* tab, int64_t t0, int64_t t1, cons
           for (int j = 0; j < NV; ++j) a[gg][j] = vload(ah + gg * DC + j * CP_W);
         for (int64_t i = 0; i < m; ++i) {
           if (pf && i < nx.tokens) prefetch(nx.p + i * tok, tok);
-          const float* vp = vb + i * tok + h * DC;
+          const KT* vp = vb + i * tok + h * DC;
           vf vv[NV];
           for (int j = 0; j < NV; ++j) vv[j] = vload(vp + j * CP_W);
           for (int gg = 0; gg < GC; ++gg) {
@@ -171,12 +190,12 @@ static void values(const float* vc, const int* tab, int64_t t0, int64_t t1, cons
       } else {
         for (int64_t i = 0; i < m; ++i) {
           if (pf && i < nx.tokens) prefetch(nx.p + i * tok, tok);
-          const float* vp = vb + i * tok + h * D;
+          const KT* vp = vb + i * tok + h * D;
           for (int64_t gg = 0; gg < G; ++gg) {
             const float w = sh[gg * n + i];
             float* ag = ah + gg * D;
             #pragma omp simd
-            for (int64_t d = 0; d < D; ++d) ag[d] += w * vp[d];
+            for (int64_t d = 0; d < D; ++d) ag[d] += w * static_cast<float>(vp[d]);
           }
         }
       }
@@ -187,16 +206,16 @@ static void values(const float* vc, const int* tab, int64_t t0, int64_t t1, cons
 
 // One piece of a row, tokens [t0, t1): per query head the max score mx, the sum of exps l and
 // the unnormalised sum of exp-weighted values acc (zeroed here).
-template <int DC, int GC>
-static void piece(const float* qr, const float* kc, const float* vc, const int* tab, int64_t t0,
+template <int DC, int GC, typename KT>
+static void piece(const float* qr, const KT* kc, const KT* vc, const int* tab, int64_t t0,
                   int64_t t1, const Geo& g, std::vector<float>& s, float* acc, float* mx,
-                  float* l, Next after) {
+                  float* l, Next<KT> after) {
   const int64_t n = t1 - t0, Hq = g.Hk * g.G;
   s.resize(Hq * n);
   float* sp = s.data();
   // the first V block is next after the keys
-  scores<DC, GC>(qr, kc, tab, t0, t1, g, sp,
-                 Next{vc + static_cast<int64_t>(tab[t0 / g.B]) * g.B * g.tok, std::min(g.B, n)});
+  scores<DC, GC, KT>(qr, kc, tab, t0, t1, g, sp,
+                     Next<KT>{vc + static_cast<int64_t>(tab[t0 / g.B]) * g.B * g.tok, std::min(g.B, n)});
   for (int64_t hq = 0; hq < Hq; ++hq) {
     float* sh = sp + hq * n;
     float m = sh[0];
@@ -209,7 +228,7 @@ static void piece(const float* qr, const float* kc, const float* vc, const int* 
     l[hq] = sum;
   }
   std::fill(acc, acc + Hq * g.D, 0.f);
-  values<DC, GC>(vc, tab, t0, t1, g, sp, acc, after);
+  values<DC, GC, KT>(vc, tab, t0, t1, g, sp, acc, after);
 }
 
 // Partials of one row sit next to each other in (task, slot) order: fold them with the
@@ -245,8 +264,8 @@ static void merge_partials(const std::vector<float>& part, const std::vector<int
 // Rows laid end to end as KV blocks; task k of T takes blocks [NB*k/T, NB*(k+1)/T). A row
 // wholly inside a task is written to out; a row cut at a task's edge leaves a partial (at most
 // two a task: its first and its last row), merged after the parallel region.
-template <int DC, int GC>
-static void decode_all(const float* qp, const float* kc, const float* vc, const int* bt,
+template <int DC, int GC, typename KT>
+static void decode_all(const float* qp, const KT* kc, const KT* vc, const int* bt,
                        const int* lens, float* op, int64_t R, int64_t M, const Geo& g) {
   const int64_t Hq = g.Hk * g.G, D = g.D, P = Hq * (D + 2);
   std::vector<int64_t> start(R + 1, 0);
@@ -271,14 +290,14 @@ static void decode_all(const float* qp, const float* kc, const float* vc, const 
         const int64_t b1 = std::min(g1, start[r + 1]) - start[r];
         const int64_t t0 = b0 * g.B, t1 = std::min<int64_t>(b1 * g.B, lens[r]);
         const int* tab = bt + r * M;
-        Next after{nullptr, 0};
+        Next<KT> after{nullptr, 0};
         if (r + 1 < R && start[r + 1] < g1)
-          after = Next{kc + static_cast<int64_t>(bt[(r + 1) * M]) * g.B * g.tok,
+          after = Next<KT>{kc + static_cast<int64_t>(bt[(r + 1) * M]) * g.B * g.tok,
                        std::min<int64_t>(g.B, lens[r + 1])};
         const bool whole = b0 == 0 && b1 == start[r + 1] - start[r];
         float* pp = part.data() + (k * 2 + slot) * P;
         float* acc = whole ? op + r * Hq * D : pp + 2 * Hq;
-        piece<DC, GC>(qp + r * Hq * D, kc, vc, tab, t0, t1, g, s, acc, pp, pp + Hq, after);
+        piece<DC, GC, KT>(qp + r * Hq * D, kc, vc, tab, t0, t1, g, s, acc, pp, pp + Hq, after);
         if (whole) {
           for (int64_t hq = 0; hq < Hq; ++hq) {
             const float inv = 1.f / pp[Hq + hq];
@@ -295,10 +314,27 @@ static void decode_all(const float* qp, const float* kc, const float* vc, const 
   merge_partials(part, part_row, op, Hq, D);
 }
 
+template <typename KT>
+static void decode_typed(const float* qp, const KT* kc, const KT* vc, const int* bt,
+                         const int* lens, float* op, int64_t R, int64_t M, const Geo& g) {
+  const int64_t D = g.D;
+#define CP_CASE(DV, GV) \
+  if (D == DV && g.G == GV) { decode_all<DV, GV, KT>(qp, kc, vc, bt, lens, op, R, M, g); return; }
+#define CP_GROUPS(DV) CP_CASE(DV, 1) CP_CASE(DV, 2) CP_CASE(DV, 3) CP_CASE(DV, 4) \
+  CP_CASE(DV, 5) CP_CASE(DV, 6) CP_CASE(DV, 7) CP_CASE(DV, 8)
+  CP_GROUPS(64)
+  CP_GROUPS(128)
+#undef CP_GROUPS
+#undef CP_CASE
+  decode_all<0, 0, KT>(qp, kc, vc, bt, lens, op, R, M, g);
+}
+
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                            torch::Tensor block_tables, torch::Tensor seq_lens, double scale) {
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && k_cache.dtype() == torch::kFloat32 &&
-              v_cache.dtype() == torch::kFloat32, "paged_decode: fp32 only");
+  const bool half = k_cache.dtype() == torch::kFloat16;
+  TORCH_CHECK(q.dtype() == torch::kFloat32 && (half || k_cache.dtype() == torch::kFloat32) &&
+              v_cache.dtype() == k_cache.dtype(),
+              "paged_decode: fp32 queries, fp32 or fp16 caches");
   TORCH_CHECK(block_tables.dtype() == torch::kInt32 && seq_lens.dtype() == torch::kInt32,
               "paged_decode: int32 block tables and lengths");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
@@ -321,21 +357,20 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   if (R == 0) return out;
   const Geo g{Hk, Hq / Hk, D, B, Hk * D, static_cast<float>(scale)};
   const float* qp = q.data_ptr<float>();
-  const float* kc = k_cache.data_ptr<float>();
-  const float* vc = v_cache.data_ptr<float>();
   float* op = out.data_ptr<float>();
-#define CP_CASE(DV, GV) \
-  if (D == DV && g.G == GV) { decode_all<DV, GV>(qp, kc, vc, bt, lens, op, R, M, g); return out; }
-#define CP_GROUPS(DV) CP_CASE(DV, 1) CP_CASE(DV, 2) CP_CASE(DV, 3) CP_CASE(DV, 4) \
-  CP_CASE(DV, 5) CP_CASE(DV, 6) CP_CASE(DV, 7) CP_CASE(DV, 8)
-  CP_GROUPS(64)
-  CP_GROUPS(128)
-  decode_all<0, 0>(qp, kc, vc, bt, lens, op, R, M, g);
+  if (half)
+    decode_typed<at::Half>(qp, k_cache.data_ptr<at::Half>(), v_cache.data_ptr<at::Half>(), bt,
+                           lens, op, R, M, g);
+  else
+    decode_typed<float>(qp, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), bt, lens, op,
+                        R, M, g);
   return out;
 }
 """
 
 OPS = CppOps("carpool_cpu_decode", _SOURCE, ("paged_decode",))
+# what the op reads a cache in: fp32, or fp16 widened as it is loaded (half the KV bytes)
+CACHE_DTYPES = (torch.float32, torch.float16)
 NAME = OPS.name
 
 
@@ -358,9 +393,10 @@ def paged_decode(
 
 
 def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether this call can take the op: fp32 CPU tensors, contiguous caches, op built."""
+    """Whether this call can take the op: fp32 CPU queries, contiguous fp32 or fp16 caches,
+    op built."""
     return (q.device.type == "cpu" and q.dtype == torch.float32
-            and k_cache.dtype == torch.float32 and k_cache.is_contiguous() and available())
+            and k_cache.dtype in CACHE_DTYPES and k_cache.is_contiguous() and available())
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ views of one qkv projection are; every result is a new contiguous tensor):
 - ``silu_mul(x [T, 2I]) -> [T, I]``: ``silu_and_mul_ref`` to ~2 ulp (its exp is
   ``kernels.cpu_ext.VEXP``).
 - ``write_kv(k, v [T, Hk, D] (heads packed), k_cache, v_cache [N, B, Hk, D] contiguous,
-  slot_mapping [T])``: ``write_kv_cache_ref`` in place, bit for bit (a copy); a slot outside the
-  cache raises.
+  fp32 or fp16, slot_mapping [T])``: ``write_kv_cache_ref`` in place, bit for bit (a copy, or
+  fp16's round to nearest even); a slot outside the cache raises.
 ``usable(x)`` says whether a call can take the ops (fp32, CPU, built); callers otherwise keep
 the references, which stay what the tests compare against (float64 always takes them).
 """
@@ -33,6 +33,9 @@ _SOURCE = VEXP + r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <cmath>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 // The combined stack (kernels.cpu_decode_layers) runs these loops on the small-batch op's
 // spinning pool instead of OpenMP; alone they are at::parallel_for.
 #ifndef CP_PARALLEL_FOR
@@ -155,15 +158,45 @@ torch::Tensor silu_mul(torch::Tensor x) {
   return out;
 }
 
+// A token's K or V row into an fp16 cache: rounded to nearest even, as `.to(float16)` is
+// (F16C's vcvtps2ph where the CPU has it; c10::Half's conversion for the rest).
+static inline void store_row(const float* src, at::Half* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<at::Half>(src[i]);
+}
+static inline void store_row(const float* src, float* dst, int64_t n) {
+  std::copy(src, src + n, dst);
+}
+
+template <typename KT>
+static void write_rows(const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& kc,
+                       torch::Tensor& vc, const int64_t* sp, int64_t T, int64_t row) {
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  KT* kcp = kc.data_ptr<KT>();
+  KT* vcp = vc.data_ptr<KT>();
+  for (int64_t t = 0; t < T; ++t) {
+    store_row(kp + t * k.stride(0), kcp + sp[t] * row, row);
+    store_row(vp + t * v.stride(0), vcp + sp[t] * row, row);
+  }
+}
+
 // One copy a token, on the calling thread: 2 x Hk x D floats a row is far less work than
 // waking a second thread (index_copy_ took ~40-70 us a layer at 50-100 rows, 30 layers a step).
 void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor kc, torch::Tensor vc,
               torch::Tensor slots) {
   check_rows(k, 3, "write_kv");
   check_rows(v, 3, "write_kv");
-  TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.dtype() == torch::kFloat32 &&
-              vc.dtype() == torch::kFloat32 && kc.dim() == 4 && vc.sizes() == kc.sizes(),
-              "write_kv: caches [N, B, Hk, D] fp32 contiguous");
+  const bool half = kc.dtype() == torch::kFloat16;
+  TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && vc.dtype() == kc.dtype() &&
+              (half || kc.dtype() == torch::kFloat32) && kc.dim() == 4 &&
+              vc.sizes() == kc.sizes(), "write_kv: caches [N, B, Hk, D] fp32 or fp16 contiguous");
   const int64_t T = k.size(0), Hk = kc.size(2), D = kc.size(3), n = kc.size(0) * kc.size(1);
   TORCH_CHECK(k.size(1) == Hk && k.size(2) == D && v.sizes() == k.sizes() &&
               k.stride(1) == D && v.stride(1) == D, "write_kv: k, v [T, Hk, D], heads packed");
@@ -173,14 +206,10 @@ void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor kc, torch::Tensor 
   for (int64_t t = 0; t < T; ++t) {
     TORCH_CHECK(sp[t] >= 0 && sp[t] < n, "write_kv: slot ", sp[t], " out of range");
   }
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* kcp = kc.data_ptr<float>();
-  float* vcp = vc.data_ptr<float>();
-  for (int64_t t = 0; t < T; ++t) {
-    std::copy(kp + t * k.stride(0), kp + t * k.stride(0) + Hk * D, kcp + sp[t] * Hk * D);
-    std::copy(vp + t * v.stride(0), vp + t * v.stride(0) + Hk * D, vcp + sp[t] * Hk * D);
-  }
+  if (half)
+    write_rows<at::Half>(k, v, kc, vc, sp, T, Hk * D);
+  else
+    write_rows<float>(k, v, kc, vc, sp, T, Hk * D);
 }
 """
 
@@ -192,6 +221,13 @@ OPS = CppOps("carpool_cpu_layer_ops", _SOURCE,
 
 def available() -> bool:
     return OPS.available()
+
+
+def cache_usable(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Caches ``write_kv`` takes: CPU, contiguous, fp32 or fp16 (both the same)."""
+    return (k_cache.device.type == "cpu" and k_cache.dtype in (torch.float32, torch.float16)
+            and v_cache.dtype == k_cache.dtype and k_cache.is_contiguous()
+            and v_cache.is_contiguous())
 
 
 def usable(*tensors: torch.Tensor) -> bool:

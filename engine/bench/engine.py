@@ -74,6 +74,8 @@ def make_workload(tokenizer: Any, n: int, short: int, long: int) -> Workload:
 
 # -- Carpool rows -------------------------------------------------------------------------
 
+KV_ROW = "Carpool continuous, fp16 KV cache"
+
 
 def run_carpool(name: str, wl: Workload, model: str | None, **kw: Any) -> Row:
     engine = LLMEngine.from_kwargs(model=model, dtype="float32", **kw)
@@ -211,16 +213,17 @@ def matmul_ceiling(cfg: Any, row: Row, repeats: int = 3) -> float:
 
 
 def ceiling_lines(row: Row, cfg: Any, model: Any, bound: float, wl: Workload,
-                  model_name: str | None) -> str:
+                  model_name: str | None, **kw: Any) -> str:
     """The linear-only ceiling at the batch sizes ``row`` ran (engine.bench.ceiling: the
     engine's linears on the model's streamed weights), timed after the run and, in a second
     run of the same workload, step by step beside each step (``ceiling.interleaved``); the
-    old cached-weight aten ceiling beside them for continuity."""
+    old cached-weight aten ceiling beside them for continuity. ``kw``: the row's engine
+    options (the interleaved run's engine takes them too)."""
     from engine.bench.ceiling import interleaved, linear_ceiling
 
     ceiling = linear_ceiling(model, zip(row.step_rows, row.step_heads), row.useful_tokens)
     old = matmul_ceiling(cfg, row)
-    engine = LLMEngine.from_kwargs(model=model_name, dtype="float32")
+    engine = LLMEngine.from_kwargs(model=model_name, dtype="float32", **kw)
     _warm(engine)
     same = interleaved(engine, [(p, SamplingParams(max_tokens=n, ignore_eos=True))
                                 for p, n in zip(wl.prompts, wl.output_lens)])
@@ -268,6 +271,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                          "if the queue has not emptied first (the two modes step in turn)")
     ap.add_argument("--quantization", choices=("int8",), default=None,
                     help="add a row with int8 weights, and its quality against fp32")
+    ap.add_argument("--kv-cache-dtype", choices=("float16",), default=None,
+                    help="add a row with an fp16 KV cache (fp32 weights), its linear-only "
+                         "ceiling and its quality against fp32")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--decode-kernels", action="store_true",
                     help="instead: decode throughput on the Triton kernels vs the torch "
@@ -308,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quantization:
         plan.append(lambda: run_carpool(f"Carpool continuous, {args.quantization} weights", wl,
                                         args.model, quantization=args.quantization))
+    if args.kv_cache_dtype:
+        plan.append(lambda: run_carpool(KV_ROW, wl, args.model,
+                                        kv_cache_dtype=args.kv_cache_dtype))
     if not args.skip_transformers:
         hf = load_hf(str(model_dir))
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -318,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in plan:
         rows.append(step())
         print(f"  done: {rows[-1].name} ({rows[-1].wall_s:.1f} s)", flush=True)
-    finite_ratio = _report(rows, cfg, model, wl, args.model)
+    finite_ratio = _report(rows, cfg, model, wl, args.model, args.kv_cache_dtype)
     _extras(args, tok, finite_ratio)
     return 0
 
@@ -337,19 +346,22 @@ def _extras(args: argparse.Namespace, tok: Any, finite_ratio: float) -> None:
              for mode in ("continuous", "static")],
             wl.prompts, wl.output_lens, args.model, args.steady_s)
         print("\n" + "\n".join(steady_lines(steady, finite_ratio)))
-    if args.quantization:
-        from engine.bench.quality import compare
+    from engine.bench.quality import compare
 
+    variants = [(args.quantization, {"quantization": args.quantization}),
+                (f"{args.kv_cache_dtype} KV cache", {"kv_cache_dtype": args.kv_cache_dtype})]
+    for name, kw in variants:
+        if not next(iter(kw.values())):
+            continue
         ref = LLMEngine.from_kwargs(model=args.model, dtype="float32", num_blocks=64)
-        other = LLMEngine.from_kwargs(model=args.model, dtype="float32", num_blocks=64,
-                                      quantization=args.quantization)
-        print(compare(ref, other).line(args.quantization))
+        other = LLMEngine.from_kwargs(model=args.model, dtype="float32", num_blocks=64, **kw)
+        print(compare(ref, other).line(name))
 
 
-def _report(rows: list[Row], cfg: Any, model: Any, wl: Workload, model_name: str | None
-            ) -> float:
-    """The table, then the ceilings and ratios measured in this run; returns the finite
-    continuous/static 4-slot ratio."""
+def _report(rows: list[Row], cfg: Any, model: Any, wl: Workload, model_name: str | None,
+            kv_cache_dtype: str | None = None) -> float:
+    """The table, then the ceilings and ratios measured in this run (the fp16-KV row's too,
+    when it ran); returns the finite continuous/static 4-slot ratio."""
     gflops, gflop_tok, bound = compute_bound(cfg)
     print()
     print(f"compute bound: {gflops:.1f} GFLOP/s fp32 on the model's shapes / {gflop_tok:.3f} "
@@ -360,6 +372,9 @@ def _report(rows: list[Row], cfg: Any, model: Any, wl: Workload, model_name: str
     print()
     print(ceiling_lines(default, cfg, model, bound, wl, model_name))
     by = {r.name: r for r in rows}
+    if kv_cache_dtype:
+        print(ceiling_lines(by[KV_ROW], cfg, model, bound, wl, model_name,
+                            kv_cache_dtype=kv_cache_dtype))
     cont4 = by["Carpool continuous, 4 slots"].tok_s
     stat4 = by["Carpool static, 4 slots"].tok_s
     print(f"\ncontinuous(4 slots) / static(4 slots) = {cont4 / stat4:.2f}  (seed 000: 80/44 = 1.82)")

@@ -18,6 +18,7 @@ from typing import Any, Literal
 BatchingMode = Literal["continuous", "static", "dynamic"]
 PreemptionMode = Literal["recompute", "swap"]
 DType = Literal["float32", "bfloat16", "float16", "float64"]
+KVCacheDType = Literal["auto", "float16"]
 FORCE_TRITON_ENV = "CARPOOL_FORCE_TRITON"  # "1": Triton kernels even where the device says no
 
 
@@ -53,8 +54,14 @@ class CacheConfig:
     swap_space_gb: float = 0.5  # CPU swap pool budget
     num_cpu_blocks: int | None = None  # explicit override (tests)
     enable_prefix_caching: bool = True
+    # "auto": the model's dtype; "float16": half the bytes a token (fp32 weights on CPU: the
+    # decode op widens each element as it reads it), lossy, opt-in, like llama.cpp's f16 KV
+    kv_cache_dtype: KVCacheDType = "auto"
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in ("auto", "float16"):
+            raise ValueError(f"unsupported kv_cache_dtype {self.kv_cache_dtype!r} "
+                             "(auto or float16)")
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
         if self.num_blocks is not None and self.num_blocks < 1:
@@ -96,6 +103,10 @@ class EngineConfig:
     adaptive_threads: bool = False
 
     def __post_init__(self) -> None:
+        if (self.cache.kv_cache_dtype == "float16" and self.model.device != "cpu"
+                and self.model.dtype != "float16"):
+            # the Triton kernels read a cache in the queries' dtype
+            raise ValueError("kv_cache_dtype float16 needs device cpu (or dtype float16)")
         if self.use_triton is None and os.environ.get(FORCE_TRITON_ENV) == "1":
             object.__setattr__(self, "use_triton", True)  # frozen: set once, here
 

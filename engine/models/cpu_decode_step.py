@@ -8,7 +8,7 @@ checks and conversions run once per step (``prepare``) and every layer calls the
 (``kernels.cpu_layer_ops``, ``kernels.cpu_decode``) with them.
 
 Contract: ``prepare(model, input_ids, positions, kv_caches, meta)`` returns a ``CpuDecodeStep``
-only when the step can take this path: fp32 CPU weights and caches (contiguous), the C++ ops
+only when the step can take this path: fp32 CPU weights, fp32 or fp16 caches (contiguous), the C++ ops
 built, Triton not forced, and, past the stack's tokens, its prompt tokens' contexts within
 ``MAX_PROMPT_READS`` (a pure decode step has none); otherwise None and the model runs its
 general path. In a step with prompt tokens each token attends as a decode row of its own: its
@@ -118,7 +118,7 @@ def prepare(
     forced = getattr(model.layers[0].self_attn, "triton", None) is True
     tokens, rows = input_ids.shape[0], meta.seq_lens.shape[0]
     if (weight.dtype != torch.float32 or weight.device.type != "cpu"
-            or cache.dtype != torch.float32 or not cache.is_contiguous() or forced):
+            or cache.dtype not in cpu_decode.CACHE_DTYPES or not cache.is_contiguous() or forced):
         return None
     stack = stack_for(model) if tokens <= cpu_decode_layers.MAX_TOKENS else None
     block_tables, seq_lens = meta.block_tables, meta.seq_lens

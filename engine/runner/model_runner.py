@@ -58,6 +58,8 @@ class ModelRunner:
         _set_threads()
         self.device = torch.device(model_config.device)
         self.dtype = DTYPES[model_config.dtype]
+        self.kv_dtype = (self.dtype if cache_config.kv_cache_dtype == "auto"
+                         else DTYPES[cache_config.kv_cache_dtype])
         self.model_dir = resolve_model_dir(model_config.model, model_config.cache_dir)
         self.model_name = model_name(self.model_dir)
         hf_config = load_hf_config(self.model_dir)
@@ -84,9 +86,9 @@ class ModelRunner:
         shape = (self.args.num_layers, 2, self.num_blocks + 1, self.block_size,
                  self.args.num_kv_heads, self.args.head_dim)
         # zeros, not empty: kernels may read (masked) past a sequence's end; never NaN garbage
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         self.cpu_cache = torch.zeros((*shape[:2], self.num_cpu_blocks, *shape[3:]),
-                                     dtype=self.dtype, pin_memory=self.device.type == "cuda")
+                                     dtype=self.kv_dtype, pin_memory=self.device.type == "cuda")
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1])
                           for i in range(self.args.num_layers)]
         self.sampler = Sampler(sampler_seed)
@@ -98,7 +100,7 @@ class ModelRunner:
     @property
     def bytes_per_block(self) -> int:
         a = self.args
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        elem = torch.empty((), dtype=self.kv_dtype).element_size()
         return a.num_layers * 2 * self.block_size * a.num_kv_heads * a.head_dim * elem
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:

@@ -54,6 +54,9 @@ def _add_serve(sub: Any) -> None:
     g.add_argument("--kv-cache-memory-gb", type=float, default=None)
     g.add_argument("--preemption-mode", choices=("recompute", "swap"), default=None)
     g.add_argument("--device", default=None)
+    g.add_argument("--kv-cache-dtype", choices=("auto", "float16"), default=None,
+                   help="float16: half the KV bytes a token (more context, faster attention at "
+                        "large batches; lossy, opt-in; default auto = the model's dtype)")
     g.add_argument("--quantization", choices=("int8",), default=None,
                    help="int8 weights in the decoder's linears and the LM head (CPU, fp32 "
                         "activations; lossy, opt-in)")
@@ -62,7 +65,7 @@ def _add_serve(sub: Any) -> None:
 
 ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                 "num_blocks", "block_size", "kv_cache_memory_gb", "preemption_mode", "device",
-                "quantization")
+                "quantization", "kv_cache_dtype")
 CONFIG_FLAGS = ("host", "port", "role", "engine", "model", "tenants_file", "namespace",
                 "create_demo_tenant", "echo_step_ms", "trace_console", "metrics_port",
                 "access_log", "tier_slos", "strict_api")

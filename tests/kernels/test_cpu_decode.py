@@ -7,6 +7,7 @@ found the op is absent and these tests are skipped with that reason."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,29 @@ def test_rows_split_across_threads_match_reference(
     ref = paged_attention_ref(*b.args())
     torch.testing.assert_close(got, ref, atol=2e-6, rtol=2e-5)
     torch.testing.assert_close(one, ref, atol=2e-6, rtol=2e-5)
+
+
+
+# an fp16 cache: the op widens each element as it loads it (the vector path and the generic
+# one, one thread and rows cut across threads); the reference and the float64 textbook read
+# the same fp16 numbers, widened by torch
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "ctx", "n_threads"),
+                         [(9, 3, 64, [1, 17, 100, 33], 1), (8, 1, 128, [5, 64], 1),
+                          (6, 2, 80, [40, 9], 1), (9, 3, 64, [1500, 7, 900], 2)])
+def test_fp16_cache_matches_reference(threads: None, heads: int, kv_heads: int, head_dim: int,
+                                      ctx: list[int], n_threads: int) -> None:
+    b = make_paged_batch([1] * len(ctx), ctx, num_heads=heads, num_kv_heads=kv_heads,
+                         head_dim=head_dim, seed=head_dim + len(ctx))
+    b = dataclasses.replace(b, k_cache=b.k_cache.half(), v_cache=b.v_cache.half())
+    torch.set_num_threads(n_threads)
+    assert cpu_decode.usable(b.q, b.k_cache)
+    got = cpu_decode.paged_decode(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.scale)
+    torch.testing.assert_close(got, paged_attention_ref(*b.args()), atol=2e-6, rtol=2e-5)
+    torch.testing.assert_close(got.double(), naive_attention(b), atol=1e-5, rtol=1e-5)
+    # and not what the unrounded fp32 cache gives: the op really read the fp16 numbers
+    full = make_paged_batch([1] * len(ctx), ctx, num_heads=heads, num_kv_heads=kv_heads,
+                            head_dim=head_dim, seed=head_dim + len(ctx))
+    assert not torch.allclose(got, paged_attention_ref(*full.args()), atol=1e-6, rtol=0)
 
 
 def test_dispatch_uses_the_op_for_fp32_decode_rows_and_keeps_prefill_rows() -> None:

@@ -121,6 +121,26 @@ def test_kv_write_equals_the_reference(tokens: int, kv_heads: int, dim: int) -> 
         cpu_layer_ops.write_kv(k, v, caches[0], caches[1], slots + 12 * 8)
 
 
+
+@built
+@pytest.mark.parametrize(("tokens", "kv_heads", "dim"), [(1, 3, 64), (37, 2, 20)])
+def test_kv_write_into_fp16_cache_rounds_as_the_reference(tokens: int, kv_heads: int,
+                                                          dim: int) -> None:
+    # dim 20: rows of 40 and 60 halves, past the 8-wide conversion's multiple
+    qkv = _randn(tokens, 4 * kv_heads * dim, seed=21) * 3
+    k = qkv[:, 2 * kv_heads * dim:3 * kv_heads * dim].contiguous().view(tokens, kv_heads, dim)
+    v = qkv[:, 3 * kv_heads * dim:].view(tokens, kv_heads, dim)  # rows strided
+    slots = torch.randperm(12 * 8, generator=torch.Generator().manual_seed(22))[:tokens]
+    kc = _randn(12, 8, kv_heads, dim, seed=23, dtype=torch.float16)
+    vc = _randn(12, 8, kv_heads, dim, seed=24, dtype=torch.float16)
+    caches = [kc, vc, kc.clone(), vc.clone()]
+    assert cpu_layer_ops.cache_usable(caches[0], caches[1])
+    kernels.write_kv_cache(k, v, caches[0], caches[1], slots)
+    write_kv_cache_ref(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert torch.equal(caches[0].view(-1, kv_heads, dim)[slots], k.half())  # written, rounded
+
+
 @built
 def test_engine_gives_the_same_tokens_with_and_without_the_ops(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch,

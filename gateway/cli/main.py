@@ -153,6 +153,11 @@ ADAPTIVE_SPINCOUNT = "20000"
 def _set_openmp_wait() -> None:
     from gateway.config import GatewayConfig
 
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        if not os.environ.get(name, "x").strip():
+            # set but empty is no choice: libgomp warns, ignores it and spins, the one setting
+            # that collapses when a neighbour is busy
+            del os.environ[name]
     if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
         return
     if GatewayConfig.from_env().adaptive_threads:

@@ -6,7 +6,8 @@ The workload: ``--num-requests`` (100) short chat prompts sent at once, alternat
   offline     ``LLMEngine`` in this process on the same chat-templated prompts (its TTFT and
               ITL are the times of the steps that produced each request's tokens)
   carpool     a ``carpool serve`` process of its own per ``--carpool`` configuration (fp32,
-              and int8: ``serve --quantization int8``; embedded Redis started here, one
+              and int8: ``serve --quantization int8``; f16kv: ``serve --kv-cache-dtype
+              float16``, llama-server's own cache type; embedded Redis started here, one
               tenant with no limits), one streaming HTTP/1.1 connection a request
               (``sla_client``)
   llama.cpp   (``--baseline llama.cpp``, ``serve_llama.py``) ``llama-server`` on the GGUF the
@@ -171,7 +172,10 @@ async def _make_key(redis_url: str) -> str:
         await client.aclose()
 
 
-QUANTIZATION = {"fp32": [], "int8": ["--quantization", "int8"]}
+# --carpool configurations: their serve flags. f16kv: fp32 weights and an fp16 KV cache, as
+# llama-server keeps its cache by default (the F32 rows' like for like)
+CONFIGS = {"fp32": [], "int8": ["--quantization", "int8"],
+           "f16kv": ["--kv-cache-dtype", "float16"]}
 
 
 @dataclass(frozen=True)
@@ -208,7 +212,7 @@ def _served_config(wl: Workload, args: argparse.Namespace, config: str,
 
     port = free_port()
     cmd = [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port), "--no-demo",
-           "--namespace", NAMESPACE, *QUANTIZATION[config], *args.serve_arg]
+           "--namespace", NAMESPACE, *CONFIGS[config], *args.serve_arg]
     if args.model:
         cmd += ["--model", args.model]
     server = f"Carpool {config}"
@@ -277,8 +281,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--long", type=int, default=200)
     p.add_argument("--quick", action="store_true", help="8 requests of 4/16 tokens (tests)")
     p.add_argument("--no-offline", action="store_true")
-    p.add_argument("--carpool", nargs="+", choices=tuple(QUANTIZATION), default=None,
-                   help="carpool serve configurations to run (default: fp32 int8; --quick: fp32)")
+    p.add_argument("--carpool", nargs="+", choices=tuple(CONFIGS), default=None,
+                   help="carpool serve configurations to run (default: fp32 int8; --quick: "
+                        "fp32; f16kv: fp32 weights, fp16 KV cache)")
     p.add_argument("--serve-arg", action="append", default=[],
                    help="a flag for carpool serve (repeat; e.g. --serve-arg=--max-num-seqs=64)")
     p.add_argument("--baseline", choices=("llama.cpp",), default=None)

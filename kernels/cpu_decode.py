@@ -37,6 +37,7 @@ _SOURCE = VEXP + r"""
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 #if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
@@ -98,6 +99,17 @@ static inline void prefetch(const KT* p, int64_t n) {
     __builtin_prefetch(c + o, 0, 1);
 }
 
+// A key or value row of the generic (runtime-shaped) path as fp32: an fp32 cache's row where
+// it is, an fp16 one widened into ``buf`` (vector loads, then a scalar tail), so the loops
+// below stay fp32 loops (a per-element conversion there did not vectorise: 4-8x fp32's time).
+static inline const float* wide_row(const float* p, int64_t, float*) { return p; }
+static inline const float* wide_row(const at::Half* p, int64_t n, float* buf) {
+  int64_t i = 0;
+  for (; i + CP_W <= n; i += CP_W) vstore(buf + i, vload(p + i));
+  for (; i < n; ++i) buf[i] = static_cast<float>(p[i]);
+  return buf;
+}
+
 // A block to prefetch while the current one is worked on (nullptr: none).
 template <typename KT>
 struct Next { const KT* p; int64_t tokens; };
@@ -111,6 +123,9 @@ template <int DC, int GC, typename KT>
 static void scores(const float* qr, const KT* kc, const int* tab, int64_t t0, int64_t t1,
                    const Geo& g, float* s, Next<KT> after) {
   const int64_t D = DC > 0 ? DC : g.D, G = GC > 0 ? GC : g.G, n = t1 - t0, tok = g.tok;
+  // the generic path's widened fp16 row (the fixed-shape path loads halves into registers)
+  std::vector<float> row(std::is_same_v<KT, float> || (DC > 0 && GC > 0 && DC % CP_W == 0)
+                         ? 0 : D);
   for (int64_t tb = t0; tb < t1; tb += g.B) {
     const int64_t m = std::min(g.B, t1 - tb);
     const KT* kb = kc + static_cast<int64_t>(tab[tb / g.B]) * g.B * tok;
@@ -140,12 +155,12 @@ static void scores(const float* qr, const KT* kc, const int* tab, int64_t t0, in
       } else {
         for (int64_t i = 0; i < m; ++i) {
           if (pf && i < nx.tokens) prefetch(nx.p + i * tok, tok);
-          const KT* kp = kb + i * tok + h * D;
+          const float* kp = wide_row(kb + i * tok + h * D, D, row.data());
           for (int64_t gg = 0; gg < G; ++gg) {
             const float* qg = qh + gg * D;
             float dot = 0.f;
             #pragma omp simd reduction(+:dot)
-            for (int64_t d = 0; d < D; ++d) dot += qg[d] * static_cast<float>(kp[d]);
+            for (int64_t d = 0; d < D; ++d) dot += qg[d] * kp[d];
             sh[gg * n + i] = dot * g.sc;
           }
         }
@@ -160,6 +175,9 @@ template <int DC, int GC, typename KT>
 static void values(const KT* vc, const int* tab, int64_t t0, int64_t t1, const Geo& g,
                    const float* s, float* acc, Next<KT> after) {
   const int64_t D = DC > 0 ? DC : g.D, G = GC > 0 ? GC : g.G, n = t1 - t0, tok = g.tok;
+  // the generic path's widened fp16 row (the fixed-shape path loads halves into registers)
+  std::vector<float> row(std::is_same_v<KT, float> || (DC > 0 && GC > 0 && DC % CP_W == 0)
+                         ? 0 : D);
   for (int64_t tb = t0; tb < t1; tb += g.B) {
     const int64_t m = std::min(g.B, t1 - tb);
     const KT* vb = vc + static_cast<int64_t>(tab[tb / g.B]) * g.B * tok;
@@ -190,12 +208,12 @@ static void values(const KT* vc, const int* tab, int64_t t0, int64_t t1, const G
       } else {
         for (int64_t i = 0; i < m; ++i) {
           if (pf && i < nx.tokens) prefetch(nx.p + i * tok, tok);
-          const KT* vp = vb + i * tok + h * D;
+          const float* vp = wide_row(vb + i * tok + h * D, D, row.data());
           for (int64_t gg = 0; gg < G; ++gg) {
             const float w = sh[gg * n + i];
             float* ag = ah + gg * D;
             #pragma omp simd
-            for (int64_t d = 0; d < D; ++d) ag[d] += w * static_cast<float>(vp[d]);
+            for (int64_t d = 0; d < D; ++d) ag[d] += w * vp[d];
           }
         }
       }

@@ -103,12 +103,15 @@ class EngineConfig:
     adaptive_threads: bool = False
 
     def __post_init__(self) -> None:
-        if (self.cache.kv_cache_dtype == "float16" and self.model.device != "cpu"
-                and self.model.dtype != "float16"):
-            # the Triton kernels read a cache in the queries' dtype
-            raise ValueError("kv_cache_dtype float16 needs device cpu (or dtype float16)")
         if self.use_triton is None and os.environ.get(FORCE_TRITON_ENV) == "1":
             object.__setattr__(self, "use_triton", True)  # frozen: set once, here
+        if self.cache.kv_cache_dtype == "float16" and (
+                self.model.device != "cpu" or self.use_triton
+                or self.model.dtype not in ("float32", "float64")):
+            # the Triton kernels read a cache in the queries' dtype; a 16-bit model's "auto"
+            # cache is 2 bytes already (and bf16 values past fp16's range would become inf)
+            raise ValueError("kv_cache_dtype float16 needs the CPU path (device cpu, no "
+                             "Triton) and dtype float32 or float64")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

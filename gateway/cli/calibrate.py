@@ -29,6 +29,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="local HF checkpoint dir (default: SmolLM2)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--kv-cache-dtype", choices=("auto", "float16"), default="auto",
+                   help="as serve's: float16 profiles an fp16 KV cache (2 bytes an element)")
     p.add_argument("--out", default=None, help="profile path (default ~/.cache/carpool/profiles/)")
     p.add_argument("--rows", default="1,4,16,32", help="batch rows of the grid")
     p.add_argument("--prompts", default="16,256", help="prompt lengths of the grid")
@@ -63,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         if args.mixed_requests < 0 or args.max_num_seqs < 1:
             raise ValueError("--mixed-requests must be >= 0 and --max-num-seqs >= 1")
         engine = LLMEngine.from_kwargs(model=args.model, device=args.device, dtype=args.dtype,
-                                       max_num_seqs=args.max_num_seqs)
+                                       max_num_seqs=args.max_num_seqs,
+                                       kv_cache_dtype=args.kv_cache_dtype)
     except ValueError as e:
         sys.stderr.write(f"carpool calibrate: {e}\n")
         return 2

@@ -68,8 +68,12 @@ def _load_test(plan: Plan, users: int, run_time: str, out: Path) -> list[Any]:
     words = max(1, round(i.prompt.mean * WORDS_PER_TOKEN))
     opts = LoadTestOptions(out_dir=out, users=users, run_time=run_time, mix="chat=1",
                            chat=f"{words}:{max(1, round(i.output.mean))}")
-    engine = {"max_num_seqs": final.batch, "max_num_batched_tokens": final.token_budget,
-              "block_size": plan.kv.block_size, "kv_cache_memory_gb": i.kv_memory_gb}
+    engine: dict[str, Any] = {"max_num_seqs": final.batch,
+                              "max_num_batched_tokens": final.token_budget,
+                              "block_size": plan.kv.block_size,
+                              "kv_cache_memory_gb": i.kv_memory_gb}
+    if i.shape.dtype_bytes == 2:  # a plan of 2-byte KV: the fp32 model with an fp16 cache
+        engine["kv_cache_dtype"] = "float16"
     config = GatewayConfig.from_env(engine="real", engine_options=engine, namespace="planverify")
     return run_loadtest(opts, serve=lambda: local_server(config, {}))
 

@@ -67,12 +67,27 @@ def test_tiny_model_same_bits_as_per_op_path(tiny_model_dir: Path, contexts: lis
     assert torch.equal(out["stack"], out["per-op"])
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "float16"])
 @pytest.mark.parametrize("contexts", [[30], [20, 1200, 9, 64]], ids=["1 row", "4 rows long"])
-def test_smollm2_same_bits_as_per_op_path(contexts: list[int], threads: None) -> None:
-    # SmolLM2's head size 64 and GQA 3:1 take the attention's compiled-in template
+def test_smollm2_same_bits_as_per_op_path(contexts: list[int], kv_cache_dtype: str,
+                                          threads: None) -> None:
+    # SmolLM2's head size 64 and GQA 3:1 take the attention's compiled-in template (an fp16
+    # cache: its halves widened in registers)
     torch.set_num_threads(2)
-    runner = make_runner(None, "float32", block_size=16, num_blocks=96, num_cpu_blocks=0)
+    runner = make_runner(None, "float32", block_size=16, num_blocks=96, num_cpu_blocks=0,
+                         kv_cache_dtype=kv_cache_dtype)
     out = _decode_hidden(runner, contexts, seed=3)
+    assert torch.equal(out["stack"], out["per-op"])
+
+
+def test_tiny_model_fp16_cache_same_bits_as_per_op_path(tiny_model_dir: Path,
+                                                        threads: None) -> None:
+    # head size 16: the attention's generic path, its fp16 rows widened into a buffer
+    torch.set_num_threads(2)
+    runner = make_runner(tiny_model_dir, "float32", block_size=16, num_blocks=400,
+                         kv_cache_dtype="float16")
+    assert runner.kv_cache.dtype == torch.float16
+    out = _decode_hidden(runner, [3, 40, 1100], seed=5)
     assert torch.equal(out["stack"], out["per-op"])
 
 

@@ -135,6 +135,12 @@ def test_kv_write_into_fp16_cache_rounds_as_the_reference(tokens: int, kv_heads:
     vc = _randn(12, 8, kv_heads, dim, seed=24, dtype=torch.float16)
     caches = [kc, vc, kc.clone(), vc.clone()]
     assert cpu_layer_ops.cache_usable(caches[0], caches[1])
+    cpu_layer_ops.write_kv(k, v, caches[0], caches[1], slots)  # the op itself
+    write_kv_cache_ref(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    for cache in caches:
+        cache.zero_()
+    assert cpu_layer_ops.usable(k, v)  # the dispatch takes it too
     kernels.write_kv_cache(k, v, caches[0], caches[1], slots)
     write_kv_cache_ref(k, v, caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.core.config import EngineConfig
+from engine.core.config import FORCE_TRITON_ENV, EngineConfig
 from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
 from kernels import cpu_decode_layers
@@ -124,9 +124,13 @@ def test_fp16_kv_holds_twice_the_blocks_in_the_same_memory(tiny_model_dir: Path)
     assert fp16.cpu_cache.dtype == torch.float16  # swapped blocks keep their bytes
 
 
-def test_kv_cache_dtype_is_validated() -> None:
+def test_kv_cache_dtype_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         EngineConfig.from_kwargs(kv_cache_dtype="int4")
-    with pytest.raises(ValueError, match="device cpu"):
-        EngineConfig.from_kwargs(kv_cache_dtype="float16", device="cuda")
+    for bad in ({"device": "cuda"}, {"use_triton": True}, {"dtype": "bfloat16"}):
+        with pytest.raises(ValueError, match="CPU path"):
+            EngineConfig.from_kwargs(kv_cache_dtype="float16", **bad)
     assert EngineConfig.from_kwargs(kv_cache_dtype="float16").cache.kv_cache_dtype == "float16"
+    monkeypatch.setenv(FORCE_TRITON_ENV, "1")  # Triton forced by the environment: the same
+    with pytest.raises(ValueError, match="CPU path"):
+        EngineConfig.from_kwargs(kv_cache_dtype="float16")

@@ -77,3 +77,21 @@ def hf_logits(model: Any, tokens: list[int]) -> torch.Tensor:
 
 def execute(runner: ModelRunner, scheduled: list[ScheduledRequest]) -> dict[str, int]:
     return runner.execute(SchedulerOutput(scheduled=scheduled)).sampled
+
+
+TokensAndLogprobs = tuple[list[int], list[tuple[float, object]]]
+
+
+def tokens_and_logprobs(engine: Any, prompts: list[list[int]],
+                        max_tokens: int = 12) -> list[TokensAndLogprobs]:
+    """Each prompt's greedy tokens and top-2 logprobs, the prompts run together on ``engine``
+    (an ``LLMEngine``) until all finish."""
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, logprobs=2)
+    ids = [engine.add_request(p, params) for p in prompts]
+    got: dict[str, TokensAndLogprobs] = {i: ([], []) for i in ids}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens, logprobs = got[out.request_id]
+            tokens += out.new_token_ids
+            logprobs += [(x.logprob, x.top) for x in out.logprobs or ()]
+    return [got[i] for i in ids]

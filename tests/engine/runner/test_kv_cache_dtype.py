@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from engine.core.config import FORCE_TRITON_ENV, EngineConfig
-from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
 from kernels import cpu_decode_layers
 from tests.engine.runner.helpers import (
@@ -25,6 +24,7 @@ from tests.engine.runner.helpers import (
     hf_model,
     make_runner,
     step_logits,
+    tokens_and_logprobs,
 )
 
 
@@ -89,18 +89,6 @@ def test_fp16_kv_differs_from_the_unrounded_model(tiny_model_dir: Path,
     assert (got64 - ref).abs().max() > 10 * (got16 - ref).abs().max()
 
 
-def _run(engine: LLMEngine, prompts: list[list[int]]) -> list[tuple[list[int], list[Any]]]:
-    params = SamplingParams(max_tokens=10, ignore_eos=True, logprobs=2)
-    ids = [engine.add_request(p, params) for p in prompts]
-    got: dict[str, tuple[list[int], list[Any]]] = {i: ([], []) for i in ids}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            tokens, logprobs = got[out.request_id]
-            tokens += out.new_token_ids
-            logprobs += [(x.logprob, x.top) for x in out.logprobs or ()]
-    return [got[i] for i in ids]
-
-
 @pytest.mark.skipif(not cpu_decode_layers.available(),
                     reason="whole-stack op not built (make setup): F.linear is not row-wise")
 def test_an_fp16_kv_request_is_the_same_alone_and_in_a_batch(tiny_model_dir: Path) -> None:
@@ -108,8 +96,8 @@ def test_an_fp16_kv_request_is_the_same_alone_and_in_a_batch(tiny_model_dir: Pat
                                    kv_cache_dtype="float16", enable_prefix_caching=False)
     assert engine.runner.kv_cache.dtype == torch.float16
     prompts = [[5 + i, 17, 23 + 2 * i, 40, 7 + i, 11] for i in range(6)]  # 36 tokens a step
-    alone = _run(engine, prompts[:1])[0]
-    batched = _run(engine, prompts)
+    alone = tokens_and_logprobs(engine, prompts[:1], 10)[0]
+    batched = tokens_and_logprobs(engine, prompts, 10)
     assert len(alone[0]) == 10 and len(alone[1]) == 10
     assert batched[0] == alone
     assert len({tuple(tokens) for tokens, _ in batched}) > 1  # the batch's rows really differ

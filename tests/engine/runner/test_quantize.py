@@ -8,24 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.sampling_params import SamplingParams
 from engine.llm_engine import LLMEngine
 from kernels import cpu_decode_layers
 from kernels.cpu_int8_linear import Int8Linear
-
-Result = tuple[list[int], list[tuple[float, object]]]
-
-
-def _run(engine: LLMEngine, prompts: list[list[int]]) -> list[Result]:
-    params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=2)
-    ids = [engine.add_request(p, params) for p in prompts]
-    got: dict[str, Result] = {i: ([], []) for i in ids}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            tokens, logprobs = got[out.request_id]
-            tokens += out.new_token_ids
-            logprobs += [(x.logprob, x.top) for x in out.logprobs or ()]
-    return [got[i] for i in ids]
+from tests.engine.runner.helpers import tokens_and_logprobs
 
 
 @pytest.mark.skipif(not cpu_decode_layers.available(),
@@ -39,8 +25,8 @@ def test_an_int8_request_is_the_same_alone_and_in_a_batch(tiny_model_dir: Path) 
                for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
                          layer.mlp.gate_up_proj, layer.mlp.down_proj))
     prompts = [[5 + i, 17, 23 + 2 * i, 40, 7 + i, 11] for i in range(6)]  # 36 tokens a step
-    alone = _run(engine, prompts[:1])[0]
-    batched = _run(engine, prompts)
+    alone = tokens_and_logprobs(engine, prompts[:1])[0]
+    batched = tokens_and_logprobs(engine, prompts)
     assert len(alone[0]) == 12 and len(alone[1]) == 12
     assert batched[0] == alone
     assert len({tuple(tokens) for tokens, _ in batched}) > 1  # the batch's rows really differ

@@ -346,16 +346,19 @@ def _extras(args: argparse.Namespace, tok: Any, finite_ratio: float) -> None:
              for mode in ("continuous", "static")],
             wl.prompts, wl.output_lens, args.model, args.steady_s)
         print("\n" + "\n".join(steady_lines(steady, finite_ratio)))
-    from engine.bench.quality import compare
+    variants: list[tuple[str, dict[str, Any]]] = []
+    if args.quantization:
+        variants.append((args.quantization, {"quantization": args.quantization}))
+    if args.kv_cache_dtype:
+        variants.append((f"{args.kv_cache_dtype} KV cache",
+                         {"kv_cache_dtype": args.kv_cache_dtype}))
+    if variants:
+        from engine.bench.quality import compare
 
-    variants = [(args.quantization, {"quantization": args.quantization}),
-                (f"{args.kv_cache_dtype} KV cache", {"kv_cache_dtype": args.kv_cache_dtype})]
-    for name, kw in variants:
-        if not next(iter(kw.values())):
-            continue
         ref = LLMEngine.from_kwargs(model=args.model, dtype="float32", num_blocks=64)
-        other = LLMEngine.from_kwargs(model=args.model, dtype="float32", num_blocks=64, **kw)
-        print(compare(ref, other).line(name))
+        for name, kw in variants:
+            other = LLMEngine.from_kwargs(model=args.model, dtype="float32", num_blocks=64, **kw)
+            print(compare(ref, other).line(name))
 
 
 def _report(rows: list[Row], cfg: Any, model: Any, wl: Workload, model_name: str | None,

@@ -92,6 +92,23 @@ def derived_tpot_target(small_batch_step_s: float) -> float:
     return DERIVED_TPOT_HEADROOM * small_batch_step_s
 
 
+def alone_step(base_s: float, marginal_s: float, tokens_s: float, busy: float,
+               share: float) -> float | None:
+    """The mean step an urgent tier asking ``tokens_s`` decode tokens a second runs in when it
+    is alone on the engine, or None when its load takes ``share`` or more of the machine (it
+    then asks more than its weight's share: backlogged, owed no protection).
+
+    A step of t seconds runs ``tokens_s * t`` rows (Little's law) at ``base_s`` plus
+    ``marginal_s`` a row, and its prompts (``busy``: the share of each second they take) come
+    on top: t = (base + marginal * tokens_s * t) / (1 - busy), so t = base / (1 - u) with
+    u = busy + marginal * tokens_s, the share of the machine its load takes.
+    """
+    used = busy + marginal_s * tokens_s
+    if tokens_s < 0 or used >= share or used >= 1.0:
+        return None
+    return base_s / (1.0 - used)
+
+
 def measured_small_step(seconds: Sequence[float]) -> float | None:
     """The median of the kept SMALL_BATCH_ROWS-row decode steps' ``seconds``, or None with
     fewer than MIN_SMALL_STEPS: the median, because a shared machine's stalls land in single

@@ -15,6 +15,7 @@ from policies.tiers import (
     TIERS,
     TPOT_PROMISE,
     TierSLO,
+    alone_step,
     derived_tpot_target,
     measured_small_step,
 )
@@ -66,3 +67,33 @@ def test_the_measured_small_step_is_the_median_once_enough_were_seen() -> None:
     ordered = sorted(steps)
     assert measured_small_step(steps) == pytest.approx((ordered[7] + ordered[8]) / 2)
     assert measured_small_step(steps) == pytest.approx(0.031)
+
+
+def simulated_alone_step(base: float, marginal: float, tokens_s: float, busy: float) -> float:
+    """The reference: iterate step -> (base + marginal * rows) / (1 - busy) with rows =
+    tokens_s * step (Little's law) until it settles."""
+    step = base
+    for _ in range(10_000):
+        step = (base + marginal * tokens_s * step) / (1.0 - busy)
+    return step
+
+
+@pytest.mark.parametrize(("tokens_s", "busy"), [(0.0, 0.0), (60.0, 0.0), (92.0, 0.16),
+                                                (30.0, 0.3)])
+def test_the_alone_step_is_the_fixed_point_of_littles_law(tokens_s: float, busy: float) -> None:
+    """bench sla's Xeon law (34 ms + 3.5 ms a row): interactive at 0.5x capacity (92 tokens/s,
+    its prompts 0.16 of each second) runs ~7 rows in ~70 ms steps alone."""
+    got = alone_step(0.034, 0.0035, tokens_s, busy, share=0.6)
+    assert got == pytest.approx(simulated_alone_step(0.034, 0.0035, tokens_s, busy), rel=1e-9)
+    if tokens_s == 92.0:
+        assert 0.065 < got < 0.075 and 6 < tokens_s * got < 7
+
+
+@pytest.mark.parametrize(("tokens_s", "busy", "share"), [(100.0, 0.3, 0.6), (200.0, 0.0, 0.6),
+                                                         (100.0, 0.3, 1.0), (1.0, 1.0, 1.0)])
+def test_no_alone_step_past_the_weight_share(tokens_s: float, busy: float, share: float) -> None:
+    """A load taking its weight's share of the machine or more is backlogged (None), even when
+    a fixed point exists below the whole machine."""
+    used = busy + 0.0035 * tokens_s
+    got = alone_step(0.034, 0.0035, tokens_s, busy, share)
+    assert (got is None) is (used >= share)

@@ -371,3 +371,46 @@ def test_the_published_law_is_the_fitted_one_and_none_while_cold() -> None:
     prompts = [p for p in fed if p]
     assert law["prefill_tokens"] == pytest.approx(sum(prompts) / len(prompts))
     assert law["steps"] == 205
+
+
+@pytest.mark.parametrize("share_used", [0.3, 0.58, 0.7])
+def test_the_derived_target_covers_interactives_own_step_alone(share_used: float) -> None:
+    """Interactive asking tokens whose rows take ``share_used`` of the machine: under its
+    weight's share (0.6) the target is the headroom over the step its load runs in alone
+    when that is longer than the small step's target (the promise is TPOT within 1.3x of
+    *alone*), and interactive is not backlogged; past the share, the small-step target stays
+    and it is backlogged (the weights decide)."""
+    engine = RecordingEngine()
+    budget = StepBudget(engine)  # type: ignore[arg-type]
+    clock = Clock()
+    budget.demand = UrgentDemand(window_s=10.0, clock=clock)
+    budget.attach()
+    feed(budget, engine, 200)
+    budget.update()
+    small_target = budget.target_s
+    assert small_target is not None
+    kv = budget.model.mean_kv_per_row()
+    marginal = B + C + D * kv  # a decode row of the true law
+    tokens_s = share_used / marginal  # decode tokens a second asked (no prompts)
+    tokens = 40
+    clock.now += 10.0
+    starts = round(tokens_s / tokens * 10)
+    for _ in range(starts):
+        clock.now += 10.0 / starts
+        budget.demand.started()
+        budget.demand.finished(tokens)
+    asked = budget.demand.tokens_per_s()
+    assert asked == pytest.approx(tokens_s, rel=0.1)  # whole starts in the window
+    budget.update()
+    alone = A / (1.0 - marginal * asked)  # Little's law: rows = asked x step
+    if share_used < 0.6:
+        expected = max(small_target, DERIVED_TPOT_HEADROOM * alone)
+        assert budget.target_s == pytest.approx(expected, rel=1e-3)
+        assert budget.urgent_backlogged is False
+        # alone, interactive's rows fit the cap's decode step
+        assert budget.model.max_rows_within(budget.target_s) >= asked * alone
+    else:
+        assert budget.target_s == pytest.approx(small_target, rel=1e-6)
+        assert budget.urgent_backlogged is True
+    if share_used == 0.58:  # this one's step alone is past the small step's target
+        assert budget.target_s > 1.05 * small_target

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,11 +27,14 @@ from engine.core.scheduler import Scheduler
 from engine.core.stats import SchedulerStats
 from engine.runner.model_runner import ModelRunner
 
+log = logging.getLogger("carpool.engine")
+
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.runner = ModelRunner.from_config(config)
+        log.info("%s", self.runner.cache_summary())  # `serve` shows carpool's INFO lines
         self.tokenizer: Any = self.runner.tokenizer
         self.max_model_len: int = self.runner.max_model_len
         self.model_name: str = self.runner.model_name

@@ -103,6 +103,18 @@ class ModelRunner:
         elem = torch.empty((), dtype=self.kv_dtype).element_size()
         return a.num_layers * 2 * self.block_size * a.num_kv_heads * a.head_dim * elem
 
+    def cache_summary(self) -> str:
+        """The KV pools in one line, as a server says at start-up (vLLM's "# GPU blocks" and
+        "maximum concurrency"): what an operator sizes ``--max-num-seqs`` and the
+        prompts against. The scratch padding block is not counted."""
+        tokens = self.num_blocks * self.block_size
+        mib = self.num_blocks * self.bytes_per_block / (1 << 20)
+        dtype = str(self.kv_dtype).removeprefix("torch.")
+        return (f"KV cache: {self.num_blocks} blocks of {self.block_size} tokens = {tokens} "
+                f"tokens ({mib:.1f} MiB {dtype} on {self.device.type}), swap {self.num_cpu_blocks}"
+                f" blocks; {tokens / self.max_model_len:.2f}x concurrency at the full "
+                f"{self.max_model_len}-token context")
+
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Swap out, copy partial prefix blocks, swap in, then forward and sample."""
         with torch.inference_mode():

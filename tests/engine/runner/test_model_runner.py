@@ -44,6 +44,22 @@ def test_pools_are_sized_from_memory_budgets(tiny_model_dir: Path) -> None:
     assert (explicit.num_blocks, explicit.num_cpu_blocks) == (10, 3)
 
 
+def test_the_cache_summary_states_the_pools_as_allocated(tiny_model_dir: Path) -> None:
+    """The start-up line's numbers come from the tensors themselves: blocks and tokens from
+    the cache's shape, MiB from its bytes (less the scratch block), concurrency at the full
+    context from the tokens."""
+    runner = make_runner(tiny_model_dir, "float32", num_blocks=100, num_cpu_blocks=7)
+    cache = runner.kv_cache
+    blocks = cache.shape[2] - 1
+    tokens = blocks * cache.shape[3]
+    mib = cache.numel() * cache.element_size() * blocks / (blocks + 1) / (1 << 20)
+    assert runner.cache_summary() == (
+        f"KV cache: {blocks} blocks of {cache.shape[3]} tokens = {tokens} tokens "
+        f"({mib:.1f} MiB float32 on cpu), swap {runner.cpu_cache.shape[2]} blocks; "
+        f"{tokens / runner.max_model_len:.2f}x concurrency at the full "
+        f"{runner.max_model_len}-token context")
+
+
 def test_swap_out_then_in_preserves_kv_exactly(tiny_model_dir: Path) -> None:
     runner = make_runner(tiny_model_dir, num_blocks=16, num_cpu_blocks=8)
     prompt = _tokens(10, seed=1)  # 3 blocks of 4

@@ -126,6 +126,15 @@ class BlockManager:
         """The request's device block table (empty if it has none). Do not mutate."""
         return self._tables.get(request_id, [])
 
+    def table_covering(self, request_id: str, num_tokens: int) -> list[int] | None:
+        """The request's device block table when it already covers ``num_tokens`` tokens
+        (a decode token inside the last block: the scheduler's hot path), else None (no
+        table, or it must grow: ``allocate_slots``). Do not mutate."""
+        table = self._tables.get(request_id)
+        if table is None or num_tokens > len(table) * self.block_size:
+            return None
+        return table
+
     def num_device_blocks_of(self, request_id: str) -> int:
         return len(self._tables.get(request_id, ()))
 

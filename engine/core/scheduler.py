@@ -222,6 +222,8 @@ class Scheduler(PreemptionMixin, ForkMixin):
             held = cap.held
             reqs = [r for r in reqs if r.request_id not in held]
             self._counts.rows_held_back += len(held)
+        table_covering, step = self.block_manager.table_covering, self._counts.num_steps
+        add_decode = plan.add_decode
         for req in reqs:
             budget = plan.budget
             if budget <= 0:
@@ -229,7 +231,14 @@ class Scheduler(PreemptionMixin, ForkMixin):
             if req.status != running:
                 continue  # preempted or failed earlier in this step
             # The common case inline: this loop is the per-step hot path (256+ decodes).
-            num_new = req.num_tokens - req.num_computed_tokens
+            computed = req.num_computed_tokens
+            num_new = len(req.prompt_token_ids) + len(req.output_token_ids) - computed
+            if num_new == 1:  # a decode row inside its last block: nothing to grow or spend
+                table = table_covering(req.request_id, computed + 1)
+                if table is not None:  # (a running request was scheduled before: its
+                    add_decode(req, table)  # first_scheduled time is set)
+                    req.last_scheduled_step = step
+                    continue
             if num_new > 1 and cap is not None:  # a prompt chunk under the cap's allowance
                 budget = cap.token_budget(req, budget, num_new)
             if num_new > budget:
@@ -438,34 +447,40 @@ class Scheduler(PreemptionMixin, ForkMixin):
         self._to_return = {}
         bm = self.block_manager
         block_size = bm.block_size
+        caching = bm.enable_prefix_caching
+        # the per-row loop is the update's hot path (256+ decodes a step): locals, not lookups
+        requests_get, running, max_model_len = self._requests.get, RequestStatus.RUNNING, \
+            self.max_model_len
+        sampled, logprobs, groups = result.sampled, result.logprobs, self._groups
         for sched in out.scheduled:
             rid = sched.request_id
-            req = self._requests.get(rid)
-            if req is None or req.status != RequestStatus.RUNNING:
+            req = requests_get(rid)
+            if req is None or req.status != running:
                 continue  # aborted/finished after schedule(): dropped at the step boundary
             start = sched.start_pos
             computed = start + len(sched.token_ids)
             req.num_computed_tokens = computed
             # a block filled up this step (the hashes cover every full block before it, so a
             # decode token inside a block has nothing to hash: the hot path skips the lookup)
-            if (bm.enable_prefix_caching and computed // block_size > start // block_size
+            if (caching and computed // block_size > start // block_size
                     and computed // block_size > bm.num_cached_blocks_of(rid)):
                 bm.cache_blocks(rid, req.all_token_ids, computed)
             if not sched.sample:
                 continue
             try:
-                token = result.sampled[rid]
+                token = sampled[rid]
             except KeyError:
                 raise KeyError(f"runner returned no sampled token for {rid!r}") from None
-            req.output_token_ids.append(token)
-            if result.logprobs and rid in result.logprobs:
-                req.output_logprobs.append(result.logprobs[rid])
-            if self._groups and len(req.output_token_ids) == 1:
+            output = req.output_token_ids
+            output.append(token)
+            if logprobs and rid in logprobs:
+                req.output_logprobs.append(logprobs[rid])
+            if groups and len(output) == 1:
                 self._fork_children(req)  # n > 1: the prompt is computed, the others start
             if req.times.first_token is None:
                 req.times.first_token = self.clock()
             changed[rid] = req
-            status = stop_status(req, token, self.max_model_len)
+            status = stop_status(req, token, max_model_len)
             if status is not None:
                 self._finish(req, status, returned=False)
         for rid, req in changed.items():

@@ -58,6 +58,25 @@ class StepPlan:
         )
         self.budget -= num_new
 
+    def add_decode(self, req: Request, block_ids: list[int]) -> None:
+        """``add(req, 1, block_ids)`` for a request whose one new token is its last known one
+        (a decode row: every running request, every step), without the general case's
+        slicing and tests."""
+        prompt, output = req.prompt_token_ids, req.output_token_ids
+        params = req.sampling_params
+        self.scheduled[req.request_id] = ScheduledRequest(
+            req.request_id,
+            [output[-1] if output else prompt[-1]],
+            req.num_computed_tokens,
+            block_ids[:],
+            True,
+            params,
+            len(output),
+            (prompt, output) if params.needs_history else None,
+            req.eos_token_id,
+        )
+        self.budget -= 1
+
     def unschedule(self, request_id: str) -> None:
         """Take a request's share back out (it was preempted later in the same step)."""
         sched = self.scheduled.pop(request_id, None)

@@ -180,3 +180,15 @@ def test_blocks_freed_by_counts_only_blocks_no_other_table_holds() -> None:
     for rid in ("p", "c1", "c2"):
         bm.free(rid)
     assert bm.num_free_blocks == free + 5
+
+
+def test_table_covering_is_the_table_only_while_it_needs_no_block() -> None:
+    bm = make_bm(block_size=4)
+    assert bm.table_covering("r", 1) is None  # no table yet
+    assert bm.allocate_slots("r", 6)  # two blocks: 8 tokens
+    table = bm.get_block_ids("r")
+    for tokens in range(0, 9):
+        assert bm.table_covering("r", tokens) is table
+    assert bm.table_covering("r", 9) is None  # the ninth token needs a third block
+    assert bm.allocate_slots("r", 1, 8)
+    assert bm.table_covering("r", 9) is bm.get_block_ids("r")

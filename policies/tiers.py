@@ -93,20 +93,25 @@ def derived_tpot_target(small_batch_step_s: float) -> float:
 
 
 def alone_step(base_s: float, marginal_s: float, tokens_s: float, busy: float,
-               share: float) -> float | None:
+               share: float, max_rows: int) -> float | None:
     """The mean step an urgent tier asking ``tokens_s`` decode tokens a second runs in when it
-    is alone on the engine, or None when its load takes ``share`` or more of the machine (it
-    then asks more than its weight's share: backlogged, owed no protection).
+    is alone on the engine, or None when it asks ``share`` or more of the whole machine (then
+    backlogged: its weight, not its TPOT, decides what it gets).
 
     A step of t seconds runs ``tokens_s * t`` rows (Little's law) at ``base_s`` plus
     ``marginal_s`` a row, and its prompts (``busy``: the share of each second they take) come
-    on top: t = (base + marginal * tokens_s * t) / (1 - busy), so t = base / (1 - u) with
-    u = busy + marginal * tokens_s, the share of the machine its load takes.
+    on top: t = (base + marginal * tokens_s * t) / (1 - busy), so t = base / (1 - busy -
+    marginal * tokens_s). Its share of the machine is judged at the full batch of ``max_rows``
+    rows, where a token costs the base spread over every row: busy + tokens_s * (base /
+    max_rows + marginal). Why there: that is the machine's capacity the weights share out; a
+    share of each second's marginal cost alone left out the base and let a load whose rows
+    pass the seats count as under its share. Under the share the rows fit the seats.
     """
-    used = busy + marginal_s * tokens_s
-    if tokens_s < 0 or used >= share or used >= 1.0:
+    if not (tokens_s > 0 and base_s > 0 and max_rows > 0):
         return None
-    return base_s / (1.0 - used)
+    if busy + tokens_s * (base_s / max_rows + marginal_s) >= share:
+        return None
+    return base_s / (1.0 - busy - marginal_s * tokens_s)
 
 
 def measured_small_step(seconds: Sequence[float]) -> float | None:

@@ -97,6 +97,9 @@ LOWER_PROMPT_PER_OUTPUT = 1.0
 # 71 ms from a predicted 55 ms 4-row step, during the calibration), so a server log could not
 # tell which target a measured TPOT ratio was held to.
 TARGET_LOG_STEP = 0.1
+# Interactive, once judged over its weight's share of the machine, counts as under it again
+# only below this fraction of the share (``_alone_step``).
+SHARE_HYSTERESIS = 0.9
 
 
 class StepBudget:
@@ -124,6 +127,8 @@ class StepBudget:
         self._small_steps: deque[float] = deque(maxlen=SMALL_STEPS_KEPT)
         self.target_s: float | None = None  # the TPOT target in force (None: no data yet)
         self._target_said: float | None = None  # the target last logged at info
+        self._source_said: str | None = None  # and what it was derived from
+        self._over_share = False  # interactive asked its weight's share or more (hysteresis)
         self.cap: int | None = None  # the row cap last set on the engine
         self.row_limit: int | None = None  # the batch bound for non-urgent rows (None: none)
         self.lower_ttft_s: float | None = None  # the tightest lower-tier TTFT target
@@ -235,7 +240,7 @@ class StepBudget:
                 self._log_bound(bound, max_rows, law)
                 self.row_limit = bound
         self.law = self._law()
-        target = self._target(urgent_tokens_s)
+        target = self._target(urgent_tokens_s, max_rows)
         cap = self.model.max_rows_within(target, limit=max_rows)  # decode rows alone
         if not self.cold:  # a cold model's per-row mean cannot price a token
             cap = self._priced_cap(cap, target, urgent_rows)
@@ -315,11 +320,14 @@ class StepBudget:
         if big:
             self._bound_said = bound
 
-    def _alone_step(self, urgent_tokens_s: float | None) -> float | None:
+    def _alone_step(self, urgent_tokens_s: float | None, max_rows: int) -> float | None:
         """The mean step interactive, asking ``urgent_tokens_s`` decode tokens a second with
-        its prompts at their rate, would run in alone (``policies.tiers.alone_step``): None
-        while cold, with no demand known, or when it asks its weight's share of the machine
-        or more (then backlogged: the weights decide, not its TPOT)."""
+        its prompts at their rate, would run in alone on ``max_rows`` seats
+        (``policies.tiers.alone_step``): None while cold, with no demand known, or when it
+        asks its weight's share of the machine or more (then backlogged: the weights decide,
+        not its TPOT). Once over the share it must fall to ``SHARE_HYSTERESIS`` of it to
+        count as under again: its demand is ~25 starts in a 10 s window, +-20 %, and each
+        crossing moves the target and the cap (a refit at a time flipped both)."""
         if self.cold or not urgent_tokens_s:
             return None
         model, cost = self.model, self.model.cost
@@ -328,9 +336,13 @@ class StepBudget:
                 + model.per_prefill_row * self.urgent_starts_s)
         weights = self.seat_weights
         share = weights.get(self.urgent_priority, 0) / max(1, sum(weights.values()))
-        return alone_step(cost.base, marginal, urgent_tokens_s, busy, share)
+        if self._over_share:
+            share *= SHARE_HYSTERESIS
+        alone = alone_step(cost.base, marginal, urgent_tokens_s, busy, share, max_rows)
+        self._over_share = alone is None
+        return alone
 
-    def _target(self, urgent_tokens_s: float | None = None) -> float:
+    def _target(self, urgent_tokens_s: float | None = None, max_rows: int = 1) -> float:
         """The TPOT target in force: the configured one, else ``derived_tpot_target`` of the
         small-batch step or, when longer, of the step interactive's own load runs in alone
         (``_alone_step``). Why the latter: the promise is TPOT within 1.3x of interactive
@@ -352,18 +364,30 @@ class StepBudget:
                 how = (f"derived from the predicted {SMALL_BATCH_ROWS}-row step, "
                        f"{small * 1000:.0f} ms")
             target = derived_tpot_target(small)
-            alone = self._alone_step(urgent_tokens_s)
+            alone = self._alone_step(urgent_tokens_s, max_rows)
             if alone is not None and derived_tpot_target(alone) > target:
                 target = derived_tpot_target(alone)
-                how = (f"derived from interactive's step alone at its "
-                       f"{urgent_tokens_s:.0f} tokens/s, {alone * 1000:.0f} ms")
-        said = self._target_said
-        if not self.cold and (said is None or abs(target - said) >= said * TARGET_LOG_STEP):
-            # say what was chosen, and again when it moved (a cold model's is provisional)
-            self._target_said = target
-            log.info("interactive TPOT target %.0f ms (%s)", target * 1000, how)
+                how = (f"derived from interactive's step alone, {alone * 1000:.0f} ms at its "
+                       f"{urgent_tokens_s:.0f} tokens/s")
+        self._say_target(target, how, follows_demand=how.startswith("derived from interactive"))
         self.target_s = target
         return target
+
+    def _say_target(self, target: float, how: str, follows_demand: bool) -> None:
+        """Log the target in force at info when first chosen, when what it is derived from
+        changed (``how`` up to its first comma) and when it moved TARGET_LOG_STEP since last
+        said; but a target that ``follows_demand`` (interactive's step alone, which moves with
+        a demand that is +-20 % between refits) logs its moves at debug. A cold model's
+        target is provisional: not said."""
+        if self.cold:
+            return
+        source, said = how.split(",")[0], self._target_said
+        moved = said is None or abs(target - said) >= said * TARGET_LOG_STEP
+        if source != self._source_said or (moved and not follows_demand):
+            self._target_said, self._source_said = target, source
+            log.info("interactive TPOT target %.0f ms (%s)", target * 1000, how)
+        elif moved:
+            log.debug("interactive TPOT target %.0f ms (%s)", target * 1000, how)
 
     def _prefill_allowance(self, cap: int | None) -> int | None:
         """Lower-tier prompt tokens a step under ``cap`` may compute: what the target leaves

@@ -95,23 +95,28 @@ def derived_tpot_target(small_batch_step_s: float) -> float:
 def alone_step(base_s: float, marginal_s: float, tokens_s: float, busy: float,
                share: float, max_rows: int) -> float | None:
     """The mean step an urgent tier asking ``tokens_s`` decode tokens a second runs in when it
-    is alone on the engine, or None when it asks ``share`` or more of the whole machine (then
+    is alone on the engine, or None when it asks ``share`` or more of the machine (then
     backlogged: its weight, not its TPOT, decides what it gets).
 
     A step of t seconds runs ``tokens_s * t`` rows (Little's law) at ``base_s`` plus
     ``marginal_s`` a row, and its prompts (``busy``: the share of each second they take) come
     on top: t = (base + marginal * tokens_s * t) / (1 - busy), so t = base / (1 - busy -
-    marginal * tokens_s). Its share of the machine is judged at the full batch of ``max_rows``
-    rows, where a token costs the base spread over every row: busy + tokens_s * (base /
-    max_rows + marginal). Why there: that is the machine's capacity the weights share out; a
-    share of each second's marginal cost alone left out the base and let a load whose rows
-    pass the seats count as under its share. Under the share the rows fit the seats.
+    marginal * tokens_s). Its share is judged twice: the seconds its rows and prompts take
+    (busy + marginal * tokens_s), and its rows against the ``max_rows`` seats (share x
+    seats). Why both: where the base dominates (a fast GPU-like law, few seats), rows cost
+    little time but fill the seats, and a load whose rows passed every seat counted as under
+    its share. Why not the full batch's cost a token (the base spread over every seat): the
+    fit splits base and per-row cost differently from server to server (34 and 60 ms bases
+    on one machine), and with 32 seats that judged a 0.5x-capacity interactive load over its
+    share, owed the lower tiers its seats and took its TPOT to 3.6x alone (bench sla).
     """
     if not (tokens_s > 0 and base_s > 0 and max_rows > 0):
         return None
-    if busy + tokens_s * (base_s / max_rows + marginal_s) >= share:
+    used = busy + marginal_s * tokens_s
+    if used >= share:
         return None
-    return base_s / (1.0 - busy - marginal_s * tokens_s)
+    step = base_s / (1.0 - used)
+    return None if tokens_s * step > share * max_rows else step
 
 
 def measured_small_step(seconds: Sequence[float]) -> float | None:

@@ -109,17 +109,19 @@ def test_the_alone_step_is_the_mean_step_of_a_simulated_load(tokens_s: float, bu
         assert 0.060 < got < 0.070 and 5.5 < tokens_s * got < 6.5
 
 
-def test_the_share_is_judged_at_the_full_batch() -> None:
-    """Over the share means asking that much of the whole machine, where each token also
-    carries the base spread over every seat: 34 ms + 3.5 ms a row on 256 seats costs 3.633 ms
-    a token, so prompts at 0.16 leave 0.44 / 3.633 ms = 121 tokens/s under a 0.6 share. A
-    law of mostly base (10 ms + 0.05 ms a row, 32 seats: 2,759 tokens/s at most) at 0.8x its
-    capacity is over the share, though its rows' own cost (0.11 of each second) is not."""
-    assert alone_step(0.034, 0.0035, 120.0, 0.16, 0.6, 256) is not None
-    assert alone_step(0.034, 0.0035, 122.0, 0.16, 0.6, 256) is None
-    assert alone_step(0.034, 0.0035, 120.0, 0.16, 0.6, 32) is None  # fewer seats, less room
-    assert alone_step(0.010, 0.00005, 0.8 * 32 / 0.0116, 0.0, 0.6, 32) is None
-    under = alone_step(0.010, 0.00005, 0.5 * 32 / 0.0116, 0.0, 0.6, 32)
-    assert under is not None and 0.5 * 32 / 0.0116 * under <= 32  # its rows fit the seats
+def test_the_share_is_judged_in_seconds_and_in_seats() -> None:
+    """Over the share: its rows and prompts take that share of each second (34 ms + 3.5 ms a
+    row, prompts at 0.16: 0.44 / 3.5 ms = 125.7 tokens/s under 0.6), or its rows alone pass
+    that share of the seats. A law of mostly base (10 ms + 0.05 ms a row, 32 seats: 2,759
+    tokens/s at most) at 0.8x its capacity takes 0.11 of each second but 25 rows, over 0.6 x
+    32; at 0.5x, 15 rows. With 32 seats, 120 tokens/s of the first law run 10 rows: under."""
+    assert alone_step(0.034, 0.0035, 125.0, 0.16, 0.6, 256) is not None
+    assert alone_step(0.034, 0.0035, 126.0, 0.16, 0.6, 256) is None
+    few = alone_step(0.034, 0.0035, 120.0, 0.16, 0.6, 32)
+    assert few is not None and 9 < 120.0 * few < 10
+    capacity = 32 / 0.0116
+    assert alone_step(0.010, 0.00005, 0.8 * capacity, 0.0, 0.6, 32) is None
+    under = alone_step(0.010, 0.00005, 0.5 * capacity, 0.0, 0.6, 32)
+    assert under is not None and 14 < 0.5 * capacity * under < 0.6 * 32
     for bad in ((0.034, 0.0035, 0.0), (0.0, 0.0035, 50.0), (0.034, 0.0035, -5.0)):
         assert alone_step(*bad, 0.0, 0.6, 256) is None

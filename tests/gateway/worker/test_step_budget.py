@@ -405,8 +405,8 @@ def warm_budget() -> tuple[StepBudget, Clock, float]:
 @pytest.mark.parametrize("prompt", [0, 10])
 def test_the_derived_target_covers_interactives_own_step_alone(share_used: float,
                                                                 prompt: int) -> None:
-    """Interactive asking ``share_used`` of the machine at its full batch (256 seats, a token
-    carrying the base spread over them; its prompts at the true law's cost per token):
+    """Interactive whose rows and prompts take ``share_used`` of each second (its prompts at
+    the true law's cost per token; its rows far under the 256 seats):
     under its weight's share (0.6) the target is the headroom over the step its load runs in
     alone (Little's law: rows = tokens/s x step) when that is longer than the small step's
     target, and interactive is not backlogged; past the share, the small-step target stays
@@ -415,9 +415,9 @@ def test_the_derived_target_covers_interactives_own_step_alone(share_used: float
     kv = budget.model.mean_kv_per_row()
     marginal = B + C + D * kv  # a decode row of the true law
     per_prompt_s = prompt * (C + D)  # a prompt token: a token and a KV entry
-    # the rate whose load (decode at the full batch's cost a token, plus its prompts) is
+    # the rate whose load (its decode rows plus its prompts) is
     # share_used of each second
-    tokens_s = share_used / (A / MAX_SEQS + marginal + per_prompt_s / 10)
+    tokens_s = share_used / (marginal + per_prompt_s / 10)
     asked = demand(budget, clock, tokens_s, prompt, tokens=10)  # 10 tokens: fine steps
     assert asked == pytest.approx(tokens_s, rel=0.02)  # whole starts in the window
     budget.update()
@@ -441,7 +441,7 @@ def test_over_the_share_interactive_must_fall_well_under_it_to_count_as_under() 
     the target and the cap at every refit."""
     budget, clock, small_target = warm_budget()
     marginal = B + C + D * budget.model.mean_kv_per_row()
-    per_token = A / MAX_SEQS + marginal
+    per_token = marginal
     # 0.57 of the machine: under the share, and its step alone sets the target; the same
     # load just after one over the share does not, until one under 0.9 x 0.6 (0.5 here)
     for used, alone_target in ((0.57, True), (0.65, False), (0.57, False), (0.5, True),

@@ -50,7 +50,9 @@ interactive brings at its rate (``policies.owed_seats.urgent_backlogged``).
 Then the engine's row cap and the drainer owe the lower tiers seats by weight for every
 interactive row, not only for those past the cap: interactive asks more than the protected
 batch gives, its TPOT promise broken by its own load, and the weights are the contract among
-backlogged tiers. Never while the model is cold.
+backlogged tiers. Never while the model is cold. Under its weight's share, interactive's own
+load sets a target it fits (the alone step above), so only a load past the share (in seconds
+or in seats, ``policies.tiers.alone_step``) is judged backlogged.
 """
 
 from __future__ import annotations

@@ -340,7 +340,14 @@ class StepBudget:
         share = weights.get(self.urgent_priority, 0) / max(1, sum(weights.values()))
         if self._over_share:
             share *= SHARE_HYSTERESIS
-        alone = alone_step(cost.base, marginal, urgent_tokens_s, busy, share, max_rows)
+        # the base through the measured small step where there is one: the fit's own split of
+        # base and per-row cost moves between refits and servers (34-60 ms bases on one
+        # machine; a 41 ms one put interactive's step alone at 75 ms against a measured 56 ms
+        # TPOT alone), the small step and the slope far less
+        measured = measured_small_step(self._small_steps)
+        base = (cost.base if measured is None
+                else max(0.0, measured - SMALL_BATCH_ROWS * marginal))
+        alone = alone_step(base, marginal, urgent_tokens_s, busy, share, max_rows)
         self._over_share = alone is None
         return alone
 

@@ -453,3 +453,25 @@ def test_over_the_share_interactive_must_fall_well_under_it_to_count_as_under() 
         expected = max(small_target, alone) if alone_target else small_target
         assert budget.target_s == pytest.approx(expected, rel=2e-3), used
     assert SHARE_HYSTERESIS * 0.6 < 0.57 / (1 + 0.02)  # 0.57 sits inside the band
+
+
+def test_the_alone_step_takes_its_base_from_the_measured_small_step() -> None:
+    """Once the 4-row decode step is measured, the alone step's base is that step less four
+    rows at the fitted slope, not the fit's intercept (which moves between refits)."""
+    budget, clock, _ = warm_budget()
+    observe = budget.engine.observers[0]  # type: ignore[attr-defined]
+    measured = 0.09  # slower than the true law's 4-row step (~0.067 s): the base follows it
+    for _ in range(20):
+        observe(synthetic_step(SMALL_BATCH_ROWS, 200)[0], measured)
+    marginal = B + C + D * 200
+    used = 0.5
+    asked = demand(budget, clock, used / marginal, tokens=10)
+    budget.update()
+    cost = budget.model.cost  # the 20 off-law steps moved the fit a little: its slope
+    kv_marginal = cost.per_row + cost.per_token + cost.per_kv_token * budget.model.mean_kv_per_row()
+    assert kv_marginal == pytest.approx(B + C + D * budget.model.mean_kv_per_row(), rel=0.05)
+    assert abs(cost.base - (measured - SMALL_BATCH_ROWS * kv_marginal)) > 0.005  # not the fit's
+    base = measured - SMALL_BATCH_ROWS * kv_marginal
+    expected = DERIVED_TPOT_HEADROOM * base / (1.0 - kv_marginal * asked)
+    assert expected > DERIVED_TPOT_HEADROOM * measured  # the alone step is the longer one
+    assert budget.target_s == pytest.approx(expected, rel=5e-3)

@@ -187,7 +187,7 @@ def test_table_covering_is_the_table_only_while_it_needs_no_block() -> None:
     assert bm.table_covering("r", 1) is None  # no table yet
     assert bm.allocate_slots("r", 6)  # two blocks: 8 tokens
     table = bm.get_block_ids("r")
-    for tokens in range(0, 9):
+    for tokens in range(9):
         assert bm.table_covering("r", tokens) is table
     assert bm.table_covering("r", 9) is None  # the ninth token needs a third block
     assert bm.allocate_slots("r", 1, 8)

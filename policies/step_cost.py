@@ -137,14 +137,18 @@ class StepCostModel:
         """A decode step of ``rows`` rows, one token each, ``kv_per_row`` context each."""
         return self.predict(rows, rows, rows * kv_per_row)
 
+    def decode_row_cost(self, kv_per_row: float) -> float:
+        """Seconds one more decode row adds to a step: its row, its token and its context."""
+        c = self.cost
+        return c.per_row + c.per_token + c.per_kv_token * kv_per_row
+
     def max_rows_within(self, target_s: float, kv_per_row: float | None = None,
                         limit: int = 1 << 20) -> int:
         """The largest row count (0..``limit``) whose predicted decode step stays within
         ``target_s``; ``kv_per_row`` defaults to the observed mean context per row."""
         kv = self.mean_kv_per_row() if kv_per_row is None else kv_per_row
-        c = self.cost
-        marginal = c.per_row + c.per_token + c.per_kv_token * kv
-        spare = target_s - c.base
+        marginal = self.decode_row_cost(kv)
+        spare = target_s - self.cost.base
         if spare < 0:
             return 0
         if marginal <= 0:

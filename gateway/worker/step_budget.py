@@ -259,8 +259,7 @@ class StepBudget:
         sla's 32-seat row, traced: decode steps 1.31x alone, TPOT 1.53x)."""
         model, token_s = self.model, self._token_s()
         kv = model.mean_kv_per_row()
-        busy = token_s * self.urgent_prompt_s + model.per_prefill_row * self.urgent_starts_s
-        room = target * max(0.0, 1.0 - busy)
+        room = target * max(0.0, 1.0 - self._urgent_prompts_busy())
         while cap > urgent_rows:
             decode = model.predict_decode(cap, kv)
             chunk = (max(MIN_LOWER_PREFILL_TOKENS, (target - decode) / token_s)
@@ -270,6 +269,12 @@ class StepBudget:
                 break
             cap -= 1
         return cap
+
+    def _urgent_prompts_busy(self) -> float:
+        """The share of each second interactive's prompts take at the rate it sends them:
+        their tokens at the model's cost a token, and a prefill row each."""
+        return (self._token_s() * self.urgent_prompt_s
+                + self.model.per_prefill_row * self.urgent_starts_s)
 
     def _token_s(self) -> float:
         """Seconds a prompt token adds to a step: a token computed and a KV entry read (the
@@ -322,7 +327,8 @@ class StepBudget:
         if big:
             self._bound_said = bound
 
-    def _alone_step(self, urgent_tokens_s: float | None, max_rows: int) -> float | None:
+    def _alone_step(self, urgent_tokens_s: float | None, max_rows: int,
+                    measured: float | None) -> float | None:
         """The mean step interactive, asking ``urgent_tokens_s`` decode tokens a second with
         its prompts at their rate, would run in alone on ``max_rows`` seats
         (``policies.tiers.alone_step``): None while cold, with no demand known, or when it
@@ -332,22 +338,20 @@ class StepBudget:
         crossing moves the target and the cap (a refit at a time flipped both)."""
         if self.cold or not urgent_tokens_s:
             return None
-        model, cost = self.model, self.model.cost
-        marginal = cost.per_row + cost.per_token + cost.per_kv_token * model.mean_kv_per_row()
-        busy = (self._token_s() * self.urgent_prompt_s
-                + model.per_prefill_row * self.urgent_starts_s)
+        model = self.model
+        marginal = model.decode_row_cost(model.mean_kv_per_row())
         weights = self.seat_weights
         share = weights.get(self.urgent_priority, 0) / max(1, sum(weights.values()))
         if self._over_share:
             share *= SHARE_HYSTERESIS
-        # the base through the measured small step where there is one: the fit's own split of
-        # base and per-row cost moves between refits and servers (34-60 ms bases on one
-        # machine; a 41 ms one put interactive's step alone at 75 ms against a measured 56 ms
-        # TPOT alone), the small step and the slope far less
-        measured = measured_small_step(self._small_steps)
-        base = (cost.base if measured is None
+        # the base through the measured small step where there is one (``measured``): the
+        # fit's own split of base and per-row cost moves between refits and servers (34-60 ms
+        # bases on one machine; a 41 ms one put interactive's step alone at 75 ms against a
+        # measured 56 ms TPOT alone), the small step and the slope far less
+        base = (model.cost.base if measured is None
                 else max(0.0, measured - SMALL_BATCH_ROWS * marginal))
-        alone = alone_step(base, marginal, urgent_tokens_s, busy, share, max_rows)
+        alone = alone_step(base, marginal, urgent_tokens_s, self._urgent_prompts_busy(), share,
+                           max_rows)
         self._over_share = alone is None
         return alone
 
@@ -360,6 +364,7 @@ class StepBudget:
         at 72 ms TPOT against a 59 ms target from the 4-row step, so the budget judged it
         backlogged, owed the lower tiers seats for every interactive row and TPOT went to
         1.34-1.59x alone."""
+        follows_demand = False
         if self.slo.tpot_p99_s is not None:
             target, how = self.slo.tpot_p99_s, "configured"
         else:
@@ -373,12 +378,13 @@ class StepBudget:
                 how = (f"derived from the predicted {SMALL_BATCH_ROWS}-row step, "
                        f"{small * 1000:.0f} ms")
             target = derived_tpot_target(small)
-            alone = self._alone_step(urgent_tokens_s, max_rows)
+            alone = self._alone_step(urgent_tokens_s, max_rows, measured)
             if alone is not None and derived_tpot_target(alone) > target:
                 target = derived_tpot_target(alone)
                 how = (f"derived from interactive's step alone, {alone * 1000:.0f} ms at its "
                        f"{urgent_tokens_s:.0f} tokens/s")
-        self._say_target(target, how, follows_demand=how.startswith("derived from interactive"))
+                follows_demand = True
+        self._say_target(target, how, follows_demand)
         self.target_s = target
         return target
 

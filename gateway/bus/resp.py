@@ -4,9 +4,10 @@ The per-step writer and the output reader each make one Redis call per engine st
 the load. Through redis-py's asyncio client a call costs ~70-150 us of Python (connection
 pool, retry and timeout wrappers, response callbacks); here it is the hiredis packer and
 parser and a future, ~10-20 us. Replies come back raw (bytes, ints, nested lists; an XREAD
-entry's fields are a flat list), error replies raise ``redis.exceptions.ResponseError`` and a
-lost connection raises ``redis.exceptions.ConnectionError`` (the next call reconnects), so the
-callers' error handling stays what it was with redis-py.
+entry's fields are a flat list), error replies raise ``redis.exceptions.ResponseError``
+(LOADING: ``BusyLoadingError``, as redis-py raises it) and a lost connection raises
+``redis.exceptions.ConnectionError`` (the next call reconnects), so the callers' error handling
+stays what it was with redis-py.
 
 Calls issued concurrently are pipelined on the one connection and answered in order; a
 blocking command (``XREAD BLOCK``) therefore holds up the calls behind it, so each loop that
@@ -27,12 +28,22 @@ import socket
 from typing import Any
 
 import hiredis
+from redis.exceptions import BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # idle seconds before the first probe, seconds between probes, probes before giving up
 _KEEPALIVE = (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
+
+
+def reply_error(text: str) -> Exception:
+    """An error reply as redis-py raises it for the callers' ``except`` clauses: LOADING (a
+    restarted Redis still reading its AOF or RDB) is redis-py's ``BusyLoadingError``, a
+    ``ConnectionError``, so the loops treat it as the outage it is and retry quietly; every
+    other reply is a ``ResponseError`` with its code kept in the text (NOSCRIPT, NOGROUP)."""
+    if text.startswith("LOADING "):
+        return BusyLoadingError(text)
+    return ResponseError(text)
 
 
 class _Protocol(asyncio.Protocol):
@@ -59,7 +70,7 @@ class _Protocol(asyncio.Protocol):
             if fut.done():  # its caller was cancelled: the reply still keeps the order
                 continue
             if isinstance(reply, hiredis.ReplyError):
-                fut.set_exception(ResponseError(str(reply)))
+                fut.set_exception(reply_error(str(reply)))
             else:
                 fut.set_result(reply)
 

@@ -143,3 +143,26 @@ def test_connections_probe_a_silent_redis(redis_url: str) -> None:
 
     for name in ("asyncio", "uvloop"):
         run_on(name, main)
+
+
+def test_a_loading_redis_is_an_outage_and_other_errors_stay_response_errors() -> None:
+    """A restarted Redis answers LOADING while it reads its AOF: the loops must see the
+    outage (``UNREACHABLE``, retried quietly), not an error logged with its traceback."""
+    from gateway.bus.outage import UNREACHABLE
+    from gateway.bus.resp import _Protocol
+
+    async def replies() -> list[BaseException | None]:
+        proto = _Protocol()
+        loop = asyncio.get_running_loop()
+        futs = [loop.create_future() for _ in range(3)]
+        proto.waiters.extend(futs)
+        proto.data_received(b"-LOADING Valkey is loading the dataset in memory\r\n"
+                            b"-NOSCRIPT No matching script\r\n:7\r\n")
+        return [f.exception() for f in futs]
+
+    loading, noscript, ok = asyncio.run(replies())
+    assert isinstance(loading, UNREACHABLE) and not isinstance(loading, ResponseError)
+    assert "loading the dataset" in str(loading)
+    assert isinstance(noscript, ResponseError) and str(noscript).startswith("NOSCRIPT")
+    assert not isinstance(noscript, UNREACHABLE)
+    assert ok is None

@@ -66,7 +66,33 @@ def _curl_request(lines: list[str]) -> tuple[str, dict[str, str], dict[str, obje
     return m.group(1), headers, json.loads(m.group(3))
 
 
-def test_printed_curl_works_at_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+def _redis_port(proc: Proc) -> int:
+    found = re.findall(r"embedded Redis at redis://[^:]+:(\d+)", "".join(proc.lines))
+    port = int(found[0])
+    assert _accepts(port)
+    return port
+
+
+def _stop_cleanly(proc: Proc, how: str, redis_port: int) -> None:
+    """Ctrl-C signals the whole process group (the embedded server too); SIGTERM, e.g. from a
+    service manager, only the process. Either way the loops stop before the server does:
+    exit 0, no traceback, the embedded Redis gone."""
+    if how == "ctrl-c":
+        os.killpg(proc.popen.pid, signal.SIGINT)
+    else:
+        proc.popen.send_signal(signal.SIGTERM)
+    assert proc.popen.wait(30) == 0
+    proc._reader.join(5)
+    output = "".join(proc.lines)
+    assert "Traceback" not in output, output
+    assert "Application shutdown complete" in output
+    assert not _accepts(redis_port), "embedded Redis left running"
+
+
+def test_printed_curl_works_at_once_and_ctrl_c_stops_cleanly(tiny_model_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """One server for both (each start costs ~10 s of CI): the curl, the console and the
+    derived target, then Ctrl-C after the outputs have flowed."""
     with _serve(tiny_model_dir, tmp_path, *TINY) as proc:
         proc.wait_for(lambda: _curl_request(list(proc.lines)) is not None)
         found = _curl_request(list(proc.lines))
@@ -95,33 +121,23 @@ def test_printed_curl_works_at_once(tiny_model_dir: Path, tmp_path: Path) -> Non
         proc.wait_for(lambda: "interactive TPOT target" in "".join(proc.lines), timeout=30)
         line = re.search(r"INFO: +interactive TPOT target (\d+) ms \(derived", "".join(proc.lines))
         assert line is not None  # a number of ms, derived from the measured step cost
+        # outputs flowed (a stream too): the worker's, the output reader's and the cancel
+        # loops are all busy when Ctrl-C comes
+        assert httpx.post(url, headers=headers, json={**body, "stream": True},
+                          timeout=60).status_code == 200
+        _stop_cleanly(proc, "ctrl-c", _redis_port(proc))
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_stop_is_clean(tiny_model_dir: Path, tmp_path: Path, how: str) -> None:
-    """Ctrl-C signals the whole process group (the embedded server too); SIGTERM, e.g. from a
-    service manager, only the process. Either way the loops stop before the server does."""
+def test_sigterm_stops_cleanly(tiny_model_dir: Path, tmp_path: Path) -> None:
     with _serve(tiny_model_dir, tmp_path, *TINY) as proc:
         proc.wait_for(lambda: _ready(proc.url))
-        found = [m for ln in proc.lines if (m := re.search(r"embedded Redis at redis://[^:]+:(\d+)", ln))]
-        redis_port = int(found[0].group(1))
-        assert _accepts(redis_port)
+        redis_port = _redis_port(proc)
         request = _curl_request(list(proc.lines))
         assert request is not None
         url, headers, body = request
-        # outputs flowed: the worker's, the output reader's and the cancel loops are all busy
         assert httpx.post(url, headers=headers, json={**body, "stream": True},
                           timeout=60).status_code == 200
-        if how == "ctrl-c":
-            os.killpg(proc.popen.pid, signal.SIGINT)
-        else:
-            proc.popen.send_signal(signal.SIGTERM)
-        assert proc.popen.wait(30) == 0
-        proc._reader.join(5)
-        output = "".join(proc.lines)
-        assert "Traceback" not in output, output
-        assert "Application shutdown complete" in output
-        assert not _accepts(redis_port), "embedded Redis left running"
+        _stop_cleanly(proc, "sigterm", redis_port)
 
 
 def test_sigterm_ends_a_stream_in_flight_cleanly(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -467,11 +467,11 @@ def test_the_alone_step_takes_its_base_from_the_measured_small_step() -> None:
     used = 0.5
     asked = demand(budget, clock, used / marginal, tokens=10)
     budget.update()
-    cost = budget.model.cost  # the 20 off-law steps moved the fit a little: its slope
-    kv_marginal = cost.per_row + cost.per_token + cost.per_kv_token * budget.model.mean_kv_per_row()
-    assert kv_marginal == pytest.approx(B + C + D * budget.model.mean_kv_per_row(), rel=0.05)
-    assert abs(cost.base - (measured - SMALL_BATCH_ROWS * kv_marginal)) > 0.005  # not the fit's
+    kv = budget.model.mean_kv_per_row()
+    kv_marginal = budget.model.decode_row_cost(kv)  # the 20 off-law steps moved the fit a little
+    assert kv_marginal == pytest.approx(B + C + D * kv, rel=0.05)  # its slope, near the law's
     base = measured - SMALL_BATCH_ROWS * kv_marginal
+    assert abs(budget.model.cost.base - base) > 0.005  # not the fit's intercept
     expected = DERIVED_TPOT_HEADROOM * base / (1.0 - kv_marginal * asked)
     assert expected > DERIVED_TPOT_HEADROOM * measured  # the alone step is the longer one
     assert budget.target_s == pytest.approx(expected, rel=5e-3)

@@ -34,6 +34,9 @@ class ScheduledRequest:
     # read them (``SamplingParams.needs_history``); the runner reads them before the update.
     history: tuple[list[int], list[int]] | None = None
     eos_token_id: int | None = None  # banned with the stop ids while short of min_tokens
+    # the request's priority (0 most urgent): the worker's step budget tells interactive's
+    # rows from the lower tiers' in each step it watches
+    priority: int = 0
 
 
 @dataclass

@@ -55,6 +55,7 @@ class StepPlan:
             # penalties read the tokens so far; min_tokens bans EOS: only then (hot path)
             (prompt, output) if params.needs_history else None,
             req.eos_token_id,
+            req.priority,
         )
         self.budget -= num_new
 
@@ -74,6 +75,7 @@ class StepPlan:
             len(output),
             (prompt, output) if params.needs_history else None,
             req.eos_token_id,
+            req.priority,
         )
         self.budget -= 1
 

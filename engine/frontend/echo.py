@@ -48,6 +48,7 @@ class _EchoRequest:
     request_id: str
     prompt: list[int]
     params: SamplingParams
+    priority: int = 0
     produced: int = 0
     aborted: bool = False
 
@@ -122,7 +123,7 @@ class FakeEchoEngine(ThreadedEngine):
 
     def _add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
              priority: int, first_token_urgent: bool) -> None:
-        self._active[request_id] = _EchoRequest(request_id, prompt_token_ids, params)
+        self._active[request_id] = _EchoRequest(request_id, prompt_token_ids, params, priority)
 
     def _abort(self, request_id: str) -> None:
         if request_id in self._active:
@@ -194,7 +195,7 @@ def _scheduler_output(reqs: list[_EchoRequest], outputs: list[RequestOutput]) ->
     """The step as a scheduler would describe it: one decode token per request."""
     scheduled = [
         ScheduledRequest(r.request_id, o.new_token_ids, len(r.prompt) + r.produced - 1, [],
-                         True, r.params, r.produced - 1)
+                         True, r.params, r.produced - 1, priority=r.priority)
         for r, o in zip(reqs, outputs) if o.new_token_ids
     ]
     return SchedulerOutput(scheduled=scheduled,

@@ -25,6 +25,15 @@ the model's cost per prefill row, and interactive's own prompts, at the rate it 
 take their share of every second first; only what is left goes to the decode step and the
 lower rows' prompts.
 
+The law is corrected by measurement (``policies.tpot_loop``): the alone step the target
+multiplies is the mean of the recent steps that ran interactive rows only, where that is longer
+than the law's figure, and the cap is priced to ``gain`` x the target, the gain moved each
+refit by how far the mean step interactive ran in (the steps with its rows since the last
+refit) was from the target. Why: the law's base moved 31.8 -> 47.8 ms between two bench sla
+runs, whose overload TPOTs were 1.25x and 1.82x alone; in a third the law put interactive's
+step alone 15 % short, the cap left the lower tiers nothing, and bulk got 0.09 of FCFS. Each
+step's interactive rows are counted on the step thread (``ScheduledRequest.priority``).
+
 Cold start: until the model has ``min_samples`` steps it is the mean seconds per row of the
 steps seen (``StepCostModel.fit``), and the cap and allowance are provisional ones from it
 (the smallest prefill allowance: a per-row mean cannot price a token), refit every
@@ -59,6 +68,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
@@ -79,6 +89,15 @@ from policies.tiers import (
     derived_tpot_target,
     measured_small_step,
     tier_priority,
+)
+from policies.tpot_loop import (
+    ALONE_MAX_AGE_S,
+    ALONE_STEPS_KEPT,
+    LOOP_STEPS_KEPT,
+    LoopStep,
+    enough,
+    measured_alone_step,
+    next_gain,
 )
 
 log = logging.getLogger("carpool.worker")
@@ -121,12 +140,25 @@ class StepBudget:
         self.seat_weights = {tier_priority(t): w for t, w in weights.items()}
         self.model = model or StepCostModel()
         self.refit_interval_s = refit_interval_s
-        # Steps seen on the step thread, not yet fed to the model (deque: thread-safe ends).
-        self._pending: deque[tuple[int, int, int, float, int]] = deque(maxlen=4096)
+        # Steps seen on the step thread, not yet fed to the model (deque: thread-safe ends):
+        # (rows, tokens, context tokens, seconds, prefill rows, interactive rows)
+        self._pending: deque[tuple[int, int, int, float, int, int]] = deque(maxlen=4096)
         self._remove: Callable[[], None] | None = None
         # seconds of the last decode-only steps of SMALL_BATCH_ROWS rows (the derived target's
         # reference, ``policies.tiers.measured_small_step``); filled in ``plan``
         self._small_steps: deque[float] = deque(maxlen=SMALL_STEPS_KEPT)
+        # (when fed, seconds) of the last steps that ran interactive rows only: its step
+        # alone, measured (``policies.tpot_loop.measured_alone_step``)
+        self._alone_steps: deque[tuple[float, float]] = deque(maxlen=ALONE_STEPS_KEPT)
+        self.clock: Callable[[], float] = time.monotonic
+        # what the cap is priced to, as a multiple of the target: the measured loop's
+        # correction of the law (``policies.tpot_loop.next_gain``)
+        self.gain = 1.0
+        self.cap_target_s: float | None = None  # target_s x gain, when set
+        self._loop_steps: deque[LoopStep] = deque(maxlen=LOOP_STEPS_KEPT)  # not yet judged
+        # lower-tier requests the worker holds, at the refit before and now (``_read_worker``):
+        # the measured alone step is fed only while both are none
+        self._lower_held = (0, 0)
         self.target_s: float | None = None  # the TPOT target in force (None: no data yet)
         self._target_said: float | None = None  # the target last logged at info
         self._source_said: str | None = None  # and what it was derived from
@@ -145,6 +177,8 @@ class StepBudget:
         self.urgent_starts_s = 0.0  # and its requests started/s (a prefill row each)
         # interactive rows beside which the lower ones are priced (the worker counts its own)
         self.urgent_rows: Callable[[], int] = lambda: SMALL_BATCH_ROWS
+        # and the lower tiers' requests it holds (on the event loop)
+        self.lower_held: Callable[[], int] = lambda: 0
 
     def attach(self) -> None:
         """Start watching the engine's steps (idempotent)."""
@@ -165,7 +199,9 @@ class StepBudget:
         tokens = out.num_batched_tokens
         kv_tokens = tokens + sum(s.start_pos for s in out.scheduled)  # each row's context
         prefill_rows = sum(len(s.token_ids) > 1 for s in out.scheduled)
-        self._pending.append((rows, tokens, kv_tokens, seconds, prefill_rows))
+        urgent = self.urgent_priority
+        urgent_rows = sum(s.priority <= urgent for s in out.scheduled)
+        self._pending.append((rows, tokens, kv_tokens, seconds, prefill_rows, urgent_rows))
 
     async def run(self) -> None:
         """Refit and set the cap every ``refit_interval_s`` (a worker task). The fit runs on a
@@ -176,8 +212,7 @@ class StepBudget:
             await asyncio.sleep(min(self.refit_interval_s, COLD_REFIT_INTERVAL_S)
                                 if cold else self.refit_interval_s)
             try:
-                self.urgent_prompt_s = self.demand.prompt_tokens_per_s()
-                self.urgent_starts_s = self.demand.starts_per_s()
+                self._read_worker()
                 self._set(*await asyncio.to_thread(self._plan_with_allowance,
                                                    self.engine.load().max_num_seqs,
                                                    self.demand.tokens_per_s(),
@@ -188,11 +223,16 @@ class StepBudget:
     def update(self) -> int | None:
         """Feed the steps seen since the last call to the model, refit, set the cap; returns
         the cap in force."""
-        self.urgent_prompt_s = self.demand.prompt_tokens_per_s()
-        self.urgent_starts_s = self.demand.starts_per_s()
+        self._read_worker()
         return self._set(*self._plan_with_allowance(self.engine.load().max_num_seqs,
                                                     self.demand.tokens_per_s(),
                                                     self.urgent_rows()))
+
+    def _read_worker(self) -> None:
+        """On the event loop: what interactive asks, and the lower tiers' requests held."""
+        self.urgent_prompt_s = self.demand.prompt_tokens_per_s()
+        self.urgent_starts_s = self.demand.starts_per_s()
+        self._lower_held = (self._lower_held[1], self.lower_held())
 
     def _plan_with_allowance(self, max_rows: int, urgent_tokens_s: float | None,
                              urgent_rows: int = SMALL_BATCH_ROWS
@@ -225,13 +265,7 @@ class StepBudget:
         rows past ``urgent_rows`` priced with their prompts, the derived target no shorter
         than interactive's step alone at ``urgent_tokens_s`` (``_target``). Touches only the
         model and the pending steps: safe off the event loop."""
-        pending = self._pending
-        while pending:
-            step = pending.popleft()
-            self.model.observe(*step)
-            rows, _, _, seconds, prefill_rows = step
-            if not prefill_rows and rows == SMALL_BATCH_ROWS:
-                self._small_steps.append(seconds)
+        window = self._feed()
         if not self.model.num_samples:
             return None  # no step seen yet
         self.model.fit()  # cold (under min_samples): the per-row mean, a provisional cap
@@ -243,10 +277,41 @@ class StepBudget:
                 self.row_limit = bound
         self.law = self._law()
         target = self._target(urgent_tokens_s, max_rows)
-        cap = self.model.max_rows_within(target, limit=max_rows)  # decode rows alone
+        self._steer(window, target)
+        priced = self.cap_target_s = target * self.gain
+        cap = self.model.max_rows_within(priced, limit=max_rows)  # decode rows alone
         if not self.cold:  # a cold model's per-row mean cannot price a token
-            cap = self._priced_cap(cap, target, urgent_rows)
+            cap = self._priced_cap(cap, priced, urgent_rows)
         return None if cap >= max_rows else cap
+
+    def _steer(self, window: list[LoopStep], target: float) -> None:
+        """Move the gain once the steps gathered are ``enough`` to judge. Not while cold
+        (the loop corrects the law, not the per-row mean) nor while interactive is
+        backlogged (its weight decides its seats then, not its TPOT)."""
+        steps = self._loop_steps
+        steps.extend(window)
+        if self.cold or self.urgent_backlogged:
+            steps.clear()
+        elif enough(steps):
+            self.gain = next_gain(self.gain, steps, target, self.cap, self._lower_held[1] > 0)
+            steps.clear()
+
+    def _feed(self) -> list[LoopStep]:
+        """Feed the pending steps to the model and the measured steps (the small decode
+        step, interactive alone); returns them as the loop's window."""
+        pending, window, now = self._pending, [], self.clock()
+        while pending:
+            rows, tokens, kv_tokens, seconds, prefill_rows, urgent = pending.popleft()
+            self.model.observe(rows, tokens, kv_tokens, seconds, prefill_rows)
+            if not prefill_rows and rows == SMALL_BATCH_ROWS:
+                self._small_steps.append(seconds)
+            if urgent == rows and self._lower_held == (0, 0):
+                self._alone_steps.append((now, seconds))
+            window.append(LoopStep(seconds, rows, urgent))
+        alone = self._alone_steps
+        while alone and alone[0][0] < now - ALONE_MAX_AGE_S:
+            alone.popleft()
+        return window
 
     def _priced_cap(self, cap: int, target: float, urgent_rows: int) -> int:
         """``cap`` lowered (not under ``urgent_rows``) until the mean step interactive runs
@@ -379,10 +444,16 @@ class StepBudget:
                        f"{small * 1000:.0f} ms")
             target = derived_tpot_target(small)
             alone = self._alone_step(urgent_tokens_s, max_rows, measured)
+            seen = measured_alone_step([s for _, s in self._alone_steps])
+            if alone is not None and seen is not None and seen > alone:
+                alone, law = seen, alone  # the law's figure ran short of the steps measured
+                basis = (f"measured, {len(self._alone_steps)} steps (the law's "
+                         f"{law * 1000:.0f} ms)")
+            else:
+                basis = f"at its {urgent_tokens_s or 0:.0f} tokens/s"
             if alone is not None and derived_tpot_target(alone) > target:
                 target = derived_tpot_target(alone)
-                how = (f"derived from interactive's step alone, {alone * 1000:.0f} ms at its "
-                       f"{urgent_tokens_s:.0f} tokens/s")
+                how = f"derived from interactive's step alone, {alone * 1000:.0f} ms {basis}"
                 follows_demand = True
         self._say_target(target, how, follows_demand)
         self.target_s = target
@@ -405,17 +476,17 @@ class StepBudget:
             log.debug("interactive TPOT target %.0f ms (%s)", target * 1000, how)
 
     def _prefill_allowance(self, cap: int | None) -> int | None:
-        """Lower-tier prompt tokens a step under ``cap`` may compute: what the target leaves
-        beside ``cap`` decode rows, in the model's cost per token (None: no cap, or tokens
-        cost nothing in the model)."""
+        """Lower-tier prompt tokens a step under ``cap`` may compute: what the target, as the
+        cap is priced (``cap_target_s``), leaves beside ``cap`` decode rows, in the model's
+        cost per token (None: no cap, or tokens cost nothing in the model)."""
         per_token = self._prompt_token_s()
-        if cap is None or self.target_s is None:
+        if cap is None or self.cap_target_s is None:
             return None
         if self.cold:  # the per-row mean cannot price a token: the smallest allowance
             return MIN_LOWER_PREFILL_TOKENS
         if per_token <= 0:
             return None
-        spare = self.target_s - self.model.predict_decode(cap, self.model.mean_kv_per_row())
+        spare = self.cap_target_s - self.model.predict_decode(cap, self.model.mean_kv_per_row())
         return max(MIN_LOWER_PREFILL_TOKENS, int(spare / per_token))
 
     def owed_lower_rows(self, urgent_rows: int) -> int:
@@ -434,6 +505,7 @@ class StepBudget:
             self.engine.set_urgent_row_cap(cap, self.urgent_priority, self.seat_weights,
                                            lower_prefill_tokens, backlogged)
             log.debug("urgent row cap %s, lower prefill %s tokens, interactive backlogged %s "
-                      "(target %s s)", cap, lower_prefill_tokens, backlogged, self.target_s)
+                      "(target %s s, priced at x%.2f)", cap, lower_prefill_tokens, backlogged,
+                      self.target_s, self.gain)
             self.cap, self.lower_prefill_tokens, self.urgent_backlogged = now
         return cap

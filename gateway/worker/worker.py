@@ -74,6 +74,8 @@ class Worker:
                                       tier_weights=config.tier_weights)
         self.step_budget.urgent_rows = lambda: sum(
             rec.tier == INTERACTIVE for rec in self.inflight.values())
+        self.step_budget.lower_held = lambda: sum(
+            rec.tier != INTERACTIVE for rec in self.inflight.values())
         self.step_budget.lower_ttft_s = min(
             (s.ttft_p99_s for t, s in config.tier_slos.items()
              if t != INTERACTIVE and s.ttft_p99_s is not None), default=None)

@@ -25,12 +25,20 @@ from gateway.worker.worker import Worker
 from policies.admission import EngineLoad
 from policies.owed_seats import owed_seats
 from policies.step_cost import StepCostModel
-from policies.tiers import DERIVED_TPOT_HEADROOM, SMALL_BATCH_ROWS, TierSLO
+from policies.tiers import (
+    BATCH,
+    DERIVED_TPOT_HEADROOM,
+    INTERACTIVE,
+    SMALL_BATCH_ROWS,
+    TierSLO,
+    tier_priority,
+)
 from tests.gateway.harness import make_config
 
 # the synthetic engine's true cost law: seconds = A + B*rows + C*tokens + D*kv_tokens
 A, B, C, D = 0.03, 0.004, 0.001, 2e-5
 MAX_SEQS = 256
+URGENT, LOWER = tier_priority(INTERACTIVE), tier_priority(BATCH)
 
 
 def true_cost(rows: int, tokens: int, kv: int) -> float:
@@ -71,12 +79,16 @@ class RecordingEngine:
         return EngineLoad(0, 0, 0, 100, 100, MAX_SEQS, None)
 
 
-def synthetic_step(rows: int, context: int, prefill: int = 0) -> tuple[SchedulerOutput, float]:
-    """``rows`` decode rows at ``context`` tokens each, plus an optional prefill row."""
+def synthetic_step(rows: int, context: int, prefill: int = 0, urgent: int = 0
+                   ) -> tuple[SchedulerOutput, float]:
+    """``rows`` decode rows at ``context`` tokens each, plus an optional prefill row; the first
+    ``urgent`` decode rows interactive's, the rest a lower tier's."""
     params = SamplingParams()
-    sched = [ScheduledRequest(f"d{i}", [1], context - 1, [], True, params, 1) for i in range(rows)]
+    sched = [ScheduledRequest(f"d{i}", [1], context - 1, [], True, params, 1,
+                              priority=URGENT if i < urgent else LOWER) for i in range(rows)]
     if prefill:
-        sched.append(ScheduledRequest("p", [1] * prefill, 0, [], True, params, 0))
+        sched.append(ScheduledRequest("p", [1] * prefill, 0, [], True, params, 0,
+                                      priority=LOWER))
     n = len(sched)
     tokens = rows + prefill
     kv = rows * context + prefill

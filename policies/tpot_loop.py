@@ -1,0 +1,103 @@
+"""Interactive's TPOT held by measurement, not only by the step-cost law. Pure.
+
+The step budget (``gateway.worker.step_budget``) caps a step's rows so that the mean step
+interactive runs in, its TPOT, stays within a target of 1.2x its step alone. It prices that
+through a fitted law (``policies.step_cost``), and the law is off by more than the 1.2x can
+absorb: its base moved 31.8 -> 47.8 ms between two bench sla runs on one machine, with
+interactive's TPOT under overload 1.82x alone in the second; in another, the law put
+interactive's step alone at 64-68 ms where it measured 72-93 ms, so a target of 1.2x the
+law's figure was 1.08x the real one, the cap left the lower tiers no rows, and bulk goodput
+was 0.09 of the FCFS baseline's. Two measurements correct it:
+
+``measured_alone_step``: the mean seconds of recent steps that ran interactive rows and no
+lower-tier row: interactive's step alone, measured (the bench's alone row, and an overload's
+steps where the cap left no lower row). The target multiplies this one where it has enough
+steps, not the law's.
+
+Fed only while the lower tiers hold no request at all: under overload interactive's requests
+last longer, so more of them run at once, and its steps without lower rows are longer than
+alone (bench sla, traced: fed from those, the target climbed 153 -> 236 ms within the
+overload row, letting in lower rows that made the steps longer still).
+
+``next_gain``: integral control of what the cap is priced to: ``gain x target``. The loop
+compares the mean step of the steps that ran interactive rows (TPOT is that mean), once
+MIN_LOOP_STEPS of them gathered (a refit's second holds three 300 ms steps on a slow
+machine), with the target and moves the gain by (target / measured) ** GAIN_EXPONENT: down
+when the steps ran long and lower rows were among them (those are what the cap can take
+away), up when they ran short while the cap held lower work back (rows reached it and lower
+requests waited), unchanged otherwise, so a quiet period winds nothing up. Bounded to
+[GAIN_MIN, GAIN_MAX].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# How far the gain moves towards the measured error in one refit (1 would jump all the way):
+# half, because a second of ~80 ms steps holds ~12 of them, one in four or five carrying a
+# prompt chunk 2-3x the others long, so the mean of one window is +-15 % noise.
+GAIN_EXPONENT = 0.5
+# The law is not that far off (its error measured 0.85-1.5x): a gain outside these is an
+# error of the loop's own, e.g. steps slowed by a neighbour that no cap can give back.
+GAIN_MIN = 0.5
+GAIN_MAX = 2.0
+# Steps with interactive rows a window needs before it moves the gain (a refit after a
+# quiet second has a step or two: no mean); at most LOOP_STEPS_KEPT are kept waiting.
+MIN_LOOP_STEPS = 5
+LOOP_STEPS_KEPT = 64
+# Interactive-only steps the measured alone step needs (fewer: the law's figure), how many
+# are kept (~5 s of them) and for how long: a reference from another load is no reference.
+MIN_ALONE_STEPS = 16
+ALONE_STEPS_KEPT = 64
+ALONE_MAX_AGE_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoopStep:
+    """One engine step as the loop sees it: its seconds, its rows, and how many of them were
+    interactive's (``urgent_rows``); the rest were the lower tiers'."""
+
+    seconds: float
+    rows: int
+    urgent_rows: int
+
+    @property
+    def lower_rows(self) -> int:
+        return self.rows - self.urgent_rows
+
+
+def enough(steps: Sequence[LoopStep]) -> bool:
+    """Do ``steps`` hold MIN_LOOP_STEPS with interactive rows (a window to judge)?"""
+    return sum(s.urgent_rows > 0 for s in steps) >= MIN_LOOP_STEPS
+
+
+def next_gain(gain: float, steps: Sequence[LoopStep], target_s: float, cap: int | None,
+              lower_waiting: bool) -> float:
+    """The gain after a window of ``steps`` (those with interactive rows count) against
+    ``target_s``, the cap in force being ``cap`` (None: no cap, so it held nothing back) and
+    the lower tiers having work in the engine or not (``lower_waiting``). Unchanged with too
+    few steps (``enough``)."""
+    urgent = [s for s in steps if s.urgent_rows > 0]
+    if len(urgent) < MIN_LOOP_STEPS or target_s <= 0:
+        return gain
+    measured = sum(s.seconds for s in urgent) / len(urgent)
+    if measured <= 0:
+        return gain
+    ratio = target_s / measured
+    lower_present = any(s.lower_rows > 0 for s in urgent)
+    # held back: lower work waited while the steps ran at the cap (a cap under interactive's
+    # own rows lets no lower row in, and that must still be undone when the steps run short)
+    held_back = cap is not None and lower_waiting and any(s.rows >= cap for s in urgent)
+    if (ratio < 1.0 and lower_present) or (ratio > 1.0 and held_back):
+        gain *= ratio ** GAIN_EXPONENT
+    return min(GAIN_MAX, max(GAIN_MIN, gain))
+
+
+def measured_alone_step(seconds: Sequence[float]) -> float | None:
+    """The mean of the kept interactive-only steps' ``seconds``, or None with fewer than
+    MIN_ALONE_STEPS. The mean, not the median: TPOT is a mean step, and interactive's own
+    prompt chunks, a few steps in ten, are part of what it runs in alone."""
+    if len(seconds) < MIN_ALONE_STEPS:
+        return None
+    return sum(seconds) / len(seconds)

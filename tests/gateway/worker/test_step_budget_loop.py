@@ -1,0 +1,96 @@
+"""The step budget corrects its law by measurement: the target follows interactive's measured
+step alone where the law's runs short, and steps beside lower rows that run longer than the law
+says lower the cap until their mean is back at the target (``policies.tpot_loop``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.worker.step_budget import StepBudget
+from policies.tiers import DERIVED_TPOT_HEADROOM, TierSLO
+from policies.tpot_loop import MIN_ALONE_STEPS
+from tests.gateway.worker.test_step_budget import (
+    B,
+    C,
+    D,
+    RecordingEngine,
+    demand,
+    feed,
+    synthetic_step,
+    true_cost,
+    warm_budget,
+)
+
+URGENT_ROWS = 4
+CONTEXT = 200
+TARGET = 0.15  # configured: room for ~10 lower rows beside interactive's 4 at the law
+
+
+def step_of(rows: int, urgent: int, slower: float = 1.0) -> tuple[object, float]:
+    """A decode step of ``rows`` rows at CONTEXT, ``urgent`` of them interactive's, taking
+    ``slower`` times the true law's seconds."""
+    out, seconds = synthetic_step(rows, CONTEXT, urgent=urgent)
+    return out, seconds * slower
+
+
+@pytest.mark.parametrize("lower_held", [0, 3])
+def test_the_target_follows_interactives_measured_step_alone_where_the_law_runs_short(
+        lower_held: int) -> None:
+    """Measured only while the lower tiers hold nothing: beside held lower work, steps of
+    interactive rows alone are an overload's (more of its requests at once), not its step
+    alone."""
+    budget, clock, _ = warm_budget()
+    budget.lower_held = lambda: lower_held
+    marginal = B + C + D * budget.model.mean_kv_per_row()
+    demand(budget, clock, 0.3 / marginal, tokens=10)  # a third of the machine: not backlogged
+    budget.update()
+    law_target = budget.target_s
+    assert law_target is not None
+    (observe,) = budget.engine.observers  # type: ignore[attr-defined]
+    # interactive alone, its steps 1.3x the law's (its prompts, a slower phase)
+    steps = [step_of(URGENT_ROWS + i % 3, URGENT_ROWS + i % 3, slower=1.3)
+             for i in range(MIN_ALONE_STEPS)]
+    for out, seconds in steps:
+        observe(out, seconds)
+    budget.update()
+    mean = sum(s for _, s in steps) / len(steps)
+    assert DERIVED_TPOT_HEADROOM * mean > law_target  # else the law's target would stand
+    if lower_held:  # the law's, refit on those steps too, but not the steps' mean
+        assert budget.target_s is not None
+        assert budget.target_s < 0.95 * DERIVED_TPOT_HEADROOM * mean
+    else:
+        assert budget.target_s == pytest.approx(DERIVED_TPOT_HEADROOM * mean)
+
+
+@pytest.mark.parametrize("slower", [1.6, 0.6])
+def test_steps_off_the_law_beside_lower_rows_move_the_cap_until_they_meet_the_target(
+        slower: float) -> None:
+    """The lower rows' steps run ``slower`` times the law (1.6: the cap must come down, 0.6:
+    it may go up): each refit's window of steps at the cap moves the gain, and the steps end
+    within 10 % of the target, nearer than the law's own cap put them."""
+    engine = RecordingEngine()
+    budget = StepBudget(engine, slo=TierSLO(tpot_p99_s=TARGET))  # type: ignore[arg-type]
+    budget.attach()
+    feed(budget, engine, 200)
+    budget.urgent_rows = lambda: URGENT_ROWS
+    budget.lower_held = lambda: 20  # lower work waits: the cap holds it back
+    (observe,) = engine.observers
+    first = budget.update()
+    assert first is not None and first > URGENT_ROWS + 4
+
+    def seconds_at(cap: int) -> float:  # interactive's rows at the law, the lower ones off it
+        lower = cap - URGENT_ROWS
+        return (true_cost(cap, cap, cap * CONTEXT)
+                + (slower - 1.0) * lower * (B + C + D * CONTEXT))
+
+    cap = first
+    for i in range(15):  # 75 steps: the law, refit on 275, still mostly the old ones
+        out, _ = step_of(cap, URGENT_ROWS)
+        for _ in range(5):
+            observe(out, seconds_at(cap))
+        cap = budget.update() or cap
+        if i == 0:  # the first window's error moved the price before the law learned it
+            assert (budget.gain < 1.0) == (slower > 1.0) and budget.gain != 1.0
+    assert (cap < first) == (slower > 1.0)
+    assert seconds_at(cap) == pytest.approx(TARGET, rel=0.1)
+    assert abs(seconds_at(first) - TARGET) > 2 * abs(seconds_at(cap) - TARGET)

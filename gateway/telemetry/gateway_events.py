@@ -34,6 +34,8 @@ from policies.admission import EngineLoad
 
 log = logging.getLogger("carpool.telemetry")
 
+STATS_STOP_TIMEOUT_S = 2.0  # for the stats loops to end once cancelled, at stop
+
 # The gateway's cancel sources -> the abort causes operators see.
 CAUSES = {"disconnect": "client_gone", "explicit": "cancel", "deadline": "timeout",
           "stalled": "client_stalled"}
@@ -126,8 +128,8 @@ class TelemetryEvents(GatewayEvents):
     async def stop(self) -> None:
         for task in self._stats_tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._stats_tasks:  # bounded: a cancel on a redis-py read can be swallowed
+            await asyncio.wait(self._stats_tasks, timeout=STATS_STOP_TIMEOUT_S)
         self._stats_tasks.clear()
         if self.stats_publisher is not None:
             with contextlib.suppress(Exception):  # Redis already gone: the field expires

@@ -48,6 +48,7 @@ log = logging.getLogger("carpool.worker")
 LOST_ERROR = "worker lost mid-generation; partial output was already streamed"
 STOPPED_ERROR = "worker lost: it shut down mid-generation; partial output was already streamed"
 STOP_TIMEOUT_S = 5.0  # for the ends of the requests in flight to be written at stop
+TASK_STOP_TIMEOUT_S = 2.0  # for a cancelled worker task to end at stop
 DEAD_CHECK_S = 2.0  # how often a worker looks for dead workers' requests to take over
 
 
@@ -410,11 +411,24 @@ def _stop_end(rec: Inflight, sent: Any, cancel: Any
 
 
 async def _stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them, at most TASK_STOP_TIMEOUT_S: a cancel that lands
+    on an in-flight redis-py read can be swallowed (``http/output_mux.py`` met it too), and
+    a stop must not hang on it. Why: a bench sla server, sent SIGTERM after its last row,
+    was still up 7 minutes later, idle, every thread waiting and its engine never shut
+    down. A task left running is named in one warning line and abandoned."""
     for task in tasks:
         task.cancel()
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=TASK_STOP_TIMEOUT_S)
+    for task in pending:
+        task.cancel()  # once more: the first may have been swallowed
+    if pending:
+        log.warning("worker tasks did not stop within %.0f s; abandoning %s",
+                    TASK_STOP_TIMEOUT_S, ", ".join(sorted(t.get_name() for t in pending)))
     for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: a crash was reported by _report_crash already
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

@@ -9,10 +9,14 @@ interactive's step alone at 64-68 ms where it measured 72-93 ms, so a target of 
 law's figure was 1.08x the real one, the cap left the lower tiers no rows, and bulk goodput
 was 0.09 of the FCFS baseline's. Two measurements correct it:
 
-``measured_alone_step``: the mean seconds of recent steps that ran interactive rows and no
-lower-tier row: interactive's step alone, measured (the bench's alone row, and an overload's
-steps where the cap left no lower row). The target multiplies this one where it has enough
-steps, not the law's.
+``alone_bias``: how much longer interactive's steps alone ran than the law said of the same
+steps (measured seconds over predicted, summed over the recent steps that ran interactive
+rows only, the slowest STALL_SHARE of them by that ratio left out: a shared machine's stalls
+land in single steps). The law's figure for interactive alone, at the demand it asks now, is
+multiplied by it. A ratio and not the steps' own mean, because the mean belongs to the demand
+it was measured at: the mean of the last steps of bench sla's alone row (a burst: 85 ms) set
+a 91 ms target for the overload row against a 62 ms TPOT alone, and the loop held the steps
+to it (1.48x alone).
 
 Fed only while the lower tiers hold no request at all: under overload interactive's requests
 last longer, so more of them run at once, and its steps without lower rows are longer than
@@ -46,11 +50,15 @@ GAIN_MAX = 2.0
 # quiet second has a step or two: no mean); at most LOOP_STEPS_KEPT are kept waiting.
 MIN_LOOP_STEPS = 5
 LOOP_STEPS_KEPT = 64
-# Interactive-only steps the measured alone step needs (fewer: the law's figure), how many
-# are kept (~5 s of them) and for how long: a reference from another load is no reference.
+# Interactive-only steps the bias needs (fewer: the law's figure as it is), how many are kept
+# (a bench sla alone row's worth) and for how long; the share of them left out as stalls; and
+# the bias's bounds (it only ever raises the law's figure: the loop, not the target, gives
+# the lower tiers what a law that overprices leaves).
 MIN_ALONE_STEPS = 16
-ALONE_STEPS_KEPT = 64
+ALONE_STEPS_KEPT = 256
 ALONE_MAX_AGE_S = 120.0
+STALL_SHARE = 0.05
+BIAS_MAX = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +102,14 @@ def next_gain(gain: float, steps: Sequence[LoopStep], target_s: float, cap: int 
     return min(GAIN_MAX, max(GAIN_MIN, gain))
 
 
-def measured_alone_step(seconds: Sequence[float]) -> float | None:
-    """The mean of the kept interactive-only steps' ``seconds``, or None with fewer than
-    MIN_ALONE_STEPS. The mean, not the median: TPOT is a mean step, and interactive's own
-    prompt chunks, a few steps in ten, are part of what it runs in alone."""
-    if len(seconds) < MIN_ALONE_STEPS:
+def alone_bias(steps: Sequence[tuple[float, float]]) -> float | None:
+    """Measured over predicted seconds of interactive's steps alone, ``steps`` as (measured,
+    predicted) pairs, the slowest STALL_SHARE by ratio left out; within [1, BIAS_MAX]. None
+    with fewer than MIN_ALONE_STEPS."""
+    kept = [(s, p) for s, p in steps if p > 0]
+    if len(kept) < MIN_ALONE_STEPS:
         return None
-    return sum(seconds) / len(seconds)
+    kept.sort(key=lambda sp: sp[0] / sp[1])
+    kept = kept[:len(kept) - int(len(kept) * STALL_SHARE)]
+    bias = sum(s for s, _ in kept) / sum(p for _, p in kept)
+    return min(BIAS_MAX, max(1.0, bias))

@@ -95,8 +95,8 @@ from policies.tpot_loop import (
     ALONE_STEPS_KEPT,
     LOOP_STEPS_KEPT,
     LoopStep,
+    alone_bias,
     enough,
-    measured_alone_step,
     next_gain,
 )
 
@@ -147,9 +147,11 @@ class StepBudget:
         # seconds of the last decode-only steps of SMALL_BATCH_ROWS rows (the derived target's
         # reference, ``policies.tiers.measured_small_step``); filled in ``plan``
         self._small_steps: deque[float] = deque(maxlen=SMALL_STEPS_KEPT)
-        # (when fed, seconds) of the last steps that ran interactive rows only: its step
-        # alone, measured (``policies.tpot_loop.measured_alone_step``)
-        self._alone_steps: deque[tuple[float, float]] = deque(maxlen=ALONE_STEPS_KEPT)
+        # (when fed, rows, tokens, context tokens, prefill rows, seconds) of the last steps
+        # that ran interactive rows only while the lower tiers held nothing: its step alone,
+        # measured, against which the law is checked (``policies.tpot_loop.alone_bias``)
+        self._alone_steps: deque[tuple[float, int, int, int, int, float]] = deque(
+            maxlen=ALONE_STEPS_KEPT)
         self.clock: Callable[[], float] = time.monotonic
         # what the cap is priced to, as a multiple of the target: the measured loop's
         # correction of the law (``policies.tpot_loop.next_gain``)
@@ -306,7 +308,7 @@ class StepBudget:
             if not prefill_rows and rows == SMALL_BATCH_ROWS:
                 self._small_steps.append(seconds)
             if urgent == rows and self._lower_held == (0, 0):
-                self._alone_steps.append((now, seconds))
+                self._alone_steps.append((now, rows, tokens, kv_tokens, prefill_rows, seconds))
             window.append(LoopStep(seconds, rows, urgent))
         alone = self._alone_steps
         while alone and alone[0][0] < now - ALONE_MAX_AGE_S:
@@ -413,12 +415,28 @@ class StepBudget:
         # fit's own split of base and per-row cost moves between refits and servers (34-60 ms
         # bases on one machine; a 41 ms one put interactive's step alone at 75 ms against a
         # measured 56 ms TPOT alone), the small step and the slope far less
-        base = (model.cost.base if measured is None
-                else max(0.0, measured - SMALL_BATCH_ROWS * marginal))
-        alone = alone_step(base, marginal, urgent_tokens_s, self._urgent_prompts_busy(), share,
-                           max_rows)
+        alone = alone_step(self._alone_base(measured), marginal, urgent_tokens_s,
+                           self._urgent_prompts_busy(), share, max_rows)
         self._over_share = alone is None
         return alone
+
+    def _alone_base(self, measured: float | None) -> float:
+        """The base of interactive's step alone: through the measured small step where there
+        is one (``measured``), else the fit's."""
+        model = self.model
+        if measured is None:
+            return model.cost.base
+        row = model.decode_row_cost(model.mean_kv_per_row())
+        return max(0.0, measured - SMALL_BATCH_ROWS * row)
+
+    def _alone_bias(self, measured: float | None) -> float | None:
+        """``policies.tpot_loop.alone_bias`` of the kept steps of interactive alone against
+        the law's figure for each, on the base its step alone is priced with."""
+        model, base = self.model, self._alone_base(measured)
+        offset = base - model.cost.base
+        return alone_bias([(seconds, offset + model.predict(rows, tokens, kv)
+                            + model.per_prefill_row * prefill_rows)
+                           for _, rows, tokens, kv, prefill_rows, seconds in self._alone_steps])
 
     def _target(self, urgent_tokens_s: float | None = None, max_rows: int = 1) -> float:
         """The TPOT target in force: the configured one, else ``derived_tpot_target`` of the
@@ -444,13 +462,12 @@ class StepBudget:
                        f"{small * 1000:.0f} ms")
             target = derived_tpot_target(small)
             alone = self._alone_step(urgent_tokens_s, max_rows, measured)
-            seen = measured_alone_step([s for _, s in self._alone_steps])
-            if alone is not None and seen is not None and seen > alone:
-                alone, law = seen, alone  # the law's figure ran short of the steps measured
-                basis = (f"measured, {len(self._alone_steps)} steps (the law's "
-                         f"{law * 1000:.0f} ms)")
-            else:
-                basis = f"at its {urgent_tokens_s or 0:.0f} tokens/s"
+            basis = f"at its {urgent_tokens_s or 0:.0f} tokens/s"
+            bias = self._alone_bias(measured) if alone is not None else None
+            if alone is not None and bias is not None and bias > 1.0:
+                alone *= bias  # the law's figure ran short of its steps alone, measured
+                basis += (f", x{bias:.2f} as its {len(self._alone_steps)} steps alone "
+                          f"measured")
             if alone is not None and derived_tpot_target(alone) > target:
                 target = derived_tpot_target(alone)
                 how = f"derived from interactive's step alone, {alone * 1000:.0f} ms {basis}"

@@ -7,14 +7,15 @@ from __future__ import annotations
 import pytest
 
 from policies.tpot_loop import (
+    BIAS_MAX,
     GAIN_EXPONENT,
     GAIN_MAX,
     GAIN_MIN,
     MIN_ALONE_STEPS,
     MIN_LOOP_STEPS,
     LoopStep,
+    alone_bias,
     enough,
-    measured_alone_step,
     next_gain,
 )
 
@@ -63,10 +64,13 @@ def test_the_gain_stays_within_its_bounds() -> None:
     assert next_gain(GAIN_MAX, window(0.001), TARGET, 10, True) == GAIN_MAX
 
 
-def test_the_measured_alone_step_is_a_mean_once_there_are_enough() -> None:
-    seconds = [0.05 + 0.01 * (i % 4) for i in range(MIN_ALONE_STEPS)]
-    assert measured_alone_step(seconds[:-1]) is None
-    assert measured_alone_step(seconds) == pytest.approx(sum(seconds) / len(seconds))
+def test_the_bias_is_measured_over_predicted_without_the_stalls_and_only_raises() -> None:
+    steps = [(0.06 + 0.01 * (i % 4), 0.05) for i in range(40)]  # 1.2-1.8x the law
+    stalls = [(5.0, 0.05), (3.0, 0.05)]  # 2 of 42: within the STALL_SHARE left out
+    assert alone_bias(steps[:MIN_ALONE_STEPS - 1]) is None
+    assert alone_bias(steps + stalls) == pytest.approx(sum(s for s, _ in steps) / (40 * 0.05))
+    assert alone_bias([(0.04, 0.05)] * MIN_ALONE_STEPS) == 1.0  # a law that overprices
+    assert alone_bias([(0.5, 0.05)] * MIN_ALONE_STEPS) == BIAS_MAX
 
 
 @pytest.mark.parametrize("lower_cost_error", [0.5, 1.0, 1.8])

@@ -26,11 +26,13 @@ overload row, letting in lower rows that made the steps longer still).
 ``next_gain``: integral control of what the cap is priced to: ``gain x target``. The loop
 compares the mean step of the steps that ran interactive rows (TPOT is that mean), once
 MIN_LOOP_STEPS of them gathered (a refit's second holds three 300 ms steps on a slow
-machine), with the target and moves the gain by (target / measured) ** GAIN_EXPONENT: down
-when the steps ran long and lower rows were among them (those are what the cap can take
-away), up when they ran short while the cap held lower work back (rows reached it and lower
-requests waited), unchanged otherwise, so a quiet period winds nothing up. Bounded to
-[GAIN_MIN, GAIN_MAX].
+machine), with the target and moves the gain by (target / measured) ** GAIN_EXPONENT (a smaller
+exponent up): down
+when the steps ran long and lower rows ran within the cap among them (those are what the cap
+can take away; seats owed past it are not), up when they ran short while the cap held lower
+work back (rows reached it and lower requests waited), unchanged otherwise, so a quiet
+period winds nothing up. Bounded to [GAIN_MIN, GAIN_MAX]. The budget never lets the gain
+take the cap below interactive's own rows (``StepBudget.plan``).
 """
 
 from __future__ import annotations
@@ -40,8 +42,13 @@ from dataclasses import dataclass
 
 # How far the gain moves towards the measured error in one refit (1 would jump all the way):
 # half, because a second of ~80 ms steps holds ~12 of them, one in four or five carrying a
-# prompt chunk 2-3x the others long, so the mean of one window is +-15 % noise.
+# prompt chunk 2-3x the others long, so the mean of one window is +-15 % noise. Up, a
+# quarter: one lower row can cost a third of the target (a prompt with it), so an equal
+# step up overshot into steps 1.7x the target and back down every few refits (a limit
+# cycle between the cap at interactive's rows and 3-4 above); interactive's side is the
+# promise, the lower tiers' the spare.
 GAIN_EXPONENT = 0.5
+GAIN_UP_EXPONENT = 0.25
 # The law is not that far off (its error measured 0.85-1.5x): a gain outside these is an
 # error of the loop's own, e.g. steps slowed by a neighbour that no cap can give back.
 GAIN_MIN = 0.5
@@ -93,12 +100,16 @@ def next_gain(gain: float, steps: Sequence[LoopStep], target_s: float, cap: int 
     if measured <= 0:
         return gain
     ratio = target_s / measured
-    lower_present = any(s.lower_rows > 0 for s in urgent)
-    # held back: lower work waited while the steps ran at the cap (a cap under interactive's
+    # removable: lower rows ran within the cap, beside fewer interactive rows than it (past
+    # the cap they are seats owed to the lower tiers, which a lower cap only adds to)
+    removable = any(s.lower_rows > 0 and (cap is None or s.urgent_rows < cap) for s in urgent)
+    # held back: lower work waited while the steps ran at the cap (a cap at interactive's
     # own rows lets no lower row in, and that must still be undone when the steps run short)
     held_back = cap is not None and lower_waiting and any(s.rows >= cap for s in urgent)
-    if (ratio < 1.0 and lower_present) or (ratio > 1.0 and held_back):
+    if ratio < 1.0 and removable:
         gain *= ratio ** GAIN_EXPONENT
+    elif ratio > 1.0 and held_back:
+        gain *= ratio ** GAIN_UP_EXPONENT
     return min(GAIN_MAX, max(GAIN_MIN, gain))
 
 

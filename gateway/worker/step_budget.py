@@ -280,11 +280,24 @@ class StepBudget:
         self.law = self._law()
         target = self._target(urgent_tokens_s, max_rows)
         self._steer(window, target)
-        priced = self.cap_target_s = target * self.gain
-        cap = self.model.max_rows_within(priced, limit=max_rows)  # decode rows alone
-        if not self.cold:  # a cold model's per-row mean cannot price a token
-            cap = self._priced_cap(cap, priced, urgent_rows)
+        self.cap_target_s = target * self.gain
+        cap = self._cap_within(target, max_rows, urgent_rows)
+        if self.gain != 1.0:
+            # the loop takes lower rows away down to none beside interactive's own, never
+            # the cap below its rows: that reads as interactive past its budget by its own
+            # load, and the lower tiers are owed seats for it (bench sla's 32-seat row,
+            # traced: gain 0.5, cap 0, 16-32 rows a step, TPOT 3.66x alone)
+            cap = max(self._cap_within(self.cap_target_s, max_rows, urgent_rows),
+                      min(cap, urgent_rows))
         return None if cap >= max_rows else cap
+
+    def _cap_within(self, target: float, max_rows: int, urgent_rows: int) -> int:
+        """The largest row count whose step stays within ``target`` (``max_rows`` at most),
+        the rows past ``urgent_rows`` priced with their prompts once the model is warm."""
+        cap = self.model.max_rows_within(target, limit=max_rows)  # decode rows alone
+        if not self.cold:  # a cold model's per-row mean cannot price a token
+            cap = self._priced_cap(cap, target, urgent_rows)
+        return cap
 
     def _steer(self, window: list[LoopStep], target: float) -> None:
         """Move the gain once the steps gathered are ``enough`` to judge. Not while cold

@@ -11,6 +11,7 @@ from policies.tpot_loop import (
     GAIN_EXPONENT,
     GAIN_MAX,
     GAIN_MIN,
+    GAIN_UP_EXPONENT,
     MIN_ALONE_STEPS,
     MIN_LOOP_STEPS,
     LoopStep,
@@ -46,7 +47,7 @@ def test_long_steps_of_interactive_alone_leave_it() -> None:
 def test_short_steps_raise_it_only_where_the_cap_held_lower_work_back(
         rows: int, urgent: int, cap: int | None, waiting: bool, moves: bool) -> None:
     gain = next_gain(1.0, window(0.05, rows=rows, urgent=urgent), TARGET, cap, waiting)
-    assert gain == (pytest.approx(2.0 ** GAIN_EXPONENT) if moves else 1.0)
+    assert gain == (pytest.approx(2.0 ** GAIN_UP_EXPONENT) if moves else 1.0)
 
 
 def test_steps_without_interactive_rows_and_short_windows_are_no_evidence() -> None:
@@ -97,3 +98,10 @@ def test_in_closed_loop_the_mean_interactive_step_settles_at_the_target(
     assert true_step(cap) == pytest.approx(target, rel=0.05)
     if lower_cost_error != 1.0:
         assert abs(true_step(cap_for(target)) / target - 1.0) > 0.2
+
+
+def test_lower_rows_owed_past_the_cap_are_not_the_loops_to_take() -> None:
+    """10 interactive rows past a cap of 8: the 4 lower rows beside them are seats owed to the
+    lower tiers, which a lower cap only adds to."""
+    assert next_gain(1.0, window(0.5, rows=14, urgent=10), TARGET, 8, True) == 1.0
+    assert next_gain(1.0, window(0.5, rows=14, urgent=10), TARGET, 12, True) < 1.0

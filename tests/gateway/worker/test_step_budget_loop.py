@@ -93,3 +93,28 @@ def test_steps_off_the_law_beside_lower_rows_move_the_cap_until_they_meet_the_ta
     assert (cap < first) == (slower > 1.0)
     assert seconds_at(cap) == pytest.approx(TARGET, rel=0.1)
     assert abs(seconds_at(first) - TARGET) > 2 * abs(seconds_at(cap) - TARGET)
+
+
+def test_the_loop_takes_lower_rows_away_but_never_the_cap_below_interactives_rows() -> None:
+    """Lower rows costing 6x the law: the loop lowers the cap to interactive's own 8 rows and
+    no further (under them, the lower tiers would be owed seats for every interactive row past
+    it: the 32-seat row ran 16-32 rows a step at gain 0.5, cap 0)."""
+    urgent = 8
+    engine = RecordingEngine()
+    budget = StepBudget(engine, slo=TierSLO(tpot_p99_s=TARGET))  # type: ignore[arg-type]
+    budget.attach()
+    feed(budget, engine, 200)
+    budget.urgent_rows = lambda: urgent
+    budget.lower_held = lambda: 20
+    (observe,) = engine.observers
+    cap = first = budget.update()
+    assert first is not None and first > urgent
+    caps = []
+    for _ in range(15):
+        out, seconds = step_of(cap, urgent)
+        lower = cap - urgent
+        for _ in range(5):
+            observe(out, seconds + 5.0 * lower * (B + C + D * CONTEXT))
+        cap = budget.update() or cap
+        caps.append(cap)
+    assert min(caps) == urgent

@@ -37,6 +37,7 @@ take the cap below interactive's own rows (``StepBudget.plan``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -115,12 +116,13 @@ def next_gain(gain: float, steps: Sequence[LoopStep], target_s: float, cap: int 
 
 def alone_bias(steps: Sequence[tuple[float, float]]) -> float | None:
     """Measured over predicted seconds of interactive's steps alone, ``steps`` as (measured,
-    predicted) pairs, the slowest STALL_SHARE by ratio left out; within [1, BIAS_MAX]. None
+    predicted) pairs, the slowest STALL_SHARE by ratio left out (one at least: a stall among
+    the first 16 steps would double the target); within [1, BIAS_MAX]. None
     with fewer than MIN_ALONE_STEPS."""
     kept = [(s, p) for s, p in steps if p > 0]
     if len(kept) < MIN_ALONE_STEPS:
         return None
     kept.sort(key=lambda sp: sp[0] / sp[1])
-    kept = kept[:len(kept) - int(len(kept) * STALL_SHARE)]
+    kept = kept[:len(kept) - math.ceil(len(kept) * STALL_SHARE)]  # one at least
     bias = sum(s for s, _ in kept) / sum(p for _, p in kept)
     return min(BIAS_MAX, max(1.0, bias))

@@ -25,11 +25,13 @@ the model's cost per prefill row, and interactive's own prompts, at the rate it 
 take their share of every second first; only what is left goes to the decode step and the
 lower rows' prompts.
 
-The law is corrected by measurement (``policies.tpot_loop``): the alone step the target
-multiplies is the mean of the recent steps that ran interactive rows only, where that is longer
-than the law's figure, and the cap is priced to ``gain`` x the target, the gain moved each
-refit by how far the mean step interactive ran in (the steps with its rows since the last
-refit) was from the target. Why: the law's base moved 31.8 -> 47.8 ms between two bench sla
+The law is corrected by measurement (``policies.tpot_loop``): the law's figure for
+interactive's step alone is raised by what its recent steps alone (interactive rows only,
+while this worker held no lower-tier request) measured against the law (``alone_bias``), and
+the cap is priced to ``gain`` x the target, the gain moved by how far the mean step
+interactive ran in was from the target, once enough such steps gathered (``next_gain``);
+never to a cap under interactive's own rows, and not further down while that floor holds.
+Why: the law's base moved 31.8 -> 47.8 ms between two bench sla
 runs, whose overload TPOTs were 1.25x and 1.82x alone; in a third the law put interactive's
 step alone 15 % short, the cap left the lower tiers nothing, and bulk got 0.09 of FCFS. Each
 step's interactive rows are counted on the step thread (``ScheduledRequest.priority``).
@@ -158,6 +160,7 @@ class StepBudget:
         self.gain = 1.0
         self.cap_target_s: float | None = None  # target_s x gain, when set
         self._loop_steps: deque[LoopStep] = deque(maxlen=LOOP_STEPS_KEPT)  # not yet judged
+        self._floored = False  # the last cap was interactive's own rows, not the gain's
         # lower-tier requests the worker holds, at the refit before and now (``_read_worker``):
         # the measured alone step is fed only while both are none
         self._lower_held = (0, 0)
@@ -282,13 +285,16 @@ class StepBudget:
         self._steer(window, target)
         self.cap_target_s = target * self.gain
         cap = self._cap_within(target, max_rows, urgent_rows)
+        self._floored = False
         if self.gain != 1.0:
             # the loop takes lower rows away down to none beside interactive's own, never
             # the cap below its rows: that reads as interactive past its budget by its own
             # load, and the lower tiers are owed seats for it (bench sla's 32-seat row,
             # traced: gain 0.5, cap 0, 16-32 rows a step, TPOT 3.66x alone)
-            cap = max(self._cap_within(self.cap_target_s, max_rows, urgent_rows),
-                      min(cap, urgent_rows))
+            floor = min(cap, urgent_rows)
+            cap = self._cap_within(self.cap_target_s, max_rows, urgent_rows)
+            self._floored = cap < floor
+            cap = max(cap, floor)
         return None if cap >= max_rows else cap
 
     def _cap_within(self, target: float, max_rows: int, urgent_rows: int) -> int:
@@ -308,7 +314,10 @@ class StepBudget:
         if self.cold or self.urgent_backlogged:
             steps.clear()
         elif enough(steps):
-            self.gain = next_gain(self.gain, steps, target, self.cap, self._lower_held[1] > 0)
+            gain = next_gain(self.gain, steps, target, self.cap, self._lower_held[1] > 0)
+            # at the floor a lower gain moves no cap: it would only wind down, and take the
+            # cap under the lower tiers' due once interactive's rows fall
+            self.gain = max(gain, self.gain) if self._floored else gain
             steps.clear()
 
     def _feed(self) -> list[LoopStep]:

@@ -87,7 +87,8 @@ def test_steps_off_the_law_beside_lower_rows_move_the_cap_until_they_meet_the_ta
         out, _ = step_of(cap, URGENT_ROWS)
         for _ in range(5):
             observe(out, seconds_at(cap))
-        cap = budget.update() or cap
+        new = budget.update()
+        cap = cap if new is None else new  # 0 is a cap; None (every seat) keeps the last
         if i == 0:  # the first window's error moved the price before the law learned it
             assert (budget.gain < 1.0) == (slower > 1.0) and budget.gain != 1.0
     assert (cap < first) == (slower > 1.0)
@@ -115,6 +116,7 @@ def test_the_loop_takes_lower_rows_away_but_never_the_cap_below_interactives_row
         lower = cap - urgent
         for _ in range(5):
             observe(out, seconds + 5.0 * lower * (B + C + D * CONTEXT))
-        cap = budget.update() or cap
+        new = budget.update()
+        cap = cap if new is None else new  # 0 is a cap; None (every seat) keeps the last
         caps.append(cap)
-    assert min(caps) == urgent
+    assert min(caps) == urgent  # reached, never passed

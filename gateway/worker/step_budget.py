@@ -31,10 +31,10 @@ while this worker held no lower-tier request) measured against the law (``alone_
 the cap is priced to ``gain`` x the target, the gain moved by how far the mean step
 interactive ran in was from the target, once enough such steps gathered (``next_gain``);
 never to a cap under interactive's own rows, and not further down while that floor holds.
-Why: the law's base moved 31.8 -> 47.8 ms between two bench sla
-runs, whose overload TPOTs were 1.25x and 1.82x alone; in a third the law put interactive's
-step alone 15 % short, the cap left the lower tiers nothing, and bulk got 0.09 of FCFS. Each
-step's interactive rows are counted on the step thread (``ScheduledRequest.priority``).
+Why: the law's base moved 31.8 -> 47.8 ms between two bench sla runs, whose overload TPOTs
+were 1.25x and 1.82x alone; in a third the law put interactive's step alone 15 % short, the
+cap left the lower tiers nothing, and bulk got 0.09 of FCFS. Each step's interactive rows are
+counted on the step thread (``ScheduledRequest.priority``).
 
 Cold start: until the model has ``min_samples`` steps it is the mean seconds per row of the
 steps seen (``StepCostModel.fit``), and the cap and allowance are provisional ones from it

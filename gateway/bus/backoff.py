@@ -5,7 +5,8 @@ loop runs one step at a time; a step that raises is logged and retried after a p
 doubles from ``FIRST_S`` up to ``MAX_S`` and resets after the next step that succeeds.
 Cancellation (``CancelledError``, a ``BaseException``) still ends the loop. An unreachable
 Redis is said once per outage (``outage.OutageLog``), any other error once per distinct
-message until the loop next succeeds: never a traceback per retry.
+message until the loop next succeeds: never a traceback per retry. ``stop_tasks`` ends such
+loops within a bound.
 """
 
 from __future__ import annotations
@@ -53,3 +54,22 @@ async def run_forever(step: Callable[[], Awaitable[None]], name: str,
                 backoff.reset()
                 errors.ok()
                 outage.ok()
+
+
+async def stop_tasks(tasks: list[asyncio.Task[None]], timeout_s: float,
+                     log: logging.Logger) -> None:
+    """Cancel ``tasks`` and wait for them, at most ``timeout_s``: a cancel that lands on an
+    in-flight redis-py read can be swallowed (``http/output_mux.py`` met it too), and a stop
+    must not hang on it. Why: a bench sla server, sent SIGTERM after its last row, was still
+    up 7 minutes later, idle, every thread waiting and its engine never shut down. A task
+    left running is cancelled once more, named in one warning line and abandoned."""
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for task in pending:
+        task.cancel()  # once more: the first may have been swallowed
+    if pending:
+        log.warning("tasks did not stop within %.0f s; abandoning %s", timeout_s,
+                    ", ".join(sorted(t.get_name() for t in pending)))

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from engine.core.finish import FinishReason
 from engine.core.outputs import RequestOutput
 from engine.protocol import EngineClient
+from gateway.bus.backoff import stop_tasks
 from gateway.bus.keys import RedisKeys
 from gateway.bus.messages import reason_of_outcome
 from gateway.config import GatewayConfig
@@ -126,10 +127,7 @@ class TelemetryEvents(GatewayEvents):
         self.telemetry.engine_sampler.observe_steps = False
 
     async def stop(self) -> None:
-        for task in self._stats_tasks:
-            task.cancel()
-        if self._stats_tasks:  # bounded: a cancel on a redis-py read can be swallowed
-            await asyncio.wait(self._stats_tasks, timeout=STATS_STOP_TIMEOUT_S)
+        await stop_tasks(self._stats_tasks, STATS_STOP_TIMEOUT_S, log)
         self._stats_tasks.clear()
         if self.stats_publisher is not None:
             with contextlib.suppress(Exception):  # Redis already gone: the field expires

@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 from engine.core.finish import COMPLETED, FinishReason
 from engine.core.outputs import RequestOutput
 from engine.protocol import EngineClient
-from gateway.bus.backoff import run_forever
+from gateway.bus.backoff import run_forever, stop_tasks
 from gateway.bus.client import blocking_client
 from gateway.bus.keys import RedisKeys
 from gateway.bus.messages import CancelMsg, MessageError, SubmitMsg, decode_payload
@@ -108,9 +108,9 @@ class Worker:
 
     async def stop(self) -> None:
         writer = [t for t in self._tasks if t.get_name() == "worker-writer"]
-        await _stop_tasks([t for t in self._tasks if t not in writer])  # no new work first
+        await stop_tasks([t for t in self._tasks if t not in writer], TASK_STOP_TIMEOUT_S, log)  # no new work first
         await self._end_inflight()  # the writer still runs: it writes their ends
-        await _stop_tasks(writer)
+        await stop_tasks(writer, TASK_STOP_TIMEOUT_S, log)
         self._tasks.clear()
         self.step_budget.detach()
         with contextlib.suppress(Exception):  # readers also drop it once stale
@@ -408,27 +408,6 @@ def _stop_end(rec: Inflight, sent: Any, cancel: Any
         return rec, RequestOutput(rec.request_id, [], "", True, FinishReason.ERROR, 0, 0,
                                   error=STOPPED_ERROR)
     return None
-
-
-async def _stop_tasks(tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel ``tasks`` and wait for them, at most TASK_STOP_TIMEOUT_S: a cancel that lands
-    on an in-flight redis-py read can be swallowed (``http/output_mux.py`` met it too), and
-    a stop must not hang on it. Why: a bench sla server, sent SIGTERM after its last row,
-    was still up 7 minutes later, idle, every thread waiting and its engine never shut
-    down. A task left running is named in one warning line and abandoned."""
-    for task in tasks:
-        task.cancel()
-    if not tasks:
-        return
-    _, pending = await asyncio.wait(tasks, timeout=TASK_STOP_TIMEOUT_S)
-    for task in pending:
-        task.cancel()  # once more: the first may have been swallowed
-    if pending:
-        log.warning("worker tasks did not stop within %.0f s; abandoning %s",
-                    TASK_STOP_TIMEOUT_S, ", ".join(sorted(t.get_name() for t in pending)))
-    for task in tasks:
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved: a crash was reported by _report_crash already
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-import gateway.worker.worker as worker_module
 from engine.core.finish import FinishReason
 from engine.frontend.echo import FakeEchoEngine
 from engine.runner.loader import load_tokenizer
@@ -191,39 +190,3 @@ async def test_a_request_that_streamed_nothing_is_left_pending_and_another_worke
     assert isinstance(got[-1], FinishMsg) and got[-1].finish_reason == FinishReason.LENGTH
     assert await stat(env, "completed") == 1
 
-
-async def test_a_task_that_swallows_its_cancel_does_not_hang_the_stop(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """A cancel landing on an in-flight redis-py read can be swallowed: the stop waits for
-    such a task a bounded time, cancels it once more, names it and goes on (a bench sla
-    server was still up minutes after its SIGTERM)."""
-    monkeypatch.setattr(worker_module, "TASK_STOP_TIMEOUT_S", 0.2)
-    cancels = 0
-
-    async def stubborn() -> None:  # swallows two cancels, ends at the third
-        nonlocal cancels
-        while True:
-            try:
-                await asyncio.sleep(10)
-            except asyncio.CancelledError:
-                cancels += 1
-                if cancels == 3:
-                    raise
-
-    async def polite() -> None:
-        await asyncio.sleep(10)
-
-    tasks = [asyncio.create_task(stubborn(), name="worker-stubborn"),
-             asyncio.create_task(polite(), name="worker-polite")]
-    await asyncio.sleep(0)
-    began = time.monotonic()
-    with caplog.at_level("WARNING", logger="carpool.worker"):
-        await worker_module._stop_tasks(tasks)
-    assert time.monotonic() - began < 2.0
-    await asyncio.sleep(0)  # the second cancel lands
-    assert cancels == 2 and tasks[1].cancelled() and not tasks[0].done()
-    (warning,) = [r.getMessage() for r in caplog.records if "did not stop" in r.getMessage()]
-    assert "worker-stubborn" in warning and "worker-polite" not in warning
-    tasks[0].cancel()  # the third: it ends
-    with pytest.raises(asyncio.CancelledError):
-        await tasks[0]

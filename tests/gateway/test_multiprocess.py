@@ -67,22 +67,28 @@ def test_concurrency_cap_across_two_gateways(redis_url: str, tiny_model_dir: Pat
 
 
 async def _stream(client: httpx.AsyncClient, url: str, i: int) -> tuple[str, int]:
-    """Returns ("done", tokens) or ("error", tokens); hangs are caught by the caller."""
-    body = {"model": "echo", "prompt": f"request {i} " * 3, "max_tokens": 60, "stream": True}
-    tokens = 0
+    """Returns ("done", completion tokens) or ("error", text events); hangs are caught by the
+    caller. Tokens are counted from the usage chunk: under load the writer coalesces steps,
+    so one event may carry several tokens."""
+    body = {"model": "echo", "prompt": f"request {i} " * 3, "max_tokens": 60, "stream": True,
+            "stream_options": {"include_usage": True}}
+    events, usage = 0, None
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
         assert r.status_code == 200
         async for line in r.aiter_lines():
             if line == "data: [DONE]":
-                return "done", tokens
+                assert events > 0 and usage is not None
+                return "done", usage
             if line.startswith("data: "):
                 event = json.loads(line[6:])
                 if "error" in event:
                     assert event["error"]["message"], event
-                    return "error", tokens
+                    return "error", events
+                if event.get("usage"):
+                    usage = event["usage"]["completion_tokens"]
                 if event["choices"] and event["choices"][0]["text"]:
-                    tokens += 1
-    return "eof", tokens
+                    events += 1
+    return "eof", events
 
 
 def test_worker_killed_mid_run(redis_url: str, tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -108,7 +114,7 @@ def test_worker_killed_mid_run(redis_url: str, tiny_model_dir: Path, tmp_path: P
     # the killed worker's requests mid-generation resume on the other one (request
     # migration, ``gateway/worker/recovery.py``): every stream ends whole, none with an error
     assert outcomes == ["done"] * 12, results
-    assert all(n == 60 for _, n in results)
+    assert all(n == 60 for _, n in results), results
     r = redis_sync(redis_url)
     try:
         keys = RedisKeys(ns)

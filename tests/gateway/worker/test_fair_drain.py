@@ -67,6 +67,8 @@ def start_order(gw: Any, redis_url: str, waves: list[tuple[str, int]]) -> list[s
                                                            headers=auth))) for _ in range(n)]
                 deadline = time.monotonic() + 30
                 while backlog(redis_url, gw.config.namespace) < len(tasks):
+                    done = [t.result() for _, t in tasks if t.done()]
+                    assert not done, [(r.status_code, r.text[:200]) for r in done]
                     assert time.monotonic() < deadline, "requests did not all reach the queue"
                     await asyncio.sleep(0.02)
             start_drainer(gw)
@@ -81,21 +83,21 @@ def start_order(gw: Any, redis_url: str, waves: list[tuple[str, int]]) -> list[s
     return order
 
 
-def test_a_light_tenant_is_not_queued_behind_a_heavy_backlog(echo_gateway: Any,
+def test_a_light_tenant_is_not_queued_behind_a_heavy_backlog(backlog_gateway: Any,
                                                              redis_url: str) -> None:
-    ns = echo_gateway.config.namespace
+    ns = backlog_gateway.config.namespace
     heavy, light = tenant_key(redis_url, ns, "fq-heavy"), tenant_key(redis_url, ns, "fq-light")
-    order = start_order(echo_gateway, redis_url, [(heavy, 40), (light, 4)])
+    order = start_order(backlog_gateway, redis_url, [(heavy, 40), (light, 4)])
     positions = [i for i, key in enumerate(order) if key == light]
     # first come, first served would start them 41st to 44th; the fair pick alternates the
     # two tenants (equal costs): the light ones go within the first picks
     assert positions and max(positions) <= 10, positions
 
 
-def test_backlogged_tenants_share_by_weight(echo_gateway: Any, redis_url: str) -> None:
-    ns = echo_gateway.config.namespace
+def test_backlogged_tenants_share_by_weight(backlog_gateway: Any, redis_url: str) -> None:
+    ns = backlog_gateway.config.namespace
     big = tenant_key(redis_url, ns, "fq-w3", weight=3.0)
     small = tenant_key(redis_url, ns, "fq-w1", weight=1.0)
-    order = start_order(echo_gateway, redis_url, [(small, 40), (big, 40)])
+    order = start_order(backlog_gateway, redis_url, [(small, 40), (big, 40)])
     first = order[:40]
     assert abs(first.count(big) / 40 - 3 / 4) <= 0.1, first.count(big)

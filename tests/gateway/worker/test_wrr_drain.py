@@ -52,6 +52,8 @@ def admitted_mix(gw: Any, redis_url: str, key: str, per_tier: dict[str, int],
             tasks = [asyncio.create_task(c.post("/v1/completions", json=b)) for _, b in bodies]
             deadline = time.monotonic() + 30
             while backlog(redis_url, gw.config.namespace) < len(bodies):
+                done = [t.result() for t in tasks if t.done()]
+                assert not done, [(r.status_code, r.text[:200]) for r in done]
                 assert time.monotonic() < deadline, "requests did not all reach the queues"
                 await asyncio.sleep(0.02)
             start_drainer(gw)
@@ -69,16 +71,16 @@ def admitted_mix(gw: Any, redis_url: str, key: str, per_tier: dict[str, int],
     return Counter(tiers_by_id[rid] for rid in order[:window])
 
 
-def test_all_tiers_backlogged_follow_weights(echo_gateway: Any, redis_url: str) -> None:
-    key = make_tenant(redis_url, echo_gateway.config.namespace, "wrr-all")
-    mix = admitted_mix(echo_gateway, redis_url, key, {t: 40 for t in TIERS}, window=50)
+def test_all_tiers_backlogged_follow_weights(backlog_gateway: Any, redis_url: str) -> None:
+    key = make_tenant(redis_url, backlog_gateway.config.namespace, "wrr-all")
+    mix = admitted_mix(backlog_gateway, redis_url, key, {t: 40 for t in TIERS}, window=50)
     total = sum(DEFAULT_TIER_WEIGHTS.values())
     for tier, weight in DEFAULT_TIER_WEIGHTS.items():
         assert abs(mix[tier] / 50 - weight / total) <= 0.10, mix
 
 
-def test_empty_tier_share_goes_to_the_others(echo_gateway: Any, redis_url: str) -> None:
-    key = make_tenant(redis_url, echo_gateway.config.namespace, "wrr-two")
-    mix = admitted_mix(echo_gateway, redis_url, key, {"batch": 30, "best-effort": 30}, window=40)
+def test_empty_tier_share_goes_to_the_others(backlog_gateway: Any, redis_url: str) -> None:
+    key = make_tenant(redis_url, backlog_gateway.config.namespace, "wrr-two")
+    mix = admitted_mix(backlog_gateway, redis_url, key, {"batch": 30, "best-effort": 30}, window=40)
     assert abs(mix["batch"] / 40 - 3 / 4) <= 0.10, mix  # 3:1 once interactive is empty
     assert abs(mix["best-effort"] / 40 - 1 / 4) <= 0.10, mix

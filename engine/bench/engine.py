@@ -144,12 +144,19 @@ def run_hf_padded(hf: Any, wl: Workload, batch: int, pad_id: int) -> Row:
     return Row(name, len(wl.prompts), wall, sum(wl.output_lens), lats, wl.output_lens, True)
 
 
-def run_hf_continuous(hf: Any, wl: Workload, num_blocks: int, max_batch_tokens: int) -> Row:
+def run_hf_continuous(hf: Any, wl: Workload, kv_tokens: int, max_batch_tokens: int) -> Row:
+    """transformers' continuous batching on ``wl`` with a KV cache of ``kv_tokens`` tokens."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     gen = GenerationConfig(do_sample=False, eos_token_id=None, max_new_tokens=max(wl.output_lens))
-    cb = ContinuousBatchingConfig(num_blocks=num_blocks, max_batch_tokens=max_batch_tokens)
+    # Its blocks are pages of ``page_size`` tokens (256 by default since 5.17; ``block_size``
+    # before), so the cache is sized in tokens: 512 blocks became 131k tokens (6 GB fp32)
+    # and the run stopped on a MemoryError.
+    default = ContinuousBatchingConfig()
+    page = getattr(default, "page_size", None) or getattr(default, "block_size", 32)
+    cb = ContinuousBatchingConfig(num_blocks=-(-kv_tokens // page),
+                                  max_batch_tokens=max_batch_tokens)
     start = time.monotonic()
     done: dict[str, float] = {}
     useful = 0
@@ -322,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         plan += [
             lambda: run_hf_padded(hf, small, 16, pad),
-            lambda: run_hf_continuous(hf, wl, num_blocks=512, max_batch_tokens=512),
+            lambda: run_hf_continuous(hf, wl, kv_tokens=16384, max_batch_tokens=512),
         ]
     for step in plan:
         rows.append(step())

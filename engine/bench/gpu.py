@@ -67,7 +67,7 @@ def seed_workload(model: str | None, dtype: str) -> dict[str, float]:
         tokens += sum(len(o.new_token_ids) for o in engine.step())
     ours = tokens / (time.monotonic() - start)
     hf = load_hf(str(engine.runner.model_dir)).to("cuda", getattr(torch, dtype))
-    row = run_hf_continuous(hf, wl, num_blocks=2048, max_batch_tokens=2048)
+    row = run_hf_continuous(hf, wl, kv_tokens=65536, max_batch_tokens=2048)
     return {"carpool": ours, "transformers": row.tok_s}
 
 

@@ -7,6 +7,7 @@ role), the benchmarks and the load test's local server:
   exit_cleanly_on_sigterm SIGTERM -> ``SystemExit(0)``, so ``finally`` blocks and atexit run
   stop_event              set by SIGINT/SIGTERM, for a loop without uvicorn (the worker role)
   child_env               the environment for a server process this one starts
+  stop_children           SIGTERM to processes this one started, SIGKILL past a time bound
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import gc
 import os
 import signal
 import socket
-from collections.abc import Callable, Coroutine, Iterator
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -89,3 +93,22 @@ def child_env(**overrides: str) -> dict[str, str]:
     """This process's environment plus ``overrides``, for a ``carpool serve`` it starts (the
     benchmarks): handed on whole, never read here, so settings reach the child unchanged."""
     return {**os.environ, **overrides}
+
+
+def stop_children(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float = 30.0) -> None:
+    """SIGTERM to each, then wait at most ``timeout_s`` in all; one still running then is
+    killed (SIGKILL) and named on stderr. Why a bound: a benchmark's table comes after its
+    servers stop, and a server that hung in its shutdown (seen once: 7 min after SIGTERM,
+    every thread idle) must not take the table with it."""
+    procs = list(procs)
+    for proc in procs:
+        proc.terminate()
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"server pid {proc.pid} still running {timeout_s:.0f} s after SIGTERM: killed",
+                  file=sys.stderr, flush=True)
+            proc.kill()
+            proc.wait()

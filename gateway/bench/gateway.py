@@ -41,7 +41,7 @@ from gateway.bench.load import (
     pin,
     server_pids,
 )
-from gateway.process import child_env, free_port, loop_factory, run_loop
+from gateway.process import child_env, free_port, loop_factory, run_loop, stop_children
 
 SECRET = "bench-secret"
 
@@ -157,10 +157,7 @@ def serving(redis_url: str, port: int, args: argparse.Namespace,
         wait_ready(f"http://127.0.0.1:{port}", procs[0])
         yield procs
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(15)
+        stop_children(procs, 15)
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:

@@ -43,6 +43,7 @@ from gateway.bench.serve_cpu import find_pid, snapshot, split_line
 from gateway.bench.serve_rows import Row, Trace, table
 from gateway.bench.serve_streams import streams_row
 from gateway.bench.sla_client import Call, ChatTarget
+from gateway.process import stop_children
 
 TOPICS = ("the sea", "a lighthouse", "bread", "trains", "the moon", "tea", "a violin", "winter",
           "bees", "a library", "rain", "mountains", "a clock", "chess", "a garden", "rivers")
@@ -146,12 +147,7 @@ def process(cmd: list[str], env: dict[str, str], log: bool) -> Iterator[subproce
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_children([proc])
 
 
 # -- Carpool served ------------------------------------------------------------------------

@@ -214,7 +214,7 @@ async def warm_up(bench: Bench, seats: int) -> None:
 def serving(redis_url: str, args: argparse.Namespace, *extra: str) -> Iterator[str]:
     """A ``carpool serve`` process (its own, real or echo engine) on a free port."""
     from gateway.bench.gateway import wait_ready
-    from gateway.process import child_env, free_port
+    from gateway.process import child_env, free_port, stop_children
 
     port = free_port()
     cmd = [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port), "--no-demo",
@@ -230,8 +230,7 @@ def serving(redis_url: str, args: argparse.Namespace, *extra: str) -> Iterator[s
         wait_ready(f"http://127.0.0.1:{port}", proc, timeout=300)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stop_children([proc])
 
 
 def run(args: argparse.Namespace) -> tuple[list[Row], float]:

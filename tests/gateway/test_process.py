@@ -1,6 +1,7 @@
 """``gateway/process.py``. ``carpool serve`` freezes the objects alive after start-up, so full
 GC passes stop walking the imports, tokenizer and model; apps made without ``freeze_gc``
-(tests) leave the GC alone. The free port, the loop runner and the stop signals."""
+(tests) leave the GC alone. The free port, the loop runner, the stop signals and the bounded
+stop of child processes."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.process import free_port, run_loop
+from gateway.process import free_port, run_loop, stop_children
 from tests.gateway.harness import make_config, run_gateway
 from tests.gateway.procs import REPO
 
@@ -83,3 +84,22 @@ def test_stop_signals(mode: str, sig: str, printed: str) -> None:
                           timeout=30)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == printed
+
+
+def _child(ignore_term: bool) -> subprocess.Popen[bytes]:
+    """A python child that prints "up" once its handlers are set, then sleeps."""
+    code = ("import signal, sys, time\n"
+            + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else "")
+            + "print('up', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+    return proc
+
+
+def test_stop_children_kills_one_that_ignores_sigterm(capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    polite, stubborn = _child(False), _child(True)
+    stop_children([polite, stubborn], timeout_s=1.0)
+    assert polite.returncode == -15 and stubborn.returncode == -9
+    err = capsys.readouterr().err
+    assert f"pid {stubborn.pid} still running" in err and f"pid {polite.pid}" not in err

@@ -136,10 +136,13 @@ def _tier_rows(config: Any, statuses: list[dict[str, Any]]) -> list[dict[str, An
 
 
 def format_laws(statuses: list[dict[str, Any]]) -> str:
-    """The live workers' step-cost laws (what their step budgets admit by), a line each."""
-    from gateway.http.shedding import law_line, step_costs
+    """The live workers' step-cost laws (what their step budgets admit by), a line each, then
+    what each budget decided last (cap, target, gain, alone bias), a line each."""
+    from gateway.http.shedding import budget_line, law_line, step_budgets, step_costs
 
-    return "".join(law_line(w, law) + "\n" for w, law in step_costs(statuses).items())
+    laws = [law_line(w, law) for w, law in step_costs(statuses).items()]
+    budgets = [budget_line(w, state) for w, state in step_budgets(statuses).items()]
+    return "".join(line + "\n" for line in laws + budgets)
 
 
 TIER_COLUMNS = ("tier", "weight", "ttft p99", "tpot p99", "action", "depth", "started/s",

@@ -17,7 +17,7 @@ from gateway.http.console import CONSOLE_ROUTES
 from gateway.http.errors import APIError, bad_request
 from gateway.http.openai.routes import read_json
 from gateway.http.services import Services
-from gateway.http.shedding import step_costs, tier_table
+from gateway.http.shedding import step_budgets, step_costs, tier_table
 from gateway.telemetry.stats_snapshot import StatsHistory
 from gateway.tenancy.tenants import Tenant, tenant_from_dict
 
@@ -115,7 +115,8 @@ async def tiers(request: Request) -> Response:
     statuses = await svc.shedder.statuses()
     return JSONResponse({"object": "list", "data": tier_table(svc.config, statuses),
                          "workers": [s.get("worker") for s in statuses],
-                         "step_cost": step_costs(statuses)})
+                         "step_cost": step_costs(statuses),
+                         "step_budget": step_budgets(statuses)})
 
 
 ADMIN_ROUTES = [

@@ -136,6 +136,12 @@ def step_costs(statuses: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             if isinstance(law := s.get("step_cost"), dict)}
 
 
+def step_budgets(statuses: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per live worker, what its step budget decided last (``StepBudget.state``)."""
+    return {str(s.get("worker")): state for s in statuses
+            if isinstance(state := s.get("step_budget"), dict)}
+
+
 def law_line(worker: str, law: dict[str, float]) -> str:
     """One worker's step-cost law in words, for ``carpool tenants tiers``."""
     return (f"worker {worker}: step ~ {law['base_s'] * 1e3:.1f} ms + "
@@ -143,3 +149,19 @@ def law_line(worker: str, law: dict[str, float]) -> str:
             f"{law['per_kv_token_s'] * 1e6:.2f} us/context token + "
             f"{law['per_prefill_row_s'] * 1e3:.1f} ms/prompt row ({law['steps']:.0f} steps, "
             f"{law['kv_per_row']:.0f} context tokens a row)")
+
+
+def budget_line(worker: str, state: dict[str, Any]) -> str:
+    """One worker's step budget in words, for ``carpool tenants tiers``."""
+    def ms(key: str) -> str:
+        value = state.get(key)
+        return "-" if value is None else f"{value * 1e3:.0f} ms"
+
+    cap = state.get("cap")
+    bias = state.get("alone_bias")
+    return (f"worker {worker}: interactive TPOT target {ms('target_s')}, cap priced at "
+            f"x{state.get('gain', 1.0):.2f} = {ms('cap_target_s')}: "
+            + ("no row cap" if cap is None else f"row cap {cap}")
+            + ", alone bias " + ("-" if bias is None else f"x{bias:.2f}")
+            + (", interactive backlogged (seats owed for every row)"
+               if state.get("backlogged") else ""))

@@ -73,6 +73,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from engine.core.outputs import SchedulerOutput
 from engine.protocol import EngineClient
@@ -176,6 +177,7 @@ class StepBudget:
         # the fitted law for the tier status (operators; ``carpool bench sla`` prices its
         # reach with it): set where the model is fitted, read whole elsewhere
         self.law: dict[str, float] | None = None
+        self.last_alone_bias: float | None = None  # the last measured alone bias (``_target``)
         self.demand = UrgentDemand()  # what interactive asks (the worker feeds it)
         self.urgent_backlogged = False  # set with the cap: seats owed for every urgent row
         self.urgent_prompt_s = 0.0  # interactive's prompt tokens/s, read with its demand
@@ -398,6 +400,23 @@ class StepBudget:
                 "steps": model.fitted_samples}
 
     @property
+    def state(self) -> dict[str, Any]:
+        """What the budget decided last, for the tier status (operators): the row cap set on
+        the engine (None: none), the TPOT target in force and the gain the cap is priced at
+        (``target_s x gain = cap_target_s``), the measured alone bias (None: too few steps
+        alone), whether interactive was judged backlogged (seats owed for every row), the
+        lower tiers' prompt tokens a step and their batch bound. Plain values read whole:
+        called on the event loop while ``plan`` may run on another thread."""
+        def r(x: float | None) -> float | None:
+            return None if x is None else round(x, 4)
+
+        return {"cap": self.cap, "target_s": r(self.target_s), "gain": round(self.gain, 3),
+                "cap_target_s": r(self.cap_target_s), "alone_bias": r(self.last_alone_bias),
+                "backlogged": self.urgent_backlogged,
+                "lower_prefill_tokens": self.lower_prefill_tokens,
+                "row_limit": self.row_limit}
+
+    @property
     def cold(self) -> bool:
         """Fewer steps fed than the model's ``min_samples``: the cap is provisional."""
         return self.model.num_samples < self.model.min_samples
@@ -486,6 +505,7 @@ class StepBudget:
             alone = self._alone_step(urgent_tokens_s, max_rows, measured)
             basis = f"at its {urgent_tokens_s or 0:.0f} tokens/s"
             bias = self._alone_bias(measured) if alone is not None else None
+            self.last_alone_bias = bias
             if alone is not None and bias is not None and bias > 1.0:
                 alone *= bias  # the law's figure ran short of its steps alone, measured
                 basis += (f", x{bias:.2f} as its {len(self._alone_steps)} steps alone "

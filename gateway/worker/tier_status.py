@@ -12,7 +12,9 @@ a JSON object::
                       to any worker), "rate_rps": requests this worker started per second
                       over the last W s, "predicted_wait_s": depth / rate,
                       "tenants": {tenant: entries waiting}}},
-     "step_cost": the step budget's fitted law (``StepBudget.law``) | null}
+     "step_cost": the step budget's fitted law (``StepBudget.law``) | null,
+     "step_budget": what the step budget decided last (``StepBudget.state``: row cap, TPOT
+                    target, gain, alone bias, backlogged) | null}
 
 A reader ignores a field older than ``STALE_AFTER_S`` (a dead worker's); each publish also
 deletes the fields it has seen unchanged for ``2 * STALE_AFTER_S`` on its own monotonic clock
@@ -135,7 +137,8 @@ class TierStatusPublisher:
         budget = self.step_budget
         return {"worker": self.worker_id, "ts": time.time(), "window_s": self.window_s,
                 "weights": dict(self.config.tier_weights), "tiers": tiers,
-                "step_cost": None if budget is None else budget.law}
+                "step_cost": None if budget is None else budget.law,
+                "step_budget": None if budget is None else budget.state}
 
     def _tpot(self, tier: str) -> tuple[float | None, str | None]:
         configured = self.config.tier_slos[tier].tpot_p99_s

@@ -90,6 +90,12 @@ def test_saturated_tier_sheds_at_once_and_a_queue_tier_keeps_queueing(
             row = await wait_for_status(c, INTERACTIVE, 5)
             assert row["status"]["tenants"] == {"heavy": 4, "light": 1}
             assert row["ttft_p99_s"] == 0.05 and row["action"] == "shed"
+            admin = (await c.get("/admin/tiers", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+                     ).json()
+            # each live worker's step budget as it decided last (the drainer is held: no cap)
+            assert list(admin["step_budget"]) == admin["workers"]
+            assert all(b["cap"] is None and b["gain"] == 1.0
+                       for b in admin["step_budget"].values()), admin
             table = await asyncio.to_thread(tenants_cli, redis_url, ns, "tiers")
             line = next(ln for ln in table.splitlines() if ln.startswith(INTERACTIVE))
             assert line.split()[:6] == [INTERACTIVE, "6", "0.05s", "-", "shed", "5"], table
@@ -126,10 +132,20 @@ def test_tenants_tiers_prints_each_live_workers_step_law() -> None:
     law = {"base_s": 0.0215, "per_row_s": 0.00125, "per_token_s": 0.0018,
            "per_kv_token_s": 2.5e-6, "per_prefill_row_s": 0.0192, "kv_per_row": 87.4,
            "prefill_tokens": 44.0, "steps": 512.0}
-    statuses = [{"worker": "w2", "step_cost": law}, {"worker": "w1", "step_cost": None},
+    state = {"cap": 6, "target_s": 0.036, "gain": 0.75, "cap_target_s": 0.027,
+             "alone_bias": 1.125, "backlogged": True, "lower_prefill_tokens": 16,
+             "row_limit": 40}
+    statuses = [{"worker": "w2", "step_cost": law, "step_budget": state},
+                {"worker": "w1", "step_cost": None,
+                 "step_budget": {**state, "cap": None, "alone_bias": None, "backlogged": False}},
                 {"worker": "w3"}]
     assert step_costs(statuses) == {"w2": law}  # a cold worker (or an older one) has none
     text = format_laws(statuses)
     assert text == ("worker w2: step ~ 21.5 ms + 1.25 ms/row + 1.80 ms/token + "
                     "2.50 us/context token + 19.2 ms/prompt row (512 steps, 87 context tokens "
-                    "a row)\n")
+                    "a row)\n"
+                    "worker w2: interactive TPOT target 36 ms, cap priced at x0.75 = 27 ms: "
+                    "row cap 6, alone bias x1.12, interactive backlogged (seats owed for every "
+                    "row)\n"
+                    "worker w1: interactive TPOT target 36 ms, cap priced at x0.75 = 27 ms: "
+                    "no row cap, alone bias -\n")

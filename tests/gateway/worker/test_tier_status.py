@@ -60,6 +60,7 @@ async def test_publish_writes_objectives_and_drops_dead_workers(
     budget = StepBudget(FakeEchoEngine(load_tokenizer(tiny_model_dir)))
     budget.target_s = 0.123  # as the step budget derives it once it has steps
     budget.law = {"base_s": 0.02, "per_row_s": 0.003, "steps": 64.0}  # and fits its law
+    budget.cap, budget.gain, budget.cap_target_s = 7, 0.8, 0.0984  # and what it decided
     pub = publisher(client, budget, tier_slos={INTERACTIVE: TierSLO(2.0, None, "shed"),
                                                BATCH: TierSLO(60.0, 0.5)})
     key = pub.keys.tier_status
@@ -83,6 +84,9 @@ async def test_publish_writes_objectives_and_drops_dead_workers(
         == (60.0, 0.5, "configured", "queue")
     assert all(t["depth"] == 0 and t["tenants"] == {} for t in status["tiers"].values())
     assert status["step_cost"] == budget.law
+    assert status["step_budget"] == {
+        "cap": 7, "target_s": 0.123, "gain": 0.8, "cap_target_s": 0.0984, "alone_bias": None,
+        "backlogged": False, "lower_prefill_tokens": None, "row_limit": None}
     assert step_costs(live_statuses(await client.hgetall(key), time.time())) == {
         "w1": budget.law}
     assert 0 < await client.pttl(key) <= STALE_AFTER_S * 2000

@@ -96,9 +96,11 @@ def child_env(**overrides: str) -> dict[str, str]:
 
 
 def stop_children(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float = 30.0) -> None:
-    """SIGTERM to each, then wait at most ``timeout_s`` in all; one still running then is
-    killed (SIGKILL) and named on stderr. Why a bound: a benchmark's table comes after its
-    servers stop, and a server that hung in its shutdown (seen once: 7 min after SIGTERM,
+    """SIGTERM to each, then wait at most ``timeout_s`` for all of them together; one still
+    running then is killed (SIGKILL) and named on stderr. Only the direct children: what a
+    killed child started itself is its own to stop (``carpool serve`` stops its embedded
+    Redis in a ``finally`` that a SIGKILL skips). Why a bound: a benchmark's table comes after
+    its servers stop, and a server that hung in its shutdown (seen once: 7 min after SIGTERM,
     every thread idle) must not take the table with it."""
     procs = list(procs)
     for proc in procs:
@@ -108,7 +110,7 @@ def stop_children(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float = 3
         try:
             proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            print(f"server pid {proc.pid} still running {timeout_s:.0f} s after SIGTERM: killed",
+            print(f"pid {proc.pid} still running {timeout_s:.0f} s after SIGTERM: killed",
                   file=sys.stderr, flush=True)
             proc.kill()
             proc.wait()

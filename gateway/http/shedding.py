@@ -152,7 +152,8 @@ def law_line(worker: str, law: dict[str, float]) -> str:
 
 
 def budget_line(worker: str, state: dict[str, Any]) -> str:
-    """One worker's step budget in words, for ``carpool tenants tiers``."""
+    """One worker's step budget in words, for ``carpool tenants tiers`` (the cap, target, gain,
+    alone bias and backlog of ``StepBudget.state``; not its lower-tier allowances)."""
     def ms(key: str) -> str:
         value = state.get(key)
         return "-" if value is None else f"{value * 1e3:.0f} ms"
@@ -162,6 +163,7 @@ def budget_line(worker: str, state: dict[str, Any]) -> str:
     return (f"worker {worker}: interactive TPOT target {ms('target_s')}, cap priced at "
             f"x{state.get('gain', 1.0):.2f} = {ms('cap_target_s')}: "
             + ("no row cap" if cap is None else f"row cap {cap}")
-            + ", alone bias " + ("-" if bias is None else f"x{bias:.2f}")
+            + ", alone bias " + ("-" if bias is None else
+                                 f"x{bias:.2f}" + (" (applied)" if bias > 1 else ""))
             + (", interactive backlogged (seats owed for every row)"
                if state.get("backlogged") else ""))

@@ -186,6 +186,7 @@ class StepBudget:
         self.urgent_rows: Callable[[], int] = lambda: SMALL_BATCH_ROWS
         # and the lower tiers' requests it holds (on the event loop)
         self.lower_held: Callable[[], int] = lambda: 0
+        self._state = self._snapshot()  # what ``state`` reads: taken again in ``_set``
 
     def attach(self) -> None:
         """Start watching the engine's steps (idempotent)."""
@@ -403,10 +404,16 @@ class StepBudget:
     def state(self) -> dict[str, Any]:
         """What the budget decided last, for the tier status (operators): the row cap set on
         the engine (None: none), the TPOT target in force and the gain the cap is priced at
-        (``target_s x gain = cap_target_s``), the measured alone bias (None: too few steps
+        (``target_s x gain = cap_target_s``), ``alone_bias`` (interactive's measured steps
+        alone against the law; applied to the target only when above 1; None when not
+        measured: a configured target, a cold model, no interactive demand, or too few steps
         alone), whether interactive was judged backlogged (seats owed for every row), the
-        lower tiers' prompt tokens a step and their batch bound. Plain values read whole:
-        called on the event loop while ``plan`` may run on another thread."""
+        lower tiers' prompt tokens a step and their batch bound. One snapshot taken where
+        the decision is applied (``_set``, on the event loop), so its values belong together:
+        ``plan`` runs on another thread and changes them one by one."""
+        return self._state
+
+    def _snapshot(self) -> dict[str, Any]:
         def r(x: float | None) -> float | None:
             return None if x is None else round(x, 4)
 
@@ -567,4 +574,5 @@ class StepBudget:
                       "(target %s s, priced at x%.2f)", cap, lower_prefill_tokens, backlogged,
                       self.target_s, self.gain)
             self.cap, self.lower_prefill_tokens, self.urgent_backlogged = now
+        self._state = self._snapshot()
         return cap

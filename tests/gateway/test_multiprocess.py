@@ -67,25 +67,27 @@ def test_concurrency_cap_across_two_gateways(redis_url: str, tiny_model_dir: Pat
 
 
 async def _stream(client: httpx.AsyncClient, url: str, i: int) -> tuple[str, int]:
-    """Returns ("done", completion tokens) or ("error", text events); hangs are caught by the
-    caller. Tokens are counted from the usage chunk: under load the writer coalesces steps,
-    so one event may carry several tokens."""
+    """Returns ("done", completion tokens), ("error", text events) or ("eof", text events)
+    when the stream ended without [DONE]; hangs are caught by the caller. Tokens are counted
+    from the usage chunk: under load the writer coalesces steps, so one event may carry
+    several tokens."""
     body = {"model": "echo", "prompt": f"request {i} " * 3, "max_tokens": 60, "stream": True,
             "stream_options": {"include_usage": True}}
-    events, usage = 0, None
+    events = 0
+    usage_tokens: int | None = None
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
         assert r.status_code == 200
         async for line in r.aiter_lines():
             if line == "data: [DONE]":
-                assert events > 0 and usage is not None
-                return "done", usage
+                assert events > 0 and usage_tokens is not None
+                return "done", usage_tokens
             if line.startswith("data: "):
                 event = json.loads(line[6:])
                 if "error" in event:
                     assert event["error"]["message"], event
                     return "error", events
                 if event.get("usage"):
-                    usage = event["usage"]["completion_tokens"]
+                    usage_tokens = event["usage"]["completion_tokens"]
                 if event["choices"] and event["choices"][0]["text"]:
                     events += 1
     return "eof", events

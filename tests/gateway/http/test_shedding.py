@@ -92,10 +92,13 @@ def test_saturated_tier_sheds_at_once_and_a_queue_tier_keeps_queueing(
             assert row["ttft_p99_s"] == 0.05 and row["action"] == "shed"
             admin = (await c.get("/admin/tiers", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
                      ).json()
-            # each live worker's step budget as it decided last (the drainer is held: no cap)
+            # each live worker's step budget as it decided last (no interactive step ran
+            # yet: nothing decided, no cap)
             assert list(admin["step_budget"]) == admin["workers"]
-            assert all(b["cap"] is None and b["gain"] == 1.0
-                       for b in admin["step_budget"].values()), admin
+            for b in admin["step_budget"].values():
+                assert set(b) == {"cap", "target_s", "gain", "cap_target_s", "alone_bias",
+                                  "backlogged", "lower_prefill_tokens", "row_limit"}, b
+                assert b["cap"] is None and b["gain"] == 1.0 and not b["backlogged"], b
             table = await asyncio.to_thread(tenants_cli, redis_url, ns, "tiers")
             line = next(ln for ln in table.splitlines() if ln.startswith(INTERACTIVE))
             assert line.split()[:6] == [INTERACTIVE, "6", "0.05s", "-", "shed", "5"], table
@@ -145,7 +148,7 @@ def test_tenants_tiers_prints_each_live_workers_step_law() -> None:
                     "2.50 us/context token + 19.2 ms/prompt row (512 steps, 87 context tokens "
                     "a row)\n"
                     "worker w2: interactive TPOT target 36 ms, cap priced at x0.75 = 27 ms: "
-                    "row cap 6, alone bias x1.12, interactive backlogged (seats owed for every "
+                    "row cap 6, alone bias x1.12 (applied), interactive backlogged (seats owed for every "
                     "row)\n"
                     "worker w1: interactive TPOT target 36 ms, cap priced at x0.75 = 27 ms: "
                     "no row cap, alone bias -\n")

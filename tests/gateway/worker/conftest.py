@@ -17,8 +17,8 @@ def backlog_gateway(redis_url: str, tiny_model_dir: Path) -> Iterator[Any]:
     """The echo stack (2 ms steps, drainer can be held) with a request deadline that outlasts
     a held backlog. With the drainer held a tier starts nothing, so its predicted wait is the
     depth times the status window (10 s): at the harness's 60 s deadline, early shedding
-    would answer a 503 to every request after the 6th once a worker's status had published
-    that depth, a race a slow machine loses."""
+    answered 503 to every request sent once a worker's status had published a depth of 7
+    or more, a race a slow machine loses."""
     config = make_config(engine="echo", model=str(tiny_model_dir), echo_step_ms=2.0,
                          request_timeout_s=3600.0)
     with run_gateway(config, redis_url, worker_type=HeldWorker) as gw:

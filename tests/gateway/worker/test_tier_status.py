@@ -60,7 +60,8 @@ async def test_publish_writes_objectives_and_drops_dead_workers(
     budget = StepBudget(FakeEchoEngine(load_tokenizer(tiny_model_dir)))
     budget.target_s = 0.123  # as the step budget derives it once it has steps
     budget.law = {"base_s": 0.02, "per_row_s": 0.003, "steps": 64.0}  # and fits its law
-    budget.cap, budget.gain, budget.cap_target_s = 7, 0.8, 0.0984  # and what it decided
+    budget.gain, budget.cap_target_s = 0.8, 0.0984  # and what it decided, applied
+    budget._set(7, None)
     pub = publisher(client, budget, tier_slos={INTERACTIVE: TierSLO(2.0, None, "shed"),
                                                BATCH: TierSLO(60.0, 0.5)})
     key = pub.keys.tier_status

@@ -154,7 +154,7 @@ def run_hf_continuous(hf: Any, wl: Workload, kv_tokens: int, max_batch_tokens: i
     # before), so the cache is sized in tokens: 512 blocks became 131k tokens (6 GB fp32)
     # and the run stopped on a MemoryError.
     default = ContinuousBatchingConfig()
-    page = getattr(default, "page_size", None) or getattr(default, "block_size", 32)
+    page: int = getattr(default, "page_size", None) or getattr(default, "block_size", 32) or 32
     cb = ContinuousBatchingConfig(num_blocks=-(-kv_tokens // page),
                                   max_batch_tokens=max_batch_tokens)
     start = time.monotonic()

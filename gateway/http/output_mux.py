@@ -14,7 +14,7 @@ import asyncio
 import logging
 from typing import Any
 
-from gateway.bus.backoff import Backoff
+from gateway.bus.backoff import Backoff, stop_tasks
 from gateway.bus.messages import Message, MessageError, decode
 from gateway.bus.outage import UNREACHABLE, ErrorOnce, OutageLog
 from gateway.bus.resp import RespConnection
@@ -49,13 +49,9 @@ class OutputMux:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
             # Bounded: a cancel that lands on an in-flight redis-py read can be swallowed,
             # and shutdown must not hang on it.
-            done, _ = await asyncio.wait({self._task}, timeout=STOP_TIMEOUT_S)
-            if not done:
-                log.warning("output reader did not stop within %.0f s; abandoning it",
-                            STOP_TIMEOUT_S)
+            await stop_tasks([self._task], STOP_TIMEOUT_S, log)
             self._task = None
         if self._conn is not None:
             await self._conn.close()

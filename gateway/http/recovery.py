@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.bus.backoff import stop_tasks
 from gateway.bus.keys import RedisKeys
 from gateway.bus.outage import UNREACHABLE, ErrorOnce
 from gateway.config import GatewayConfig
@@ -32,6 +33,7 @@ from gateway.tenancy.tenants import TenantStore, load_tenants_file
 log = logging.getLogger("carpool.gateway")
 
 CHECK_S = 1.0
+STOP_TIMEOUT_S = 2.0  # a cancelled check stuck in a swallowed redis-py read is abandoned
 
 
 async def restore(store: TenantStore, config: GatewayConfig) -> int:
@@ -61,8 +63,7 @@ class DataLossWatch:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait({self._task}, timeout=2.0)
+            await stop_tasks([self._task], STOP_TIMEOUT_S, log)
             self._task = None
 
     async def mark(self) -> None:

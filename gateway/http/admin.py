@@ -100,14 +100,16 @@ async def revoke_key(request: Request) -> Response:
 async def stats(request: Request) -> Response:
     """The queues' counters (admitted, rejected:<limit>, completed...) at the top level, and
     beside them the deployment's live stats and the doctor's findings
-    (``gateway/telemetry/stats_snapshot.py``; what ``/console`` and ``carpool doctor`` read)."""
+    (``gateway/telemetry/stats_snapshot.py``; what ``/console`` and ``carpool doctor`` read),
+    and each live worker's step budget (``step_budget``, as ``/admin/tiers`` has it)."""
     svc = _svc(request)
     raw = await svc.redis.hgetall(svc.keys.stats)
     counters = {text(k): int(v) for k, v in raw.items()}
     history = getattr(svc.events, "stats_history", None)
     if history is None:  # events that keep no metrics (tests): a history read once, here
         history = StatsHistory(svc.redis, svc.keys, tuple(svc.config.tier_weights))
-    return JSONResponse({**counters, **await history.snapshot()})
+    budgets = step_budgets(await svc.shedder.statuses())  # each worker's, as it decided last
+    return JSONResponse({**counters, **await history.snapshot(), "step_budget": budgets})
 
 
 async def tiers(request: Request) -> Response:

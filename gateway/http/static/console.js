@@ -184,6 +184,28 @@ function renderEngine(e) {
           el("span", { class: "k-waiting" }, "■ waiting "), el("span", { class: "k-kv" }, "■ KV blocks used")))));
 }
 
+// each live worker's step budget as it decided last (StepBudget.state, via /admin/stats)
+function renderBudgets(budgets) {
+  const box = $("budget");
+  box.replaceChildren();
+  const workers = Object.entries(budgets || {});
+  if (!workers.length) {
+    box.append(el("p", { class: "muted" }, "No worker publishes a step budget yet."));
+    return;
+  }
+  const table = el("table", {}, el("tr", {}, ...["worker", "row cap", "TPOT target",
+    "priced at (gain)", "alone bias", "interactive"].map((h) => el("th", {}, h))));
+  for (const [w, b] of workers) {
+    table.append(el("tr", {}, el("td", {}, w),
+      el("td", {}, metric("budget.cap", b.cap === null ? "none" : fmt(b.cap))),
+      el("td", {}, metric("budget.target", ms(b.target_s))),
+      el("td", {}, metric("budget.priced", `${ms(b.cap_target_s)} (×${fmt(b.gain)})`)),
+      el("td", {}, metric("budget.alone_bias", b.alone_bias === null ? "–" : `×${fmt(b.alone_bias)}`)),
+      el("td", {}, metric("budget.backlogged", b.backlogged ? "backlogged: weights decide" : "protected"))));
+  }
+  box.append(table);
+}
+
 function renderTenants(rows) {
   const table = $("tenants");
   table.replaceChildren(el("tr", {}, ...["tenant", "requests", "req/s", "tokens", "share",
@@ -211,6 +233,7 @@ function render(stats) {
   renderDoctor(stats.doctor, stats);
   renderTiers(stats.tiers);
   renderEngine(stats.engine);
+  renderBudgets(stats.step_budget);
   renderTenants(stats.tenants);
 }
 

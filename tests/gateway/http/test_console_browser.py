@@ -128,6 +128,9 @@ def check_console(browser: Any, url: str, tenant_key: str) -> None:
         admitted = number(metric(page, "tier.interactive.admitted_per_s"))
         ttft = metric(page, "tier.interactive.ttft_p50")
         steps = number(metric(page, "engine.steps_per_s"))
+        # the worker's step budget: a TPOT target derived from the steps it has seen
+        wait_until(page, lambda: metric(page, "budget.target").endswith("ms"), 30.0)
+        target = metric(page, "budget.target")
         shot = artefact_dir() / "console.png"
         page.screenshot(path=str(shot), full_page=True)
         print(f"\nconsole screenshot: {shot}")
@@ -138,6 +141,6 @@ def check_console(browser: Any, url: str, tenant_key: str) -> None:
     assert codes and set(codes) == {200}
     assert after > before > 0  # the numbers change under load
     assert tokens > 0 and admitted > 0 and steps > 0
-    assert ttft.endswith("ms")
+    assert ttft.endswith("ms") and number(target) > 0
     assert page.locator('[data-metric="doctor.verdict"]').inner_text() == "No symptom"
     assert page.locator('#tenants td', has_text="acme").count() == 1

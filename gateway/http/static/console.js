@@ -195,13 +195,18 @@ function renderBudgets(budgets) {
   }
   const table = el("table", {}, el("tr", {}, ...["worker", "row cap", "TPOT target",
     "priced at (gain)", "alone bias", "interactive"].map((h) => el("th", {}, h))));
+  workers.sort(([a], [b]) => a.localeCompare(b));  // statuses come freshest first
   for (const [w, b] of workers) {
+    const bias = b.alone_bias == null ? "–"
+      : `×${fmt(b.alone_bias)}${b.alone_bias > 1 ? " (applied)" : ""}`;
+    const state = b.backlogged == null ? "–"
+      : b.backlogged ? "backlogged: weights decide" : "protected";
     table.append(el("tr", {}, el("td", {}, w),
-      el("td", {}, metric("budget.cap", b.cap === null ? "none" : fmt(b.cap))),
+      el("td", {}, metric("budget.cap", b.cap == null ? "none" : fmt(b.cap))),
       el("td", {}, metric("budget.target", ms(b.target_s))),
       el("td", {}, metric("budget.priced", `${ms(b.cap_target_s)} (×${fmt(b.gain)})`)),
-      el("td", {}, metric("budget.alone_bias", b.alone_bias === null ? "–" : `×${fmt(b.alone_bias)}`)),
-      el("td", {}, metric("budget.backlogged", b.backlogged ? "backlogged: weights decide" : "protected"))));
+      el("td", {}, metric("budget.alone_bias", bias)),
+      el("td", {}, metric("budget.backlogged", state))));
   }
   box.append(table);
 }

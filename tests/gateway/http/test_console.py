@@ -100,8 +100,12 @@ def test_stats_count_what_clients_saw(echo_gateway: Any, redis_url: str,
     def tenants(stats: dict[str, Any]) -> dict[str, Any]:
         return {row["tenant"]: row for row in stats["tenants"]}
 
+    def derived(stats: dict[str, Any]) -> bool:  # the worker's status published a target
+        return any(b["target_s"] for b in stats["step_budget"].values())
+
     stats = wait_for(fetch, lambda s: tenants(s).get("busy-co", {}).get("requests") == sent["busy-co"]
-                     and tenants(s).get("capped-co", {}).get("rejected_429") == refused)
+                     and tenants(s).get("capped-co", {}).get("rejected_429") == refused
+                     and derived(s))
     rows = tenants(stats)
     assert rows["busy-co"]["requests"] == sent["busy-co"]
     assert rows["capped-co"]["requests"] == sent["capped-co"]
@@ -113,3 +117,7 @@ def test_stats_count_what_clients_saw(echo_gateway: Any, redis_url: str,
     assert stats["engine"] is not None and stats["engine"]["max_num_seqs"] > 0
     assert stats["admitted"] >= sum(sent.values())  # the Redis counters stay at the top level
     assert stats["doctor"]["healthy"], stats["doctor"]["findings"]
+    # the worker's step budget as /admin/tiers has it: its target derived from the steps run
+    budgets = stats["step_budget"]
+    assert len(budgets) == 1 and next(iter(budgets.values()))["target_s"] > 0, budgets
+    assert set(next(iter(budgets.values()))) >= {"cap", "gain", "alone_bias", "backlogged"}

@@ -129,7 +129,9 @@ def check_console(browser: Any, url: str, tenant_key: str) -> None:
         ttft = metric(page, "tier.interactive.ttft_p50")
         steps = number(metric(page, "engine.steps_per_s"))
         # the worker's step budget: a TPOT target derived from the steps it has seen
-        wait_until(page, lambda: metric(page, "budget.target").endswith("ms"), 30.0)
+        target_cell = page.locator('[data-metric="budget.target"]')
+        wait_until(page, lambda: target_cell.count() > 0
+                   and target_cell.first.inner_text().endswith("ms"), 30.0)
         target = metric(page, "budget.target")
         shot = artefact_dir() / "console.png"
         page.screenshot(path=str(shot), full_page=True)

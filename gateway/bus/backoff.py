@@ -56,8 +56,13 @@ async def run_forever(step: Callable[[], Awaitable[None]], name: str,
                 outage.ok()
 
 
-async def stop_tasks(tasks: list[asyncio.Task[None]], timeout_s: float,
-                     log: logging.Logger) -> None:
+# How long a stop waits for cancelled loops: a loop ends within a Redis round trip or one
+# backoff sleep, so 2 s only ever runs out on a swallowed cancel.
+STOP_TIMEOUT_S = 2.0
+
+
+async def stop_tasks(tasks: list[asyncio.Task[None]], log: logging.Logger,
+                     timeout_s: float = STOP_TIMEOUT_S) -> None:
     """Cancel ``tasks`` and wait for them, at most ``timeout_s``: a cancel that lands on an
     in-flight redis-py read can be swallowed (``http/output_mux.py`` met it too), and a stop
     must not hang on it. Why: a bench sla server, sent SIGTERM after its last row, was still

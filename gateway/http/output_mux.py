@@ -23,7 +23,6 @@ log = logging.getLogger("carpool.gateway")
 
 BLOCK_MS = 2
 COUNT = 1024
-STOP_TIMEOUT_S = 2.0
 
 
 class _Stream:
@@ -51,7 +50,7 @@ class OutputMux:
         if self._task is not None:
             # Bounded: a cancel that lands on an in-flight redis-py read can be swallowed,
             # and shutdown must not hang on it.
-            await stop_tasks([self._task], STOP_TIMEOUT_S, log)
+            await stop_tasks([self._task], log)
             self._task = None
         if self._conn is not None:
             await self._conn.close()

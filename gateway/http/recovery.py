@@ -33,7 +33,6 @@ from gateway.tenancy.tenants import TenantStore, load_tenants_file
 log = logging.getLogger("carpool.gateway")
 
 CHECK_S = 1.0
-STOP_TIMEOUT_S = 2.0  # a cancelled check stuck in a swallowed redis-py read is abandoned
 
 
 async def restore(store: TenantStore, config: GatewayConfig) -> int:
@@ -63,7 +62,7 @@ class DataLossWatch:
 
     async def stop(self) -> None:
         if self._task is not None:
-            await stop_tasks([self._task], STOP_TIMEOUT_S, log)
+            await stop_tasks([self._task], log)
             self._task = None
 
     async def mark(self) -> None:

@@ -35,7 +35,6 @@ from policies.admission import EngineLoad
 
 log = logging.getLogger("carpool.telemetry")
 
-STATS_STOP_TIMEOUT_S = 2.0  # for the stats loops to end once cancelled, at stop
 
 # The gateway's cancel sources -> the abort causes operators see.
 CAUSES = {"disconnect": "client_gone", "explicit": "cancel", "deadline": "timeout",
@@ -127,7 +126,7 @@ class TelemetryEvents(GatewayEvents):
         self.telemetry.engine_sampler.observe_steps = False
 
     async def stop(self) -> None:
-        await stop_tasks(self._stats_tasks, STATS_STOP_TIMEOUT_S, log)
+        await stop_tasks(self._stats_tasks, log)
         self._stats_tasks.clear()
         if self.stats_publisher is not None:
             with contextlib.suppress(Exception):  # Redis already gone: the field expires

@@ -48,7 +48,6 @@ log = logging.getLogger("carpool.worker")
 LOST_ERROR = "worker lost mid-generation; partial output was already streamed"
 STOPPED_ERROR = "worker lost: it shut down mid-generation; partial output was already streamed"
 STOP_TIMEOUT_S = 5.0  # for the ends of the requests in flight to be written at stop
-TASK_STOP_TIMEOUT_S = 2.0  # for a cancelled worker task to end at stop
 DEAD_CHECK_S = 2.0  # how often a worker looks for dead workers' requests to take over
 
 
@@ -108,9 +107,9 @@ class Worker:
 
     async def stop(self) -> None:
         writer = [t for t in self._tasks if t.get_name() == "worker-writer"]
-        await stop_tasks([t for t in self._tasks if t not in writer], TASK_STOP_TIMEOUT_S, log)  # no new work first
+        await stop_tasks([t for t in self._tasks if t not in writer], log)  # no new work first
         await self._end_inflight()  # the writer still runs: it writes their ends
-        await stop_tasks(writer, TASK_STOP_TIMEOUT_S, log)
+        await stop_tasks(writer, log)
         self._tasks.clear()
         self.step_budget.detach()
         with contextlib.suppress(Exception):  # readers also drop it once stale

@@ -40,7 +40,7 @@ async def test_a_task_that_swallows_its_cancel_does_not_hang_the_stop(
     await asyncio.sleep(0)
     began = time.monotonic()
     with caplog.at_level("WARNING", logger=LOG.name):
-        await stop_tasks(tasks, 0.2, LOG)
+        await stop_tasks(tasks, LOG, timeout_s=0.2)
     assert time.monotonic() - began < 2.0
     await asyncio.sleep(0)  # the second cancel lands
     assert cancels == 2 and tasks[1].cancelled() and not tasks[0].done()

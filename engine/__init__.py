@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.core.sampling_params import SamplingParams
+from engine.kernels_origin import ensure_own_kernels
+
+ensure_own_kernels()  # before anything imports `kernels`: a foreign one fails here, in one line
+
+from engine.core.sampling_params import SamplingParams  # noqa: E402
 
 __all__ = ["LLM", "AsyncEngine", "EngineConfig", "LLMEngine", "SamplingParams"]
 

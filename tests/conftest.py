@@ -15,6 +15,16 @@ from pathlib import Path
 
 import pytest
 
+# pytest puts the repo first on sys.path, so Carpool's kernels/ is found; a foreign `kernels`
+# installed beside it would then break transformers (the tests' reference) instead. engine's
+# import refuses either case in one line: stop the run with that line.
+try:
+    import engine  # noqa: F401
+except ImportError as _exc:
+    if _exc.name != "kernels":
+        raise
+    pytest.exit(str(_exc), returncode=2)
+
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:

@@ -167,6 +167,13 @@ def _set_openmp_wait() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:  # engine/__init__ refuses a foreign `kernels` package: one line, not a traceback
+        import engine  # noqa: F401
+    except ImportError as exc:
+        if exc.name != "kernels":
+            raise
+        print(exc, file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     # bench serve: its offline row runs under the policy of the server it is compared with
     serve_bench = args.command == "bench" and args.target == "serve"

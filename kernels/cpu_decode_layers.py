@@ -240,7 +240,7 @@ class DecodeLayers:
                  head_dim: int, scale: float) -> None:
         module = OPS.module()
         if module is None:
-            raise RuntimeError(f"{OPS.name} is not built (python -m kernels.cpu_decode_layers)")
+            raise RuntimeError(f"{OPS.name} is not built (python -m kernels.build_ops cpu_decode_layers)")
         tensors: list[torch.Tensor | None] = []
         eps: list[float] = []
         out: list[int] = []
@@ -264,6 +264,3 @@ class DecodeLayers:
             [k for k, _ in kv_caches], [v for _, v in kv_caches])
         return out
 
-
-if __name__ == "__main__":
-    OPS.main("a decode step's layers")  # make setup: build once

@@ -86,7 +86,7 @@ class CppOps:
         return self.module() is not None
 
     def main(self, what: str) -> None:
-        """``python -m kernels.<op>``: build once; a machine with no compiler keeps torch.
+        """``python -m kernels.build_ops <op>``: build once; a machine with no compiler keeps torch.
         A folder that already holds this op loads as it is, whichever venv built it (its key
         has the source, the flags, torch's and Python's versions): a fresh clone's ``make
         setup`` does not compile again what this machine has built."""

@@ -1,6 +1,6 @@
 """A decoder layer's small ops on CPU, each one pass over its rows in C++: RMSNorm (with the
 residual add fused), neox rotary on q and k, SiLU-and-mul, the KV-cache write of new tokens. One extension, built by ``make
-setup`` (``python -m kernels.cpu_layer_ops``) like ``kernels.cpu_decode``.
+setup`` (``python -m kernels.build_ops cpu_layer_ops``) like ``kernels.cpu_decode``.
 
 Why: the torch references run each of these as 3-8 separate elementwise ops, every one a pass
 over memory and a new tensor (``x + residual``, ``pow``, ``mean``, ``rsqrt``, two ``mul``s for
@@ -240,7 +240,7 @@ def usable(*tensors: torch.Tensor) -> bool:
 def _ops():  # type: ignore[no-untyped-def]
     module = OPS.module()
     if module is None:
-        raise RuntimeError(f"{OPS.name} is not built (python -m kernels.cpu_layer_ops)")
+        raise RuntimeError(f"{OPS.name} is not built (python -m kernels.build_ops cpu_layer_ops)")
     return module
 
 
@@ -270,6 +270,3 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
              slot_mapping: torch.Tensor) -> None:
     _ops().write_kv(k, v, k_cache, v_cache, slot_mapping.to(torch.int64).contiguous())
 
-
-if __name__ == "__main__":
-    OPS.main("a layer's norms, rotary and SiLU-mul")  # make setup: build once

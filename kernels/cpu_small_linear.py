@@ -589,7 +589,7 @@ def available() -> bool:
 def _ops():  # type: ignore[no-untyped-def]
     module = OPS.module()
     if module is None:
-        raise RuntimeError(f"{OPS.name} is not built (python -m kernels.cpu_small_linear)")
+        raise RuntimeError(f"{OPS.name} is not built (python -m kernels.build_ops cpu_small_linear)")
     return module
 
 
@@ -649,6 +649,3 @@ def greedy(x: torch.Tensor, packed: torch.Tensor, half: torch.Tensor, n: int,
     out: torch.Tensor = _ops().greedy(x, packed, half, n, bound, max_norm)
     return out
 
-
-if __name__ == "__main__":
-    OPS.main("small-batch linears")  # make setup: build once

@@ -39,7 +39,7 @@ def decode_attention_line(rows: int = 100, heads: int = 9, kv_heads: int = 3, he
         ref = _best_ms(lambda: _decode_batched(q, kc, vc, tables, ctx, scale), repeats)
         if not cpu_decode.available():
             return (f"decode attention, one layer, {rows} rows: torch gather+SDPA {ref:.2f} ms; "
-                    f"the C++ op is not built (python -m kernels.cpu_decode)")
+                    f"the C++ op is not built (python -m kernels.build_ops cpu_decode)")
         op = _best_ms(lambda: cpu_decode.paged_decode(q, kc, vc, tables, ctx, scale), repeats)
     return (f"decode attention, one layer, {rows} rows, mean context {float(ctx.float().mean()):.0f}:"
             f" torch gather+SDPA {ref:.2f} ms, in-place C++ op {op:.2f} ms ({ref / op:.2f}x)")

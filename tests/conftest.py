@@ -4,6 +4,7 @@ so that forced-Triton tests can run the kernels on CPU; it changes nothing for t
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 # Servers, Redis and engines share 2 cores in these tests: no OpenMP busy-waiting (see
@@ -18,12 +19,15 @@ import pytest
 # pytest puts the repo first on sys.path, so Carpool's kernels/ is found; a foreign `kernels`
 # installed beside it would then break transformers (the tests' reference) instead. engine's
 # import refuses either case in one line: stop the run with that line.
+# pytest.exit here would be reported as a conftest import failure (exit 4, with its frame):
+# the one line and exit 2 come from SystemExit, which pytest lets through.
 try:
     import engine  # noqa: F401
 except ImportError as _exc:
     if _exc.name != "kernels":
         raise
-    pytest.exit(str(_exc), returncode=2)
+    print(_exc, file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 @pytest.fixture(scope="session")

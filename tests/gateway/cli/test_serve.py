@@ -20,9 +20,11 @@ import httpx
 import pytest
 
 from gateway.process import free_port
-from tests.gateway.procs import REPO, Proc, _ready
+from tests.gateway.procs import Proc, _ready
 
 pytestmark = pytest.mark.timeout(120)
+
+CARPOOL = Path(sys.executable).parent / "carpool"  # the console script `make setup` installs
 
 # the real engine on the tiny model: it loads while the HTTP port is still closed
 TINY = ("--num-blocks", "64", "--block-size", "16", "--max-num-seqs", "4",
@@ -37,15 +39,16 @@ def _accepts(port: int) -> bool:
 
 @contextmanager
 def _serve(model_dir: Path, state_dir: Path, *extra: str) -> Iterator[Proc]:
-    """``carpool serve`` in a session of its own, so a test can signal its whole process
-    group as a terminal's Ctrl-C does."""
+    """``carpool serve`` through the installed entry point, run outside the checkout as a user
+    runs it (so the installed packages, not the repo's folders, are what Python finds first:
+    a clashing ``kernels`` distribution fails here), in a session of its own, so a test can
+    signal its whole process group as a terminal's Ctrl-C does."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PYTHONPATH")}
     env.update(CARPOOL_STATE_DIR=str(state_dir), PYTHONUNBUFFERED="1")
     popen = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli.main", "serve", "--model", str(model_dir),
-         "--port", str(port), *extra],
-        cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [str(CARPOOL), "serve", "--model", str(model_dir), "--port", str(port), *extra],
+        cwd=str(state_dir), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )
     try:

@@ -12,7 +12,7 @@ from engine.kernels_origin import ensure_own_kernels
 
 ensure_own_kernels()  # before anything imports `kernels`: a foreign one fails here, in one line
 
-from engine.core.sampling_params import SamplingParams  # noqa: E402
+from engine.core.sampling_params import SamplingParams
 
 __all__ = ["LLM", "AsyncEngine", "EngineConfig", "LLMEngine", "SamplingParams"]
 

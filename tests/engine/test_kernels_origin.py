@@ -36,7 +36,8 @@ def _run(args: list[str], pythonpath: Path | None, cwd: Path) -> subprocess.Comp
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
 
 
 def _assert_one_line_refusal(proc: subprocess.CompletedProcess[str], *names: str) -> None:

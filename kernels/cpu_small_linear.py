@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import torch
 
+from kernels import cpu_greedy_confirm, cpu_spin_pool, cpu_vectors
 from kernels.cpu_ext import CppOps
+from kernels.cpu_spin_pool import SPIN_US
 
 TILE = 32  # outputs per packed tile: two AVX-512 vectors, four AVX2 ones
 # Rows up to which the engine routes here. Alone these linears match oneDNN's up to 256 rows
@@ -43,15 +45,12 @@ TILE = 32  # outputs per packed tile: two AVX-512 vectors, four AVX2 ones
 # decode-sized batch the step's other ops run OpenMP regions between the linears, so either
 # a spinning worker takes their second core or a sleeping one pays a wake per linear.
 MAX_ROWS = 32
-# How long a worker spins for the next task before sleeping: longer than the gap between two
-# linears of one step (tens of us of Python and small ops), far shorter than a step.
-SPIN_US = 300
 # Calls of up to this many rows leave the workers spinning; after bigger ones they sleep
 # (step_profile at 16 and 32 rows: 37.5-43.0 / 62.8-71.1 ms sleeping, 45.3-47.7 / 67.9-73.7
 # spinning, two rounds each).
 SPIN_ROWS = 8
 
-_SOURCE = r"""
+_HEADERS = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <atomic>
@@ -74,141 +73,12 @@ _SOURCE = r"""
 #else
 #define CP_PAUSE() ((void)0)
 #endif
+"""
 
-#if defined(__AVX512F__)
-#define CP_W 16
-#define CP_MR 8
-#elif defined(__AVX__)
-#define CP_W 8
-#define CP_MR 3
-#else
-#define CP_W 4
-#define CP_MR 2
-#endif
-#define CP_TILE 32
-#define CP_V (CP_TILE / CP_W)
-typedef float vf __attribute__((vector_size(CP_W * 4)));
-typedef float vfu __attribute__((vector_size(CP_W * 4), aligned(4), may_alias));
-
-static inline vf vload(const float* p) { return *reinterpret_cast<const vfu*>(p); }
-// fp16 weights (the greedy head's screening copy): F16C widens CP_W halves to floats exactly
-#if defined(__F16C__) && CP_W >= 8
-#define CP_HALF 1
-static inline vf vload(const uint16_t* p) {
-#if CP_W == 16
-  return reinterpret_cast<vf>(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
-#else
-  return reinterpret_cast<vf>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-#endif
-}
-#else
-#define CP_HALF 0
-#endif
-// int8 weights (--quantization int8): CP_W of them widened to floats exactly; the tile's
-// per-output scales are applied once to the sums (tile_rows), not per product
-static inline vf vload(const int8_t* p) {
-#if defined(__AVX512F__) && CP_W == 16
-  return reinterpret_cast<vf>(_mm512_cvtepi32_ps(
-      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
-#elif defined(__AVX2__) && CP_W == 8
-  return reinterpret_cast<vf>(_mm256_cvtepi32_ps(
-      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
-#else
-  vf r;
-  for (int i = 0; i < CP_W; ++i) r[i] = static_cast<float>(p[i]);
-  return r;
-#endif
-}
-
-// ---- the pool: workers spin SPIN_US after each task, then sleep on a futex ----------------
-struct Pool {
-  std::vector<std::thread> workers;
-  std::atomic<uint32_t> gen{0};        // bumped once per task (the futex word)
-  std::atomic<int> pending{0};         // workers still running the current task
-  std::atomic<int> sleepers{0};
-  std::atomic<bool> spin{true};        // whether workers spin after this task (see run)
-  int n = 1;                           // threads a task uses, the caller included
-  void (*fn)(void*) = nullptr;
-  void* ctx = nullptr;
-  pid_t pid = 0;
-};
-static Pool* g_pool = nullptr;
-
-static void futex_wait(std::atomic<uint32_t>* w, uint32_t v) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAIT_PRIVATE, v, nullptr, nullptr, 0);
-}
-static void futex_wake(std::atomic<uint32_t>* w) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
-}
-
-static void worker_loop(Pool* p, int index) {
-  uint32_t seen = 0;  // the generation at creation: a task posted before this thread ran counts
-  bool sleep_now = false;  // the last task said not to spin
-  for (;;) {
-    auto t0 = std::chrono::steady_clock::now();
-    int spins = 0;
-    while (p->gen.load(std::memory_order_acquire) == seen) {
-      CP_PAUSE();
-      if (!sleep_now) {
-        if (++spins < 256) continue;
-        spins = 0;
-        auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-            std::chrono::steady_clock::now() - t0).count();
-        if (us < CP_SPIN_US) {
-          std::this_thread::yield();  // a neighbour waiting for this core gets it
-          continue;
-        }
-      }
-      p->sleepers.fetch_add(1, std::memory_order_seq_cst);
-      if (p->gen.load(std::memory_order_seq_cst) == seen) futex_wait(&p->gen, seen);
-      p->sleepers.fetch_sub(1, std::memory_order_seq_cst);
-      t0 = std::chrono::steady_clock::now();
-    }
-    seen = p->gen.load(std::memory_order_acquire);
-    if (index < p->n) p->fn(p->ctx);
-    sleep_now = !p->spin.load(std::memory_order_relaxed);  // read before releasing the caller
-    p->pending.fetch_sub(1, std::memory_order_acq_rel);
-  }
-}
-
-static Pool* pool_for(int n) {
-  // a forked child inherits the memory but not the threads: start a fresh pool there
-  if (g_pool != nullptr && g_pool->pid == getpid() &&
-      static_cast<int>(g_pool->workers.size()) + 1 >= n) return g_pool;
-  Pool* p = new Pool();  // an outgrown pool is left running idle (asleep): rare, tiny
-  p->pid = getpid();
-  for (int i = 1; i < n; ++i) p->workers.emplace_back(worker_loop, p, i);
-  for (auto& t : p->workers) t.detach();
-  g_pool = p;
-  return p;
-}
-
-static std::atomic<bool> g_busy{false};
-
-// Run fn(ctx) on the caller and n - 1 workers; returns when all are done (fn claims its work
-// as it goes, so any number of runners finishes it). One caller at a time owns the pool; a
-// second thread calling meanwhile (two engines in one process) runs fn alone instead of waiting.
-static void run(int n, void (*fn)(void*), void* ctx, bool spin) {
-  if (n <= 1 || g_busy.exchange(true, std::memory_order_acquire)) { fn(ctx); return; }
-  struct Release { ~Release() { g_busy.store(false, std::memory_order_release); } } release;
-  Pool* p = pool_for(n);
-  p->fn = fn; p->ctx = ctx; p->n = n;
-  p->spin.store(spin, std::memory_order_relaxed);
-  p->pending.store(static_cast<int>(p->workers.size()), std::memory_order_relaxed);
-  p->gen.fetch_add(1, std::memory_order_seq_cst);
-  if (p->sleepers.load(std::memory_order_seq_cst) > 0) futex_wake(&p->gen);
-  fn(ctx);
-  int spins = 0;
-  while (p->pending.load(std::memory_order_acquire) > 0) {
-    CP_PAUSE();
-    if (++spins > 4096) { std::this_thread::yield(); spins = 0; }  // a worker lost its core
-  }
-}
-
-// torch's count on the calling thread, read every call: the engine's adaptive threads
-// (engine/runner/step_threads.py) change it between steps
-static int threads_now() { return std::max(1, at::get_num_threads()); }
-
+# The tile kernel, packing and the linears. Assembled with the vector loads
+# (kernels.cpu_vectors), the pool (kernels.cpu_spin_pool) and the greedy head's confirmation on
+# these tiles (kernels.cpu_greedy_confirm), in the order each needs the one before.
+_KERNEL = r"""
 // ---- the kernel ---------------------------------------------------------------------------
 // MR rows of x against one tile: acc[m][v] holds outputs tile*32 + v*CP_W .. of row m.
 // T: float, uint16_t for fp16 weights or int8_t (widened by vload); the arithmetic is the same.
@@ -440,141 +310,11 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor packed, c10::optional<torch:
                      int64_t N) {
   return linear_spin(x, packed, bias, N, true);
 }
-
-// ---- greedy LM head: every logit screened on an fp16 copy, the candidates confirmed in fp32 --
-// One row's token: the first index of the maximum of the fp32 logits linear() would give.
-// a: the row's screened logits; bound: C with |fp32 logit - screened logit| <= C * ||x||_2
-// for every output while no partial sum overflows, which ||x||_2 <= max_norm guarantees
-// (kernels.greedy_head derives both), plus K * 2^-149 a dot product where sums are subnormal.
-// The row's maximizers all lie within twice that of the screened maximum, so only their tiles
-// are computed in fp32, by the very tile kernel linear() runs (the same bits). -1: not
-// decided here (a non-finite value, a norm past max_norm, or more than max_tiles candidate
-// tiles, where the full head on every thread is quicker).
-static int64_t confirm(const float* x, const float* packed, const float* a, int64_t K,
-                       int64_t N, double bound, double max_norm, int64_t max_tiles,
-                       float* exact) {
-  double ss = 0.0;
-  for (int64_t k = 0; k < K; ++k) ss += static_cast<double>(x[k]) * x[k];
-  const double norm = std::sqrt(ss);
-  if (!(norm <= max_norm)) return -1;  // also a NaN or infinite input
-  float top = -INFINITY;
-  bool finite = true;
-  for (int64_t j = 0; j < N; ++j) {
-    top = a[j] > top ? a[j] : top;
-    finite &= std::isfinite(a[j]);
-  }
-  if (!finite) return -1;
-  const double floor = static_cast<double>(top) -
-                       2.0 * (bound * norm + static_cast<double>(K) * std::ldexp(1.0, -149));
-  int64_t best = -1, done = -1, tiles = 0;
-  float best_v = 0.0f;
-  for (int64_t j = 0; j < N; ++j) {
-    if (static_cast<double>(a[j]) < floor) continue;
-    const int64_t t = j / CP_TILE;
-    if (t != done) {
-      if (++tiles > max_tiles) return -1;
-      tile_rows<1>(x, K, packed + t * K * CP_TILE, K, nullptr, exact, 0, t * CP_TILE, N);
-      done = t;
-    }
-    const float v = exact[j];
-    if (std::isnan(v)) return -1;
-    if (best < 0 || v > best_v) { best = j; best_v = v; }  // strict: the first maximum stays
-  }
-  return best;
-}
-
-// tokens [M] int64: each row's greedy token (confirm), -1 where the caller must run the full
-// head; all -1 where this build has no fp16 loads (no F16C).
-torch::Tensor greedy(torch::Tensor x, torch::Tensor packed, torch::Tensor half, int64_t N,
-                     double bound, double max_norm) {
-  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.device().is_cpu() &&
-              x.is_contiguous(), "greedy head: x [M, K] fp32 CPU, contiguous");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == CP_TILE && packed.is_contiguous() &&
-              packed.dtype() == torch::kFloat32 && packed.size(1) == x.size(1) && N > 0 &&
-              packed.size(0) * CP_TILE >= N && N > packed.size(0) * CP_TILE - CP_TILE,
-              "greedy head: packed [ceil(N/32), K, 32] for this x and N");
-  TORCH_CHECK(half.dtype() == torch::kHalf && half.is_contiguous() &&
-              half.sizes() == packed.sizes(), "greedy head: half like packed, fp16");
-  const int64_t M = x.size(0), K = x.size(1), tiles = packed.size(0);
-  auto tokens = torch::full({M}, -1, torch::kLong);
-#if CP_HALF
-  if (M == 0) return tokens;
-  auto approx = torch::empty({M, N}, x.options());
-  const int n = static_cast<int>(std::min<int64_t>(threads_now(), tiles));
-  const int64_t chunk = std::max<int64_t>(1, tiles / (4 * n));
-  Job<uint16_t> job{x.data_ptr<float>(), K,
-                    reinterpret_cast<const uint16_t*>(half.data_ptr<at::Half>()), nullptr,
-                    approx.data_ptr<float>(), M, K, N, tiles, chunk};
-  run(n, job_part<uint16_t>, &job, M <= CP_SPIN_ROWS);
-  std::unique_ptr<float[]> exact(new float[static_cast<size_t>(tiles * CP_TILE)]);
-  auto* out = tokens.data_ptr<int64_t>();
-  // past an eighth of the head, the one-thread confirmation costs more than the full head
-  const int64_t max_tiles = std::max<int64_t>(4, tiles / 8);
-  for (int64_t m = 0; m < M; ++m)
-    out[m] = confirm(x.data_ptr<float>() + m * K, packed.data_ptr<float>(),
-                     approx.data_ptr<float>() + m * N, K, N, bound, max_norm, max_tiles,
-                     exact.get());
-#endif
-  return tokens;
-}
-
-bool has_half() { return CP_HALF != 0; }
-
-// ---- at::parallel_for's contract on this pool (kernels.cpu_decode_layers) ------------------
-// f(begin, end) over chunks of [begin, end) of at least `grain`, inline when the range is one
-// grain, one thread runs, or the calling thread asked for serial loops (SerialLoops). Chunks
-// are claimed as in job_part; f must not care which thread runs a chunk (the layer ops' loops
-// do not: each index is computed alike wherever it runs). An exception thrown by f, on any
-// thread, stops the other chunks and is rethrown to the caller once every runner is done.
-static thread_local bool t_serial = false;
-
-// While alive, pool_parallel_for runs inline on this thread: the stack's final norm, after
-// its last linear let the workers sleep, must not wake them (the LM head's pool follows).
-struct SerialLoops {
-  SerialLoops() { t_serial = true; }
-  ~SerialLoops() { t_serial = false; }
-};
-
-template <class F>
-struct ForJob {
-  const F* f;
-  int64_t end, chunk;
-  std::atomic<int64_t> next;
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-};
-
-template <class F>
-static void for_part(void* ctx) {
-  ForJob<F>& j = *static_cast<ForJob<F>*>(ctx);
-  for (;;) {
-    const int64_t b = j.next.fetch_add(j.chunk, std::memory_order_relaxed);
-    if (b >= j.end) return;
-    try {
-      (*j.f)(b, std::min(b + j.chunk, j.end));
-    } catch (...) {
-      if (!j.failed.exchange(true)) j.error = std::current_exception();
-      j.next.store(j.end, std::memory_order_relaxed);  // the others stop at their next claim
-      return;
-    }
-  }
-}
-
-template <class F>
-void pool_parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
-  if (end <= begin) return;
-  const int n = threads_now();
-  if (t_serial || n <= 1 || end - begin <= std::max<int64_t>(grain, 1)) {
-    f(begin, end);
-    return;
-  }
-  const int64_t chunk = std::max<int64_t>(std::max<int64_t>(grain, 1),
-                                          (end - begin + 4 * n - 1) / (4 * n));
-  ForJob<F> job{&f, end, chunk, {begin}};
-  run(n, for_part<F>, &job, true);  // the stack's workers spin between its ops
-  if (job.error) std::rethrow_exception(job.error);  // every runner is done with job here
-}
 """
+
+_SOURCE = "\n" + "\n\n".join(part.strip("\n") for part in (
+    _HEADERS, cpu_vectors.SOURCE, cpu_spin_pool.POOL, _KERNEL, cpu_greedy_confirm.SOURCE,
+    cpu_spin_pool.PARALLEL_FOR)) + "\n"
 
 OPS = CppOps("carpool_cpu_small_linear",
              f"#define CP_SPIN_US {SPIN_US}\n#define CP_SPIN_ROWS {SPIN_ROWS}\n" + _SOURCE,

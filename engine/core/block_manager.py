@@ -14,8 +14,8 @@ Contract (the scheduler is the only caller; it is not thread-safe):
 
 - ``allocate_slots`` grows a request's table to cover ``num_computed + num_new`` tokens, or
   returns False and changes nothing (then the scheduler preempts).
-- Prefix sharing: a *full* block is named by a hash chain ``hash((parent_hash, tokens))``.
-  A block enters the hash table only after its tokens were computed (``cache_blocks`` after
+- Prefix sharing: a *full* block is named by a hash chain ``hash((parent_hash, tokens))``
+  (the index: ``engine.core.prefix_cache``). A block enters the hash table only after its tokens were computed (``cache_blocks`` after
   the step), so a cached block's KV is always valid. A new table may start with cached blocks
   (ref count + 1) but always leaves at least the last token to compute, so the block being
   written is never shared. Freed hashed blocks stay in an LRU: they count as free and keep
@@ -37,36 +37,18 @@ Contract (the scheduler is the only caller; it is not thread-safe):
   device block freed by a swap-out to anyone in the same step. CPU blocks released by a swap-in
   are held back until ``begin_step()`` so that a later swap-out in the same step cannot
   overwrite them before the runner has copied them in.
-- Hash collisions: the chain uses Python's 64-bit tuple hash (exact on token content within a
-  block, chained by the parent's hash); a chain collision is ~2**-64 per lookup. Accepted.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
+
+from engine.core.prefix_cache import PrefixCache
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-_ROOT_HASH = 0x5EED  # parent hash of a request's first block
-_PARTIAL_SCAN = 32  # candidate blocks a partial match compares
-
-
-def block_hash(parent: int, tokens: Sequence[int]) -> int:
-    return hash((parent, tuple(tokens)))
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class BlockManager:
@@ -84,14 +66,10 @@ class BlockManager:
         self.num_cpu_blocks = num_cpu_blocks
         self.enable_prefix_caching = enable_prefix_caching
         self._ref = [0] * num_blocks
-        self._hash_of: list[int | None] = [None] * num_blocks
-        self._block_of_hash: dict[int, int] = {}
+        self._prefix = PrefixCache(num_blocks, block_size, enable_prefix_caching)
         # Free device blocks: unhashed ones (reused first) and hashed ones in LRU order.
         self._free_plain: list[int] = list(range(num_blocks - 1, -1, -1))
         self._free_cached: OrderedDict[int, None] = OrderedDict()
-        # Partial-match index: (parent hash, first token) -> hashed blocks with their tokens.
-        self._heads: dict[tuple[int, int], dict[int, tuple[int, ...]]] = {}
-        self._head_of: dict[int, tuple[int, int]] = {}
         self._copies: dict[str, tuple[int, int]] = {}  # request -> (source, its block): pending
         self._tables: dict[str, list[int]] = {}
         self._hashes: dict[str, list[int]] = {}  # chain hashes of a request's computed full blocks
@@ -161,60 +139,8 @@ class BlockManager:
         block under the same parent); always fewer than ``len(token_ids)``: the last token is
         left to compute (its logits are needed).
         """
-        blocks, _, partial = self._match(token_ids)
+        blocks, _, partial = self._prefix.match(token_ids)
         return len(blocks) * self.block_size + (partial[1] if partial else 0)
-
-    def _match(
-        self, token_ids: Sequence[int]
-    ) -> tuple[list[int], list[int], tuple[int, int] | None]:
-        """(shared blocks, their hashes, (source block, tokens) of a partial match or None)."""
-        blocks: list[int] = []
-        hashes: list[int] = []
-        if not self.enable_prefix_caching:
-            return blocks, hashes, None
-        bs = self.block_size
-        parent = _ROOT_HASH
-        for i in range((len(token_ids) - 1) // bs):
-            h = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
-            block = self._block_of_hash.get(h)
-            if block is None:
-                break
-            blocks.append(block)
-            hashes.append(h)
-            parent = h
-        start = len(blocks) * bs
-        tail = token_ids[start : min(len(token_ids) - 1, start + bs)]
-        return blocks, hashes, self._partial_match(parent, tail)
-
-    def _partial_match(self, parent: int, tail: Sequence[int]) -> tuple[int, int] | None:
-        """The cached block under ``parent`` whose tokens share the longest head with
-        ``tail``: (block, shared tokens), or None when none shares a token."""
-        if not tail:
-            return None
-        best: tuple[int, int] | None = None
-        bucket = self._heads.get((parent, tail[0]), {})
-        # the most recently cached first, at most _PARTIAL_SCAN of them: a bucket under a
-        # shared system prompt grows with every conversation
-        for block in itertools.islice(reversed(bucket), _PARTIAL_SCAN):
-            n = common_prefix_len(bucket[block], tail)
-            if best is None or n > best[1]:
-                best = (block, n)
-                if n == len(tail):
-                    break
-        return best
-
-    def _index(self, block: int, parent: int, tokens: Sequence[int]) -> None:
-        head = (parent, tokens[0])
-        self._heads.setdefault(head, {})[block] = tuple(tokens)
-        self._head_of[block] = head
-
-    def _unindex(self, block: int) -> None:
-        head = self._head_of.pop(block, None)
-        if head is not None:
-            bucket = self._heads[head]
-            del bucket[block]
-            if not bucket:
-                del self._heads[head]
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The (source, destination) device-block copies decided since the last call, for the
@@ -229,22 +155,9 @@ class BlockManager:
         A block whose hash is already cached (another request computed the same content) is
         left unregistered; it is freed as a plain block.
         """
-        if not self.enable_prefix_caching:
-            return
-        table = self._tables[request_id]
-        hashes = self._hashes[request_id]
-        bs = self.block_size
-        parent = hashes[-1] if hashes else _ROOT_HASH
-        for i in range(len(hashes), num_computed_tokens // bs):
-            tokens = token_ids[i * bs : (i + 1) * bs]
-            h = block_hash(parent, tokens)
-            block = table[i]
-            if h not in self._block_of_hash and self._hash_of[block] is None:
-                self._block_of_hash[h] = block
-                self._hash_of[block] = h
-                self._index(block, parent, tokens)
-            hashes.append(h)
-            parent = h
+        if self.enable_prefix_caching:
+            self._prefix.cache(self._tables[request_id], self._hashes[request_id], token_ids,
+                               num_computed_tokens)
 
     def num_cached_blocks_of(self, request_id: str) -> int:
         """How many of the request's leading blocks have been hashed (see cache_blocks)."""
@@ -281,7 +194,8 @@ class BlockManager:
             return True
         if request_id in self._cpu_tables:
             raise ValueError(f"request {request_id!r} is swapped out; swap_in first")
-        shared, hashes, partial = self._match(token_ids) if token_ids is not None else ([], [], None)
+        shared, hashes, partial = (self._prefix.match(token_ids) if token_ids is not None
+                                   else ([], [], None))
         cached = len(shared) * self.block_size + (partial[1] if partial else 0)
         if num_computed_tokens != cached:
             raise ValueError(
@@ -328,11 +242,7 @@ class BlockManager:
             block = self._free_plain.pop()
         else:
             block, _ = self._free_cached.popitem(last=False)
-            h = self._hash_of[block]
-            assert h is not None
-            del self._block_of_hash[h]
-            self._hash_of[block] = None
-            self._unindex(block)
+            self._prefix.evict(block)
         self._ref[block] = 1
         return block
 
@@ -342,7 +252,7 @@ class BlockManager:
         for block in reversed(blocks):
             self._ref[block] -= 1
             if self._ref[block] == 0:
-                if self._hash_of[block] is None:
+                if not self._prefix.is_hashed(block):
                     self._free_plain.append(block)
                 else:
                     self._free_cached[block] = None
@@ -393,12 +303,7 @@ class BlockManager:
         self._cpu_pending.extend(cpu)
         self._tables[request_id] = table
         # Re-register the request's full computed blocks: their KV lands before the forward.
-        # Not in the partial-match index: copies run before swap-ins, so a copy from one of
-        # these blocks in this step would read it before its KV is back.
-        for i, h in enumerate(self._hashes.get(request_id, ())):
-            if h not in self._block_of_hash:
-                self._block_of_hash[h] = table[i]
-                self._hash_of[table[i]] = h
+        self._prefix.restore(table, self._hashes.get(request_id, ()))
         return list(zip(cpu, table))
 
     def begin_step(self) -> None:
@@ -427,17 +332,7 @@ class BlockManager:
         assert len(free) + used == self.num_blocks, (
             f"device: free {len(free)} + used {used} != {self.num_blocks}"
         )
-        for b in self._free_plain:
-            assert self._hash_of[b] is None, f"plain free block {b} has a hash"
-        for b in self._free_cached:
-            assert self._hash_of[b] is not None, f"cached free block {b} has no hash"
-        for h, b in self._block_of_hash.items():
-            assert self._hash_of[b] == h, f"hash table maps to block {b} with another hash"
-        for b, head in self._head_of.items():
-            assert self._hash_of[b] is not None, f"indexed block {b} has no hash"
-            assert b in self._heads[head], f"block {b} missing from its head's bucket"
-        hashed = sum(1 for h in self._hash_of if h is not None)
-        assert hashed == len(self._block_of_hash), "block hashes and hash table disagree"
+        self._prefix.check(self._free_plain, self._free_cached)
         for rid, hashes in self._hashes.items():
             if rid in self._tables:
                 assert len(hashes) <= len(self._tables[rid]), f"{rid}: more hashes than blocks"

@@ -133,7 +133,7 @@ def test_an_evicted_block_no_longer_matches_in_part() -> None:
     assert bm.match_prefix([1, 2, 9]) == 2
     assert bm.allocate_slots("x", 8)  # both blocks: the cached one is evicted
     assert bm.match_prefix([1, 2, 9]) == 0
-    assert not bm._heads
+    assert not bm._prefix._heads
     bm.check_integrity()
 
 
@@ -141,7 +141,7 @@ def test_a_source_evicted_into_the_new_table_needs_no_copy() -> None:
     bm = make_bm(num_blocks=1)
     _computed(bm, "a", [1, 2, 3, 4])  # one full block, hashed
     bm.free("a")
-    (src,) = [b for b in range(1) if bm._hash_of[b] is not None]
+    (src,) = [b for b in range(1) if bm._prefix._hash_of[b] is not None]
     assert bm.allocate_slots("b", 1, 3, [1, 2, 3, 8])  # the fresh block is the source itself
     assert bm.get_block_ids("b") == [src] and bm.take_copies() == []
     bm.check_integrity()

@@ -13,13 +13,9 @@ import redis.asyncio as aioredis
 from engine.core.outputs import ScheduledRequest, SchedulerOutput
 from engine.core.sampling_params import SamplingParams
 from engine.frontend.async_engine import AsyncEngine
-from gateway.worker.step_budget import (
-    LOWER_PROMPT_PER_OUTPUT,
-    MIN_LOWER_PREFILL_TOKENS,
-    SHARE_HYSTERESIS,
-    TARGET_LOG_STEP,
-    StepBudget,
-)
+from gateway.worker.step_budget import StepBudget
+from gateway.worker.step_pricing import LOWER_PROMPT_PER_OUTPUT, MIN_LOWER_PREFILL_TOKENS
+from gateway.worker.tpot_target import SHARE_HYSTERESIS, TARGET_LOG_STEP
 from gateway.worker.urgent_demand import UrgentDemand
 from gateway.worker.worker import Worker
 from policies.admission import EngineLoad
@@ -184,7 +180,7 @@ def test_the_derived_target_follows_the_measured_small_step() -> None:
         for _ in range(30):
             observe(synthetic_step(rows, 200, prefill=prefill)[0], 0.9)
     budget.update()  # feed() brought 2 4-row decode steps of the true law: 17 now
-    small = budget._small_steps
+    small = budget._tpot.small_steps
     assert len(small) == 17
     assert budget.target_s == pytest.approx(DERIVED_TPOT_HEADROOM * sorted(small)[8])
     assert budget.target_s != pytest.approx(predicted)

@@ -8,7 +8,8 @@ import pytest
 
 from engine.core.outputs import ScheduledRequest, SchedulerOutput
 from engine.core.sampling_params import SamplingParams
-from gateway.worker.step_budget import LOWER_PROMPT_PER_OUTPUT, MIN_LOWER_PREFILL_TOKENS, StepBudget
+from gateway.worker.step_budget import StepBudget
+from gateway.worker.step_pricing import LOWER_PROMPT_PER_OUTPUT, MIN_LOWER_PREFILL_TOKENS
 from gateway.worker.urgent_demand import UrgentDemand
 from tests.gateway.worker.test_step_budget import MAX_SEQS, RecordingEngine
 

@@ -1,8 +1,8 @@
 """Find a model folder on local disk and load its tokenizer, without torch.
 
 What a gateway-only process needs about the served model (folder, display name, tokenizer)
-lives here, so it never imports torch; the weights, and the one-time conversion of the
-bundled GGUF, are ``engine.runner.loader``'s. Never reaches a hub: every transformers load
+lives here, so it never imports torch; the weights are ``engine.runner.loader``'s, the one-time
+conversion of the bundled GGUF ``engine.runner.gguf_convert``'s. Never reaches a hub: every transformers load
 passes ``local_files_only=True``.
 
 ``model=None`` means the bundled SmolLM2-135M-Instruct: a Q4_1 GGUF inside the
@@ -38,10 +38,10 @@ def resolve_model_dir(model: str | None, cache_dir: str | None = None) -> Path:
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / "models" / BUNDLED_NAME
     if not (target / "config.json").is_file():
-        from engine.runner import loader  # torch: only for the one-time conversion
+        from engine.runner import gguf_convert  # torch: only for the one-time conversion
 
         gguf = bundled_gguf_path()
-        run_on_fresh_thread(lambda: loader.convert_gguf(gguf, target), "carpool-convert")
+        run_on_fresh_thread(lambda: gguf_convert.convert_gguf(gguf, target), "carpool-convert")
     return target
 
 

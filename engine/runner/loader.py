@@ -1,21 +1,19 @@
-"""Read a local checkpoint's config and weights (torch), and convert the bundled GGUF once.
+"""Read a local checkpoint's config and weights (torch).
 
 Finding the folder and loading the tokenizer need no torch and live in
 ``engine.model_files`` (re-exported here); a gateway-only process uses that module alone.
 Never reaches a hub: every transformers load here passes ``local_files_only=True`` (no
 process environment is changed to get there).
 
-The bundled SmolLM2-135M-Instruct is a Q4_1 GGUF; transformers dequantizes it in ~15 s, so
-``convert_gguf`` does that once and keeps a plain safetensors folder in a cache directory;
-later starts read that folder in well under a second. Any local HF checkpoint of the Llama
-family (llama, mistral, qwen2) loads as is.
+The bundled SmolLM2-135M-Instruct is a Q4_1 GGUF, converted once into a plain safetensors
+folder (``engine.runner.gguf_convert``, which ``engine.model_files`` calls); later starts read
+that folder in well under a second. Any local HF checkpoint of the Llama family (llama,
+mistral, qwen2) loads as is.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,50 +32,6 @@ from engine.model_files import (  # noqa: F401
 )
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
-
-
-def convert_gguf(gguf_path: Path, target: Path) -> None:
-    """Dequantize a GGUF once with transformers and write a safetensors HF folder at ``target``.
-
-    Written into a temp folder beside ``target`` and renamed into place, so concurrent
-    processes never see a half-written folder; the loser of a race drops its copy.
-    """
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # one-time conversion; keep the terminal quiet
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        src, name = str(gguf_path.parent), gguf_path.name
-        tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
-            src, gguf_file=name, local_files_only=True, dtype=torch.float32
-        )
-        config = model.config.to_dict()
-        for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
-            config.pop(key, None)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        state = model.state_dict()
-        if config.get("tie_word_embeddings"):
-            state.pop("lm_head.weight", None)  # shared storage; safetensors refuses aliases
-        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
-        tokenizer.save_pretrained(str(tmp))
-        GenerationConfig(
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.eos_token_id,
-        ).save_pretrained(str(tmp))
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_hf_config(model_dir: Path) -> Any:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.core.config import ModelConfig
-from engine.runner import loader
+from engine.runner import gguf_convert
 from engine.runner.loader import (
     BUNDLED_NAME,
     load_hf_config,
@@ -41,7 +41,7 @@ def test_bundled_model_is_converted_once_and_then_loads_without_converting(
     def no_conversion(*_args: object) -> None:
         raise AssertionError("the bundled GGUF was converted again")
 
-    monkeypatch.setattr(loader, "convert_gguf", no_conversion)
+    monkeypatch.setattr(gguf_convert, "convert_gguf", no_conversion)
     runner = make_runner(None, "float32", num_blocks=8, num_cpu_blocks=0)
     assert runner.model_dir == smollm2_dir
     assert (smollm2_dir / "model.safetensors").stat().st_mtime_ns == stamp  # not re-converted
@@ -96,7 +96,7 @@ def test_conversion_is_atomic_and_a_lost_race_is_harmless(
     (the real 15 s conversion runs once per machine through the smollm2_dir fixture)."""
     import transformers
 
-    from engine.runner.loader import convert_gguf
+    from engine.runner.gguf_convert import convert_gguf
 
     model = hf_model(tiny_model_dir, torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir),

@@ -32,15 +32,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from kernels import cpu_decode, cpu_layer_ops, cpu_small_linear
 from kernels.cpu_ext import FLAGS, CppOps
 
-if TYPE_CHECKING:
-    from engine.models.cpu_decode_step import CpuDecodeStep
+
+class StepRows(Protocol):
+    """A step's attention rows, one a token, as ``forward`` reads them (the engine's prepared
+    step, ``engine.models.cpu_decode_step.CpuDecodeStep``, is one)."""
+
+    @property
+    def positions(self) -> torch.Tensor: ...  # [R] int64
+    @property
+    def slots(self) -> torch.Tensor: ...  # [R] int64: cache slot of each new token
+    @property
+    def block_tables(self) -> torch.Tensor: ...  # [R, max_blocks] int32
+    @property
+    def seq_lens(self) -> torch.Tensor: ...  # [R] int32: context length incl. the token
+
 
 # Steps of up to this many tokens run here, their linears on the small-batch op at any row
 # count up to it. Past the small op's own routing limit (cpu_small_linear.MAX_ROWS, set for
@@ -257,7 +269,7 @@ class DecodeLayers:
         self._stack = module.DecodeLayers(tensors, eps, out, scales, final_norm.contiguous(),
                                           final_eps, cos_sin, q_heads, kv_heads, head_dim, scale)
 
-    def forward(self, x: torch.Tensor, step: CpuDecodeStep,
+    def forward(self, x: torch.Tensor, step: StepRows,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         out: torch.Tensor = self._stack.forward(
             x, step.positions, step.slots, step.block_tables, step.seq_lens,

@@ -29,18 +29,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import torch
 from torch import nn
 
+from engine.models.llama_layers import AttentionMetadata, LlamaDecoderLayer, RMSNorm
 from kernels import cpu_decode, cpu_decode_layers, cpu_layer_ops
 from kernels.cpu_decode_layers import DecodeLayers, LayerWeights, SmallLinear
 from kernels.cpu_int8_linear import Int8Linear
 from kernels.cpu_linear import OneDNNLinear
 
-if TYPE_CHECKING:
-    from engine.models.llama import AttentionMetadata, LlamaDecoderLayer, LlamaForCausalLM
+
+class DecoderModel(Protocol):
+    """What this path reads of the model (``engine.models.llama.LlamaForCausalLM``, which
+    calls it from its forward)."""
+
+    embed_tokens: nn.Embedding
+    layers: nn.ModuleList
+    norm: RMSNorm
+    cos_sin: torch.Tensor
 
 
 # Past the stack's tokens, a step's prompt tokens attend as decode rows while the context they
@@ -66,7 +74,7 @@ class CpuDecodeStep:
     stack: DecodeLayers | None = None
 
 
-def stack_for(model: LlamaForCausalLM) -> DecodeLayers | None:
+def stack_for(model: DecoderModel) -> DecodeLayers | None:
     """The model's whole-stack op, bound to its weights on first use; None where it does not
     apply (linears not on the small-batch op, the op not built)."""
     # keyed on the first and last linear modules: routing or quantizing swaps them, and a stack
@@ -89,7 +97,7 @@ def _small(linear: nn.Module) -> SmallLinear | None:
     return SmallLinear(linear.small, linear.bias, linear.out_features)
 
 
-def _bind(model: LlamaForCausalLM) -> DecodeLayers | None:
+def _bind(model: DecoderModel) -> DecodeLayers | None:
     if not cpu_decode_layers.available() or not model.layers:
         return None
     layers = []
@@ -108,7 +116,7 @@ def _bind(model: LlamaForCausalLM) -> DecodeLayers | None:
 
 
 def prepare(
-    model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor,
+    model: DecoderModel, input_ids: torch.Tensor, positions: torch.Tensor,
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
 ) -> CpuDecodeStep | None:
     layer_ops, decode_op = cpu_layer_ops.OPS.module(), cpu_decode.OPS.module()

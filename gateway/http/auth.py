@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.http.errors import APIError, error_response
+from gateway.telemetry.events import GatewayEvents
 from gateway.tenancy.keys import key_digest, looks_like_key
 from gateway.tenancy.tenants import Tenant, TenantStore
-
-if TYPE_CHECKING:  # services.py imports this module: for types only
-    from gateway.http.services import Services
 
 PUBLIC_PATHS = frozenset({"/healthz", "/health", "/readyz", "/metrics"})  # metrics: for the scraper
 # The operator console's page and script: a shell holding no data, served to a browser that
@@ -70,6 +68,18 @@ def bearer_key(scope: Scope) -> str | None:
     return None
 
 
+class AuthServices(Protocol):
+    """What the middleware reads of ``app.state.services`` (``gateway.http.services.Services``,
+    which holds the ``AuthCache`` above)."""
+
+    @property
+    def store(self) -> TenantStore: ...
+    @property
+    def auth(self) -> AuthCache: ...
+    @property
+    def events(self) -> GatewayEvents: ...
+
+
 class AuthMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -78,7 +88,7 @@ class AuthMiddleware:
         if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
-        services: Services = scope["app"].state.services
+        services: AuthServices = scope["app"].state.services
         key = bearer_key(scope)
         console = scope["path"].startswith(CONSOLE_PREFIX)
         if console and key is None:

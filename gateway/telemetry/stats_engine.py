@@ -9,10 +9,11 @@ is the trailing run of samples in which the engines held no request at all.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway.telemetry.stats_publish import Samples
 from gateway.telemetry.stats_window import (
+    GaugePoint,
     by_label,
     distribution,
     histogram_summary,
@@ -21,9 +22,6 @@ from gateway.telemetry.stats_window import (
     total,
 )
 from policies.doctor import EngineWindow
-
-if TYPE_CHECKING:  # stats_snapshot imports this module
-    from gateway.telemetry.stats_snapshot import GaugePoint
 
 STATES = ("running", "waiting", "swapped")
 

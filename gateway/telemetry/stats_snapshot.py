@@ -37,6 +37,7 @@ from gateway.bus.keys import RedisKeys
 from gateway.telemetry.stats_engine import engine_section
 from gateway.telemetry.stats_publish import Samples, read_published, watch
 from gateway.telemetry.stats_window import (
+    GaugePoint,
     by_label,
     delta,
     histogram_summary,
@@ -68,12 +69,6 @@ class Point:
         """Every process of ``now`` is in this point, or started after it: a delta from here
         counts nothing twice and misses nothing."""
         return all(p in self.procs or start >= self.t for p, start in now.starts.items())
-
-
-@dataclass(frozen=True)
-class GaugePoint:
-    t: float
-    values: dict[str, float]  # "depth:<tier>", "running", "waiting", "swapped", "kv_used"...
 
 
 def gauge_point(t: float, procs: dict[str, Samples], tiers: Sequence[str]) -> GaugePoint:

@@ -12,11 +12,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from gateway.telemetry.stats_publish import LabelKey, Samples
 
 SHARED_GAUGES = frozenset({"carpool_queue_depth"})
 REJECTED = "rejected"  # the finish reason RequestRecorder gives a request refused at admission
+
+
+@dataclass(frozen=True)
+class GaugePoint:
+    """One sample of the gauges' series (``stats_snapshot.gauge_point``), merged over processes."""
+
+    t: float
+    values: dict[str, float]  # "depth:<tier>", "running", "waiting", "swapped", "kv_used"...
 
 
 def merge(procs: Iterable[Samples]) -> Samples:

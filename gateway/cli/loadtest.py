@@ -1,14 +1,24 @@
-"""`carpool loadtest`: start a local deployment (or target ``--host``), run the Locust file
-headless for a bounded time, write a per-tier report (report.md, report.json, ttft.png,
-tpot.png, Locust's CSV/HTML) to ``--out``, and stop everything it started."""
+"""`carpool loadtest` and `carpool plan --verify`: the gateway's one door to ``loadtests/``.
+
+``loadtests/`` stands above the gateway (it starts a deployment and drives it over HTTP), so
+the gateway imports nothing of it at module level. This module holds the command's flags
+(argparse only) and the two calls into it, each a lazy import inside a function:
+``run`` (``loadtests.cli``: Locust headless, a per-tier report) and ``verify``
+(``loadtests.plan_verify``: serve a plan's flags, load-test, replay through the simulator).
+tests/test_import_graph.py allows these imports here and nowhere else in ``gateway/``
+(docs/architecture.md).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.sim.cost import CostModel
+    from engine.sim.planner import Plan
 
 
 def add_parser(sub: Any) -> None:
@@ -39,49 +49,21 @@ def configure(p: argparse.ArgumentParser) -> None:
                    "best-effort=30 (to see intended 429s); default unlimited")
 
 
-def _pairs(raw: str) -> dict[str, str]:
-    out = {}
-    for part in raw.replace("\n", ",").split(","):
-        name, sep, value = part.strip().partition("=")
-        if sep:
-            out[name.strip()] = value.strip()
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    from loadtests.report import to_markdown
-    from loadtests.runner import LoadTestOptions, run_loadtest
+    from loadtests.cli import run as run_loadtest
 
-    opts = LoadTestOptions(
-        out_dir=Path(args.out), users=args.users, spawn_rate=args.spawn_rate,
-        run_time=args.run_time, mix=args.mix, chat=args.chat, summary=args.summary,
-    )
-    if args.host:
-        keys = _pairs(Path(args.keys_file).read_text()) if args.keys_file else None
-        rows = run_loadtest(opts, host=args.host, keys=keys)
-    else:
-        rows = run_loadtest(opts, serve=lambda: _serve(args),
-                            meta={"model": args.model or "SmolLM2-135M-Instruct",
-                                  "engine": args.engine})
-    sys.stdout.write(to_markdown(rows, {"report": str(opts.out_dir)}) + "\n")
-    return 0 if all(r.errors == 0 for r in rows) else 1
+    return run_loadtest(args)
 
 
-def _serve(args: argparse.Namespace) -> Any:
-    from gateway.config import GatewayConfig
-    from loadtests.local_server import local_server
+def verify(plan: Plan, cost: CostModel, run_time: str, out_dir: str) -> str:
+    from loadtests.plan_verify import verify as verify_plan
 
-    engine_options = {k: getattr(args, k) for k in ("max_num_seqs", "num_blocks", "max_model_len")
-                      if getattr(args, k) is not None}
-    config = GatewayConfig.from_env(model=args.model, engine=args.engine,
-                                    engine_options=engine_options or None,
-                                    namespace="loadtest")
-    rpm = {tier: int(v) for tier, v in _pairs(args.rpm).items()}
-    return local_server(config, rpm)
+    return verify_plan(plan, cost, run_time, out_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="carpool loadtest", description=__doc__)
+    parser = argparse.ArgumentParser(prog="carpool loadtest",
+                                     description="Locust load test with a per-tier report")
     configure(parser)
     return run(parser.parse_args(argv))
 

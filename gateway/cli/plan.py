@@ -8,7 +8,7 @@ a peak load; seed 004 section 12's order, printed step by step (``engine.sim.pla
 The step cost is a calibrated profile (``carpool calibrate``; ``--profile``) or ``--step-ms``.
 The model's KV shape comes from the profile (or ``--layers/--kv-heads/--head-dim/
 --dtype-bytes``; default SmolLM2-135M in fp32). ``--verify`` serves one instance with the
-recommended flags and load-tests it (``gateway.cli.plan_verify``).
+recommended flags and load-tests it (``loadtests.plan_verify``).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if not plan.feasible:
         return 1
     if args.verify:
-        from gateway.cli.plan_verify import verify
+        from gateway.cli.loadtest import verify
 
         sys.stdout.write(verify(plan, cost, args.verify_run_time, args.verify_out) + "\n")
     return 0

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print(NO_CUDA)
         return 0
-    from kernels import bench as kernels_bench
+    from kernels.bench import gpu_kernels as kernels_bench
 
     print(f"device: {torch.cuda.get_device_name()}, dtype {args.dtype}", flush=True)
     same, total = greedy_equality(args.model, args.dtype, args.max_tokens)

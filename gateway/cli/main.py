@@ -91,7 +91,8 @@ def _add_bench(sub: Any) -> None:
 def _run_bench(args: argparse.Namespace) -> int:
     import importlib
 
-    module = importlib.import_module({"engine": "engine.bench.engine", "kernels": "kernels.bench.gpu_kernels",
+    module = importlib.import_module({"engine": "engine.bench.engine",
+                                      "kernels": "kernels.bench.gpu_kernels",
                                       "gateway": "gateway.bench.gateway",
                                       "sla": "gateway.bench.sla",
                                       "serve": "gateway.bench.serve",

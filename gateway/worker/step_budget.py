@@ -243,8 +243,8 @@ class StepBudget:
              urgent_tokens_s: float | None = None) -> int | None:
         """Feed the pending steps to the model, refit and return the cap (None: no cap), the
         rows past ``urgent_rows`` priced with their prompts, the derived target no shorter
-        than interactive's step alone at ``urgent_tokens_s`` (``_target``). Touches only the
-        model and the pending steps: safe off the event loop."""
+        than interactive's step alone at ``urgent_tokens_s`` (``TpotTarget.derive``). Touches
+        only the model and the pending steps: safe off the event loop."""
         window = self._feed()
         if not self.model.num_samples:
             return None  # no step seen yet

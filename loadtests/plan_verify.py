@@ -23,6 +23,10 @@ from engine.sim.planner import Plan
 from engine.sim.report import table
 from engine.sim.simulator import EngineShape, Simulator
 from engine.sim.workload import RequestSpec
+from gateway.config import GatewayConfig
+from loadtests.local_server import local_server
+from loadtests.report import load_records
+from loadtests.runner import LoadTestOptions, run_loadtest
 
 THINK_S = 0.25  # the Locust users' mean wait between requests (between(0, 0.5))
 WORDS_PER_TOKEN = 0.75
@@ -36,8 +40,6 @@ def _seconds(run_time: str) -> float:
 
 
 def verify(plan: Plan, cost: CostModel, run_time: str, out_dir: str) -> str:
-    from loadtests.report import load_records
-
     final = plan.final
     assert final is not None and plan.kv is not None
     mean_latency = sum(s.latency_mean * s.n for s in final.tiers) / sum(s.n for s in final.tiers)
@@ -58,10 +60,6 @@ def verify(plan: Plan, cost: CostModel, run_time: str, out_dir: str) -> str:
 
 
 def _load_test(plan: Plan, users: int, run_time: str, out: Path) -> list[Any]:
-    from gateway.config import GatewayConfig
-    from loadtests.local_server import local_server
-    from loadtests.runner import LoadTestOptions, run_loadtest
-
     final = plan.final
     assert final is not None and plan.kv is not None
     i = plan.inputs

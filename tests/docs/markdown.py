@@ -136,10 +136,19 @@ def option_strings(parser: argparse.ArgumentParser) -> set[str]:
 
 def parse_carpool(argv: list[str]) -> argparse.Namespace:
     """Parse ``carpool <argv>`` with the parser that would run it (a benchmark's own for
-    ``bench``), so an unknown flag or a bad choice fails here; nothing runs."""
+    ``bench``), so an unknown flag or a bad choice fails here; for ``serve``, also build the
+    gateway and engine configs it would start with (their validation). Nothing runs."""
     from gateway.cli.main import build_parser
 
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         bench_parser(args.target).parse_args(args.rest)
+    if args.command == "serve":  # the configs it would build, validated (nothing starts)
+        from engine.core.config import EngineConfig
+        from gateway.cli.main import CONFIG_FLAGS, ENGINE_FLAGS
+        from gateway.config import GatewayConfig
+
+        engine = {k: getattr(args, k) for k in ENGINE_FLAGS if getattr(args, k) is not None}
+        GatewayConfig.from_env({}, **{k: getattr(args, k) for k in CONFIG_FLAGS})
+        EngineConfig.from_kwargs(**engine)
     return args

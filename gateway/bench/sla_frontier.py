@@ -17,7 +17,7 @@ held (Little's law). For a tier with a heavy tenant, that tier's own two rows (`
 
 Bulk beside interactive is priced with the server's own law instead. A two-point law read off
 the alone and FCFS rows put every request's prompt work into its per-row cost (bench sla,
-session 25: 12-16 ms a row, an intercept of 0, where a decode row costs ~3 ms), and said bulk
+measured: 12-16 ms a row, an intercept of 0, where a decode row costs ~3 ms), and said bulk
 could reach nothing. The step budget fits ``policies.step_cost`` to every step the server
 runs (rows, tokens, context read, prompt rows) and publishes the fit in its tier status.
 ``MachineLaw`` is that fit, and ``law_reach`` prices bulk goodput with it: every step

@@ -107,7 +107,7 @@ def test_every_metric_named_is_exported() -> None:
 
 def test_every_python_module_shown_exists() -> None:
     for page in [README, *DOCS]:
-        for module in set(re.findall(r"python -m ([\w.]+)", page.read_text())):
+        for module in set(re.findall(r"python -m (\w+(?:\.\w+)*)", page.read_text())):
             if module != "pytest":
                 assert importlib.util.find_spec(module), f"{page.name}: no module {module}"
 

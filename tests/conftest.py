@@ -12,6 +12,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) 
     from tests.model_factories import make_tiny_llama_dir
 
     return make_tiny_llama_dir(tmp_path_factory.mktemp("tiny_llama"), tokenizer_dir=smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """One embedded Redis server for the whole run; tests namespace their keys."""
+    from gateway.bus.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis()
+    url = server.start()
+    try:
+        yield url
+    finally:
+        server.stop()

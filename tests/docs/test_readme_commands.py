@@ -111,18 +111,6 @@ def test_pytest_command() -> None:
     assert " passed" in done.stdout
 
 
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    from gateway.bus.embedded import EmbeddedRedis
-
-    server = EmbeddedRedis()
-    url = server.start()
-    try:
-        yield url
-    finally:
-        server.stop()
-
-
 def test_tenants_and_simulate_commands_run(redis_url: str, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,5 @@
-"""Gateway fixtures: one embedded Redis for the session; each test namespaces its keys."""
+"""Gateway fixtures (the session's embedded Redis, ``redis_url``, is in tests/conftest.py;
+each test namespaces its keys)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from gateway.bus.embedded import EmbeddedRedis
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    server = EmbeddedRedis()
-    url = server.start()
-    try:
-        yield url
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """fp32 CPU linears: oneDNN's inner product with pre-packed weights, and for decode-sized
 batches (at most ``kernels.cpu_small_linear.MAX_ROWS`` rows) the small-batch op, which streams
-its own packed copy of the weight near memory bandwidth (2x oneDNN at 1-8 rows; README,
-"Small-batch linears"). Both copies are kept: a prefill chunk of hundreds of rows is oneDNN's.
+its own packed copy of the weight near memory bandwidth (2x oneDNN at 1-8 rows; docs/benchmarks.md,
+"carpool bench engine"). Both copies are kept: a prefill chunk of hundreds of rows is oneDNN's.
 
 Contract: ``route_cpu_linears(model)`` replaces every plain ``nn.Linear`` of ``model`` whose
 weight is float32 on CPU by a ``OneDNNLinear`` holding the weight packed once by

@@ -64,7 +64,6 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_cpu_blocks = num_cpu_blocks
-        self.enable_prefix_caching = enable_prefix_caching
         self._ref = [0] * num_blocks
         self._prefix = PrefixCache(num_blocks, block_size, enable_prefix_caching)
         # Free device blocks: unhashed ones (reused first) and hashed ones in LRU order.
@@ -80,6 +79,11 @@ class BlockManager:
         self.prefix_hit_tokens = 0
 
     # ---- counts -------------------------------------------------------------------------
+    @property
+    def enable_prefix_caching(self) -> bool:
+        """Whether computed blocks are named for reuse (the prefix cache owns the flag)."""
+        return self._prefix.enabled
+
     @property
     def num_free_blocks(self) -> int:
         return len(self._free_plain) + len(self._free_cached)

@@ -138,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
 # 140-200%), the short ones gained nothing clear quiet, and one thread is slower quiet: no
 # setting has both on this machine, and PASSIVE stays. GOMP_SPINCOUNT=20000 with one torch thread
 # while a neighbour runs had both (1 row 32 | 47 ms, 32 rows 68 | 118 vs PASSIVE's 42 | 52, 93 |
-# 124): a per-step thread count chosen by contention, not built yet (the README's serving-speed
-# section). Must be set before torch loads libgomp, i.e. before any subcommand imports the
+# 124): a per-step thread count chosen by contention, not built yet (docs/benchmarks.md,
+# OpenMP wait policies). Must be set before torch loads libgomp, i.e. before any subcommand imports the
 # engine. Written at run time in main(), for those commands only, not when this module is
 # imported (tests import it), and the one environment write in the gateway: gateway/config.py
 # only reads.

@@ -65,6 +65,10 @@ class GatewayConfig:
     visibility_timeout_s: float = 30.0  # pending entries of a silent worker are reclaimed
     stream_ttl_s: int = 300  # out:{id} streams expire after this even if nobody reads them
     auth_cache_s: float = 0.5  # key->tenant cache; revocation is visible within this
+    # the usage ledger (``tenancy/ledger.py``): hourly rows per tenant, kept this many days
+    # after their last write; ledger=False writes none (the bench's ledger-off row)
+    ledger: bool = True
+    usage_retention_days: int = 90
     worker_id: str | None = None  # consumer name; None = host-pid-random
     echo_step_ms: float = 0.0  # fake engine: delay per step
     trace_console: bool = False  # print finished spans to stdout
@@ -109,6 +113,8 @@ class GatewayConfig:
                              "must be >= 1")
         if self.max_n < 1:
             raise ValueError("max_n must be >= 1")
+        if not 1 <= self.usage_retention_days <= 3660:
+            raise ValueError("usage_retention_days must be in 1..3660")
         if not self.namespace or ":" in self.namespace:
             raise ValueError("namespace must be non-empty and contain no ':'")
 

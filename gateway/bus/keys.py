@@ -16,6 +16,10 @@
     {ns}:admin_keys          set     digests of admin keys
     {ns}:rl:{id}:{kind}      hash    token bucket {level, ts} for rpm / tpm
     {ns}:conc:{id}           zset    in-flight request ids scored by lease expiry (ms)
+    {ns}:usage:{id}:{hour}   hash    the usage ledger's tenant-hour (YYYYMMDDHH, UTC):
+                                     "{key id}|{tier}|{model}|{metric}" -> count
+                                     (``tenancy/ledger.py``); expires after the retention
+    {ns}:usage_tenants       set     tenants that have ledger rows (deleted ones too)
     {ns}:stats               hash    counters (admitted, rejected:*, completed, aborted...)
     {ns}:tier_status         hash    worker id -> its tier status JSON (worker/tier_status.py)
     {ns}:metrics             hash    process id -> its metrics samples JSON (telemetry/stats_publish.py)
@@ -84,6 +88,13 @@ class RedisKeys:
 
     def concurrency(self, tenant_id: str) -> str:
         return f"{self.ns}:conc:{tenant_id}"
+
+    def usage(self, tenant_id: str, hour: str) -> str:
+        return f"{self.ns}:usage:{tenant_id}:{hour}"
+
+    @property
+    def usage_tenants(self) -> str:
+        return f"{self.ns}:usage_tenants"
 
     @property
     def stats(self) -> str:

@@ -40,6 +40,13 @@ def add_parser(sub: Any) -> None:
         c.add_argument("--default-tier", default=None)
     for name in ("issue-key", "keys"):
         tsub.add_parser(name).add_argument("tenant_id")
+    u = tsub.add_parser("usage", help="the usage ledger: a table (or --csv / --json)")
+    u.add_argument("tenant_id", nargs="?", default=None, help="one tenant (default: all)")
+    u.add_argument("--from", dest="start", default=None, help="YYYY-MM-DD or ISO (UTC)")
+    u.add_argument("--to", dest="end", default=None, help="exclusive; default now")
+    u.add_argument("--by", default="day", help="hour | day | key | tier | model")
+    u.add_argument("--csv", action="store_true")
+    u.add_argument("--json", action="store_true")
     r = tsub.add_parser("revoke-key")
     r.add_argument("tenant_id")
     r.add_argument("key_id", help="key id (from 'keys') or the key itself")
@@ -106,6 +113,8 @@ async def _run(args: argparse.Namespace) -> int:
         elif args.action == "keys":
             for kid in await store.list_keys(args.tenant_id):
                 out.write(kid + "\n")
+        elif args.action == "usage":
+            return await _usage(redis, RedisKeys(config.namespace), store, args)
         elif args.action == "revoke-key":
             if not await store.revoke_key(args.tenant_id, args.key_id):
                 out.write("no such key\n")
@@ -120,6 +129,48 @@ async def _run(args: argparse.Namespace) -> int:
     finally:
         await redis.aclose()
     return 0
+
+
+async def _usage(redis: Any, keys: Any, store: Any, args: argparse.Namespace) -> int:
+    import time
+
+    from gateway.tenancy.ledger import UsageLedger, group_rows, parse_range, to_csv
+
+    ledger = UsageLedger(redis, keys)
+    known = await ledger.tenants()
+    if args.tenant_id and args.tenant_id not in known and await store.get(args.tenant_id) is None:
+        sys.stdout.write(f"no tenant '{args.tenant_id}'\n")
+        return 1
+    t0, t1 = parse_range(args.start, args.end, time.time())
+    rows = group_rows(await ledger.read([args.tenant_id] if args.tenant_id else known, t0, t1),
+                      args.by)
+    if args.csv:
+        sys.stdout.write(to_csv(rows))
+    elif args.json:
+        for r in rows:
+            sys.stdout.write(json.dumps(r.to_json()) + "\n")
+    else:
+        sys.stdout.write(format_usage(rows, args.by))
+    return 0
+
+
+USAGE_COLUMNS = ("requests", "prompt", "cached", "completion", "undelivered", "errors")
+
+
+def format_usage(rows: list[Any], by: str) -> str:
+    """Ledger rows (``ledger.group_rows``) as an aligned table, one line per tenant and group."""
+    group = {"hour": "hour", "day": "hour", "key": "key_id", "tier": "tier", "model": "model"}[by]
+    cells = [[r.tenant, getattr(r, group), str(r.requests), str(r.prompt_tokens),
+              str(r.cached_tokens), str(r.completion_tokens), str(r.undelivered_tokens),
+              " ".join(f"{c}={n}" for c, n in sorted(r.errors.items())) or "-"]
+             for r in rows]
+    head = ["tenant", by, *USAGE_COLUMNS]
+    widths = [max(len(c[i]) for c in [head, *cells]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in [head, *cells]]
+    if not cells:
+        lines.append("(no usage in this range)")
+    return "\n".join(lines) + "\n"
 
 
 async def _statuses(redis: Any, config: Any) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from gateway.http.errors import APIError, bad_request
 from gateway.http.openai.routes import read_json
 from gateway.http.services import Services
 from gateway.http.shedding import step_budgets, step_costs, tier_table
+from gateway.http.usage import USAGE_ADMIN_ROUTES
 from gateway.telemetry.stats_snapshot import StatsHistory
 from gateway.tenancy.tenants import Tenant, tenant_from_dict
 
@@ -130,5 +131,6 @@ ADMIN_ROUTES = [
     Route("/admin/tenants/{tenant_id}/keys/{key_id}", revoke_key, methods=["DELETE"]),
     Route("/admin/stats", stats, methods=["GET"]),
     Route("/admin/tiers", tiers, methods=["GET"]),
+    *USAGE_ADMIN_ROUTES,  # the usage ledger (http/usage.py)
     *CONSOLE_ROUTES,  # the operator console's page, a view of /admin/stats (http/console.py)
 ]

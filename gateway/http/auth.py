@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.http.errors import APIError, error_response
-from gateway.tenancy.keys import key_digest, looks_like_key
+from gateway.tenancy.keys import key_digest, key_id, looks_like_key
 from gateway.tenancy.tenants import Tenant, TenantStore
 
 if TYPE_CHECKING:  # services.py imports this module: for types only
@@ -40,8 +40,12 @@ class AuthCache:
     _tenants: dict[str, tuple[float, Tenant | None]] = field(default_factory=dict)
 
     async def tenant_for_key(self, key: str) -> Tenant | None:
+        return (await self.resolve(key))[0]
+
+    async def resolve(self, key: str) -> tuple[Tenant | None, str]:
+        """The key's tenant (None: unknown or revoked) and its key id."""
         if not looks_like_key(key):
-            return None
+            return None, ""
         now = time.monotonic()
         digest = key_digest(self.secret, key)
         hit = self._keys.get(digest)
@@ -50,7 +54,7 @@ class AuthCache:
             if len(self._keys) > 100_000:
                 self._keys.clear()
             self._keys[digest] = hit = (now + self.ttl_s, tid)
-        return await self.tenant(hit[1]) if hit[1] is not None else None
+        return (await self.tenant(hit[1]) if hit[1] is not None else None), key_id(digest)
 
     async def tenant(self, tenant_id: str) -> Tenant | None:
         now = time.monotonic()
@@ -92,11 +96,12 @@ class AuthMiddleware:
             if not await services.store.is_admin_key(key):
                 err = APIError(401, "An admin key is required", code="invalid_admin_key")
         else:
-            tenant = await services.auth.tenant_for_key(key)
+            tenant, kid = await services.auth.resolve(key)
             if tenant is None:
                 err = APIError(401, "Invalid or revoked API key", code="invalid_api_key")
             else:
-                scope.setdefault("state", {})["tenant"] = tenant
+                state = scope.setdefault("state", {})
+                state["tenant"], state["key_id"] = tenant, kid
         if err is not None:
             services.events.request_rejected(None, err.status, err.code or "auth")
             await error_response(err)(scope, receive, send)

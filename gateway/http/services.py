@@ -55,7 +55,8 @@ class Services:
         return cls(
             config=config, redis=redis, keys=keys, store=store,
             auth=AuthCache(store, secret, config.auth_cache_s),
-            quota=QuotaEnforcer(redis, keys, config.queue_max_len, lease_ms, req_ttl),
+            quota=QuotaEnforcer(redis, keys, config.queue_max_len, lease_ms, req_ttl,
+                                config.usage_retention_days * 86400 if config.ledger else 0),
             canceller=Canceller(redis, keys, config.stream_ttl_s),
             model=model, events=events, mux=OutputMux(redis), engine=engine,
             shedder=TierShedder(redis, keys, config),

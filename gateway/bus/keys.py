@@ -20,6 +20,8 @@
                                      "{key id}|{tier}|{model}|{metric}" -> count
                                      (``tenancy/ledger.py``); expires after the retention
     {ns}:usage_tenants       set     tenants that have ledger rows (deleted ones too)
+    {ns}:budget:{id}:{period} string what the tenant spent in the period (d20261206 /
+                                     m202612), in its budget's units (``policies/budget.py``)
     {ns}:stats               hash    counters (admitted, rejected:*, completed, aborted...)
     {ns}:tier_status         hash    worker id -> its tier status JSON (worker/tier_status.py)
     {ns}:metrics             hash    process id -> its metrics samples JSON (telemetry/stats_publish.py)
@@ -91,6 +93,9 @@ class RedisKeys:
 
     def usage(self, tenant_id: str, hour: str) -> str:
         return f"{self.ns}:usage:{tenant_id}:{hour}"
+
+    def budget(self, tenant_id: str, period_id: str) -> str:
+        return f"{self.ns}:budget:{tenant_id}:{period_id}"
 
     @property
     def usage_tenants(self) -> str:

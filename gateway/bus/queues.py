@@ -70,6 +70,17 @@ class Envelope:
     weight: float = 1.0  # the tenant's fair-queue weight at admission (its output's charge)
 
 
+@dataclass(frozen=True)
+class BudgetCheck:
+    """The admission's budget arguments: the period's spend key, the budget (0 = none), the
+    reservation's charge and the seconds until the period ends (``policies/budget.py``)."""
+
+    key: str
+    limit: int
+    charge: int
+    reset_s: int
+
+
 class TierQueues:
     def __init__(self, redis: Any, keys: RedisKeys, tiers: Iterable[str]) -> None:
         self.redis = redis
@@ -259,19 +270,24 @@ class QueueEntries:
 
     async def admit(self, msg: SubmitMsg, tenant_id: str, *, rpm: int, tpm: int, max_concurrency: int,
                     queue_max_len: int, cost: int, lease_ms: int, req_ttl_s: int,
-                    weight: float = 1.0) -> tuple[str, str, float, float]:
+                    weight: float = 1.0, budget: BudgetCheck | None = None
+                    ) -> tuple[str, str, float, float]:
         """Check the tenant's limits and enqueue ``msg`` in one step: ``("ok", entry id,
         ...)``, or ``(the limit that refused it, retry-after seconds, ...)``, then the rpm and
         tpm buckets' levels after the call. ``weight``: the tenant's fair-queue weight (its
-        service is counted in tokens / weight)."""
+        service is counted in tokens / weight). ``budget``: the tenant's period spend to check
+        and charge."""
         k, fields, tier = self.keys, encode(msg), msg.tier
+        b = budget or BudgetCheck(k.budget(tenant_id, "-"), 0, 0, 0)
         res = await self._admit(
             keys=[k.bucket(tenant_id, "rpm"), k.bucket(tenant_id, "tpm"),
                   k.concurrency(tenant_id), k.queue(tier, tenant_id), k.req(msg.request_id),
-                  k.stats, k.queue_tenants(tier), k.backlogged(tier), k.vtc(tier), k.wake(tier)],
+                  k.stats, k.queue_tenants(tier), k.backlogged(tier), k.vtc(tier), k.wake(tier),
+                  b.key],
             args=[rpm, tpm, max_concurrency, queue_max_len, cost, msg.request_id, lease_ms,
                   fields["t"], fields["d"], tenant_id, tier, req_ttl_s, GROUP,
-                  len(msg.prompt_token_ids), repr(float(weight)), k.queue_prefix(tier)],
+                  len(msg.prompt_token_ids), repr(float(weight)), k.queue_prefix(tier),
+                  b.limit, b.charge, b.reset_s],
         )
         return text(res[0]), text(res[1]), float(text(res[2])), float(text(res[3]))
 

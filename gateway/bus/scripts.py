@@ -33,9 +33,15 @@ end
 
 ADMIT_LUA = _BUCKET_LUA + """
 -- KEYS: rpm, tpm, conc, queue (the tier's stream of this tenant), req, stats,
---       tier tenants (set), backlogged (hash), vtc (hash), wake (list)
+--       tier tenants (set), backlogged (hash), vtc (hash), wake (list), budget (the period's
+--       spend, ``policies/budget.py``)
 -- ARGV: rpm, tpm, max_conc, queue_max, cost, request_id, lease_ms, type, data, tenant, tier,
---       req_ttl_s, group, prompt tokens, weight, stream prefix
+--       req_ttl_s, group, prompt tokens, weight, stream prefix, budget (0 = none), the
+--       reservation's charge against it, seconds until the period ends
+-- Returns {'ok', entry id, rpm level, tpm level} or {limit, retry-after s, rpm level, tpm
+-- level}: a tenant whose period spend reached its budget is refused ('budget_exceeded', until
+-- the period ends); an admitted one is charged its reservation at once (the settle replaces
+-- it with what was delivered), so nobody passes the budget by more than one reservation.
 local now = now_ms()
 local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local maxc, qmax, cost = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -60,10 +66,18 @@ if maxc > 0 and redis.call('ZCARD', KEYS[3]) >= maxc then return reject('concurr
 local function retry_s(level, c, limit)
   return math.max(1, math.ceil((math.min(c, limit) - level) * 60000 / limit / 1000))
 end
+local blim = tonumber(ARGV[17])
+if blim > 0 and tonumber(redis.call('GET', KEYS[11]) or '0') >= blim then
+  return reject('budget_exceeded', tonumber(ARGV[19]))
+end
 if rpm > 0 and lr < 1 then return reject('rpm', retry_s(lr, 1, rpm)) end
 if tpm > 0 and lt < cost then return reject('tpm', retry_s(lt, cost, tpm)) end
 if rpm > 0 then lr = lr - 1; store(KEYS[1], lr, now) end
 if tpm > 0 then lt = lt - cost; store(KEYS[2], lt, now) end
+if blim > 0 then
+  redis.call('INCRBY', KEYS[11], ARGV[18])
+  redis.call('EXPIRE', KEYS[11], tonumber(ARGV[19]) + 86400)
+end
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[7]), ARGV[6])
 redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
 -- A tenant that becomes backlogged gets no banked credit (``policies.fair_queue.lift``):
@@ -102,14 +116,16 @@ return {'ok', id, tostring(lr), tostring(lt)}
 """
 
 SETTLE_LUA = _BUCKET_LUA + """
--- KEYS: tpm, conc, stats, usage (the tenant-hour's ledger hash), usage tenants (set)
---       [, a key to delete: the finished request's output stream]
+-- KEYS: tpm, conc, stats, usage (the tenant-hour's ledger hash), usage tenants (set),
+--       budget (the admission's period spend) [, a key to delete: the finished request's
+--       output stream]
 -- ARGV: tpm, reserved, actual, request_id, outcome, then the ledger row (``tenancy/ledger.py``;
 --       prefix '' = ledger off): field prefix, retention_s, tenant, prompt tokens, cached
---       prompt tokens, completion tokens delivered, error code ('' = none)
--- The lease's ZREM decides: the refund and the ledger row are written once, together, or
--- not at all, so the quota and the ledger cannot disagree.
-if KEYS[6] then redis.call('DEL', KEYS[6]) end
+--       prompt tokens, completion tokens delivered, error code ('' = none), cost (micro-units,
+--       '' = no price), then the budget's reserved and actual charges ('' = no budget)
+-- The lease's ZREM decides: the refund, the budget's and the ledger row are written once,
+-- together, or not at all, so the quota, the budget and the ledger cannot disagree.
+if KEYS[7] then redis.call('DEL', KEYS[7]) end
 if redis.call('ZREM', KEYS[2], ARGV[4]) == 0 then return 0 end
 local tpm = tonumber(ARGV[1])
 if tpm > 0 then
@@ -118,6 +134,9 @@ if tpm > 0 then
   store(KEYS[1], math.min(tpm, level_at(KEYS[1], tpm, now) + refund), now)
 end
 redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
+if ARGV[14] ~= '' and redis.call('EXISTS', KEYS[6]) == 1 then
+  redis.call('INCRBY', KEYS[6], tonumber(ARGV[15]) - tonumber(ARGV[14]))
+end
 local p = ARGV[6]
 if p ~= '' then
   redis.call('HINCRBY', KEYS[4], p .. 'requests', 1)
@@ -125,6 +144,9 @@ if p ~= '' then
   if ARGV[10] ~= '0' then redis.call('HINCRBY', KEYS[4], p .. 'cached', ARGV[10]) end
   if ARGV[11] ~= '0' then redis.call('HINCRBY', KEYS[4], p .. 'completion', ARGV[11]) end
   if ARGV[12] ~= '' then redis.call('HINCRBY', KEYS[4], p .. 'err:' .. ARGV[12], 1) end
+  if ARGV[13] ~= '' and ARGV[13] ~= '0' then
+    redis.call('HINCRBY', KEYS[4], p .. 'cost', ARGV[13])
+  end
   redis.call('EXPIRE', KEYS[4], tonumber(ARGV[7]))
   redis.call('SADD', KEYS[5], ARGV[8])
 end

@@ -38,6 +38,10 @@ def add_parser(sub: Any) -> None:
             c.add_argument("--" + flag.replace("_", "-"), dest=flag, type=int, default=None)
         c.add_argument("--allowed-tiers", default=None, help="comma list, e.g. interactive,batch")
         c.add_argument("--default-tier", default=None)
+        c.add_argument("--budget-tokens", type=int, default=None, help="per period; 0 = none")
+        c.add_argument("--budget-cost", type=float, default=None,
+                       help="per period, at the model's price; 0 = none")
+        c.add_argument("--budget-period", default=None, help="daily | monthly")
     for name in ("issue-key", "keys"):
         tsub.add_parser(name).add_argument("tenant_id")
     u = tsub.add_parser("usage", help="the usage ledger: a table (or --csv / --json)")
@@ -59,6 +63,9 @@ def _quota_changes(args: argparse.Namespace) -> dict[str, Any]:
         changes["allowed_tiers"] = tuple(t for t in args.allowed_tiers.split(",") if t)
     if getattr(args, "default_tier", None):
         changes["default_tier"] = args.default_tier
+    for name in ("budget_tokens", "budget_cost", "budget_period"):
+        if getattr(args, name, None) is not None:
+            changes[name] = getattr(args, name)
     return changes
 
 

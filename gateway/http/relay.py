@@ -72,6 +72,8 @@ class RelayContext:
     ledger_prefix: str = ""
     # sent with the response's status: the admission's x-ratelimit-* headers
     headers: tuple[tuple[bytes, bytes], ...] = ()
+    budget_key: str = ""  # the admission's budget charge, replaced at the settle
+    budget_charge: int = 0
 
 
 class RelayResponse:
@@ -333,7 +335,8 @@ class RelayResponse:
         await svc.quota.settle(ctx.tenant, ctx.request_id, ctx.reserved_tokens,
                                ctx.prompt_tokens + used, f"settled:{outcome}",
                                delete_key=svc.keys.out(ctx.request_id) if finish else None,
-                               usage=usage)
+                               usage=usage, budget_key=ctx.budget_key,
+                               budget_charge=ctx.budget_charge)
         svc.events.request_finished(ctx.tenant.id, ctx.tier, ctx.request_id, outcome,
                                     ctx.prompt_tokens, used,
                                     asyncio.get_running_loop().time() - ctx.started,

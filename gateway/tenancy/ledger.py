@@ -9,6 +9,8 @@ fields are ``{key id}|{tier}|{model}|{metric}`` -> an integer. The metrics:
     completion   completion tokens delivered to the client
     computed     completion tokens the engine computed (written by the worker at the finish);
                  computed - completion is the cancelled work nobody received
+    cost         prompt, cached and delivered completion tokens at the model's price, in
+                 micro-units of the price's currency (``policies/budget.py``; no price: none)
     err:{code}   requests that ended with that error code (timeout, cancelled_by_client...)
 
 The gateway writes a request's row in the settle script (``scripts.SETTLE_LUA``), the same
@@ -32,7 +34,7 @@ from typing import Any
 
 from gateway.bus.keys import RedisKeys
 
-METRICS = ("requests", "prompt", "cached", "completion", "computed")
+METRICS = ("requests", "prompt", "cached", "completion", "computed", "cost")
 GROUP_BY = ("hour", "day", "key", "tier", "model")
 HOUR_FORMAT = "%Y%m%d%H"
 SEP = "|"
@@ -76,6 +78,7 @@ class UsageRow:
     cached_tokens: int = 0
     completion_tokens: int = 0
     computed_tokens: int = 0
+    cost_micro: int = 0
     errors: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -92,17 +95,20 @@ class UsageRow:
                        cached_tokens=self.cached_tokens + other.cached_tokens,
                        completion_tokens=self.completion_tokens + other.completion_tokens,
                        computed_tokens=self.computed_tokens + other.computed_tokens,
+                       cost_micro=self.cost_micro + other.cost_micro,
                        errors=errors)
 
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["undelivered_tokens"] = self.undelivered_tokens
+        out["cost"] = self.cost_micro / 1_000_000
         out["errors"] = dict(sorted(self.errors.items()))
         return out
 
 
 _METRIC_FIELD = {"requests": "requests", "prompt": "prompt_tokens", "cached": "cached_tokens",
-                 "completion": "completion_tokens", "computed": "computed_tokens"}
+                 "completion": "completion_tokens", "computed": "computed_tokens",
+                 "cost": "cost_micro"}
 
 
 def rows_from_hash(tenant: str, hour: str, h: dict[Any, Any]) -> list[UsageRow]:
@@ -139,7 +145,7 @@ def group_rows(rows: Iterable[UsageRow], by: str) -> list[UsageRow]:
 
 CSV_COLUMNS = ("tenant", "hour", "key_id", "tier", "model", "requests", "prompt_tokens",
                "cached_tokens", "completion_tokens", "computed_tokens", "undelivered_tokens",
-               "errors")
+               "cost", "errors")
 
 
 def to_csv(rows: Iterable[UsageRow]) -> str:

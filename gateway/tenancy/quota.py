@@ -12,16 +12,20 @@ exit path and the ledger counts each request once. The bucket math mirrors ``pol
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from gateway.bus.keys import RedisKeys
 from gateway.bus.messages import SubmitMsg
-from gateway.bus.queues import QueueEntries
+from gateway.bus.queues import BudgetCheck, QueueEntries
 from gateway.bus.resp import LuaScript, RespConnection
 from gateway.bus.scripts import SETTLE_LUA
 from gateway.tenancy.ledger import LedgerEntry
 from gateway.tenancy.tenants import Tenant
+from policies.budget import Price, charge, period_window
 from policies.rate_limit import ratelimit_headers
 
 LIMIT_MESSAGES = {
@@ -29,6 +33,7 @@ LIMIT_MESSAGES = {
     "concurrency": "too many concurrent requests for this tenant (max {max_concurrency})",
     "rpm": "requests per minute limit reached ({rpm}/min)",
     "tpm": "tokens per minute limit reached ({tpm}/min; this request reserves {cost})",
+    "budget_exceeded": "this tenant's {period} budget ({budget}) is spent; it resets at {reset}",
 }
 
 
@@ -41,12 +46,16 @@ class Admission:
     message: str = ""
     # OpenAI's x-ratelimit-* headers, from the same call's bucket levels
     headers: tuple[tuple[str, str], ...] = ()
+    # the budget charged (its period's key, the reservation's charge), for the settle
+    budget_key: str = ""
+    budget_charge: int = 0
 
 
 class QuotaEnforcer:
     def __init__(self, redis: Any, keys: RedisKeys, queue_max_len: int, lease_ms: int,
-                 req_ttl_s: int, ledger_retention_s: int = 0) -> None:
+                 req_ttl_s: int, ledger_retention_s: int = 0, price: Price | None = None) -> None:
         self.keys = keys
+        self.price = price  # the model's, for the ledger's cost and cost budgets
         self.ledger_retention_s = ledger_retention_s  # 0: the ledger is off
         self.queue_max_len = queue_max_len
         self.lease_ms = lease_ms
@@ -64,33 +73,55 @@ class QuotaEnforcer:
     async def admit(self, tenant: Tenant, msg: SubmitMsg, cost: int) -> Admission:
         """Check every limit and enqueue ``msg`` atomically; ``cost`` = prompt + max_tokens."""
         q = tenant.quota
+        budget, check = q.budget, None
+        if budget.limit:
+            now = time.time()
+            period, ends = period_window(budget.period, now)
+            n_prompt = len(msg.prompt_token_ids)
+            check = BudgetCheck(self.keys.budget(tenant.id, period), budget.limit,
+                                charge(budget, self.price, n_prompt, 0, cost - n_prompt),
+                                max(1, math.ceil(ends - now)))
         status, detail, rpm_level, tpm_level = await self._entries.admit(
             msg, tenant.id, rpm=q.rpm, tpm=q.tpm, max_concurrency=q.max_concurrency,
             queue_max_len=self.queue_max_len, cost=cost, lease_ms=self.lease_ms,
-            req_ttl_s=self.req_ttl_s, weight=tenant.weight)
+            req_ttl_s=self.req_ttl_s, weight=tenant.weight, budget=check)
         headers = tuple(ratelimit_headers(q.rpm, rpm_level, q.tpm, tpm_level))
         if status == "ok":
-            return Admission(True, entry_id=detail, headers=headers)
+            return Admission(True, entry_id=detail, headers=headers,
+                             budget_key=check.key if check else "",
+                             budget_charge=check.charge if check else 0)
         text = LIMIT_MESSAGES[status].format(
-            tier=msg.tier, max_concurrency=q.max_concurrency, rpm=q.rpm, tpm=q.tpm, cost=cost)
+            tier=msg.tier, max_concurrency=q.max_concurrency, rpm=q.rpm, tpm=q.tpm, cost=cost,
+            period={"daily": "daily", "monthly": "monthly"}[budget.period],
+            budget=f"{budget.tokens} tokens" if budget.tokens else f"{budget.cost:g}",
+            reset=datetime.fromtimestamp(time.time() + int(detail), UTC).strftime(
+                "%Y-%m-%dT%H:%M:%SZ"))
         return Admission(False, status, int(detail), message=text, headers=headers)
 
     async def settle(self, tenant: Tenant, request_id: str, reserved: int, actual: int,
                      outcome: str, delete_key: str | None = None,
-                     usage: LedgerEntry | None = None) -> bool:
-        """Release the lease, refund ``reserved - actual`` tokens and add ``usage`` to the
-        ledger; True the first time. ``delete_key`` (the output stream, once read to its
-        end) is deleted in the same call."""
+                     usage: LedgerEntry | None = None, budget_key: str = "",
+                     budget_charge: int = 0) -> bool:
+        """Release the lease, refund ``reserved - actual`` tokens, add ``usage`` to the
+        ledger and replace the budget's reservation charge (``budget_charge`` on
+        ``budget_key``, from the admission) with what ``usage`` delivered; True the first
+        time. ``delete_key`` (the output stream, once read to its end) is deleted in the same
+        call."""
         k = self.keys
         on = usage is not None and self.ledger_retention_s > 0
         keys = [k.bucket(tenant.id, "tpm"), k.concurrency(tenant.id), k.stats,
-                k.usage(tenant.id, usage.hour if usage else "-"), k.usage_tenants]
+                k.usage(tenant.id, usage.hour if usage else "-"), k.usage_tenants,
+                budget_key or k.budget(tenant.id, "-")]
         args: list[Any] = [tenant.quota.tpm, reserved, actual, request_id, outcome]
-        if on:
-            assert usage is not None
-            args += [usage.prefix, self.ledger_retention_s, tenant.id, usage.prompt_tokens,
-                     usage.cached_tokens, usage.completion_tokens, usage.error]
+        u = usage or LedgerEntry("", "", 0, 0, 0)
+        cost = self.price.cost_micro(u.prompt_tokens, u.cached_tokens, u.completion_tokens) \
+            if self.price else ""
+        args += [u.prefix if on else "", self.ledger_retention_s, tenant.id, u.prompt_tokens,
+                 u.cached_tokens, u.completion_tokens, u.error, cost]
+        if budget_key:
+            args += [budget_charge, charge(tenant.quota.budget, self.price, u.prompt_tokens,
+                                           u.cached_tokens, u.completion_tokens)]
         else:
-            args += ["", 0, tenant.id, 0, 0, 0, ""]
+            args += ["", ""]
         res = await self._settle(keys=keys + ([delete_key] if delete_key else []), args=args)
         return bool(res)

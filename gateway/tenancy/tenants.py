@@ -22,9 +22,11 @@ from typing import Any
 
 from gateway.bus.keys import RedisKeys
 from gateway.tenancy.keys import digests_match, generate_key, key_digest, key_id, looks_like_key
+from policies.budget import Budget
 from policies.tiers import INTERACTIVE, TIERS, normalize_tier
 
 QUOTA_FIELDS = ("rpm", "tpm", "max_concurrency", "max_prompt_tokens", "max_max_tokens")
+BUDGET_FIELDS = ("budget_tokens", "budget_cost", "budget_period")
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,14 @@ class TenantQuota:
     max_max_tokens: int = 0
     allowed_tiers: tuple[str, ...] = TIERS
     default_tier: str = INTERACTIVE
+    # spend per period (``policies.budget``): tokens or cost (with a price for the model);
+    # 0 = no budget
+    budget_tokens: int = 0
+    budget_cost: float = 0.0
+    budget_period: str = "monthly"
 
     def __post_init__(self) -> None:
+        Budget(self.budget_tokens, self.budget_cost, self.budget_period)  # validates
         for name in QUOTA_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -49,6 +57,10 @@ class TenantQuota:
             raise ValueError("allowed_tiers must not be empty")
         if self.default_tier not in tiers:
             raise ValueError(f"default_tier {self.default_tier!r} not in allowed_tiers {tiers}")
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(self.budget_tokens, self.budget_cost, self.budget_period)
 
     def with_changes(self, **changes: Any) -> TenantQuota:
         return dataclasses.replace(self, **changes)
@@ -78,7 +90,8 @@ def _tier(name: str) -> str:
 
 
 def tenant_from_dict(tenant_id: str, data: dict[str, Any]) -> Tenant:
-    known = set(QUOTA_FIELDS) | {"allowed_tiers", "default_tier", "name", "weight"}
+    known = set(QUOTA_FIELDS) | set(BUDGET_FIELDS) | {"allowed_tiers", "default_tier", "name",
+                                                       "weight"}
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"tenant {tenant_id}: unknown fields {sorted(unknown)}")
@@ -112,7 +125,8 @@ def _to_hash(t: Tenant) -> dict[str, str]:
     q = t.quota
     out = {name: str(getattr(q, name)) for name in QUOTA_FIELDS}
     out.update(name=t.name, allowed_tiers=",".join(q.allowed_tiers), default_tier=q.default_tier,
-               weight=repr(t.weight))
+               weight=repr(t.weight), budget_tokens=str(q.budget_tokens),
+               budget_cost=repr(float(q.budget_cost)), budget_period=q.budget_period)
     return out
 
 
@@ -122,6 +136,9 @@ def _from_hash(tenant_id: str, h: dict[bytes, bytes]) -> Tenant:
         **{name: int(d.get(name, "0")) for name in QUOTA_FIELDS},
         allowed_tiers=tuple(t for t in d.get("allowed_tiers", "").split(",") if t) or TIERS,
         default_tier=d.get("default_tier", INTERACTIVE),
+        budget_tokens=int(d.get("budget_tokens", "0")),
+        budget_cost=float(d.get("budget_cost", "0")),
+        budget_period=d.get("budget_period", "monthly"),
     )
     return Tenant(tenant_id, d.get("name", tenant_id), quota, float(d.get("weight", "1")))
 

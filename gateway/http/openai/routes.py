@@ -181,6 +181,7 @@ async def _completion(request: Request, kind: str) -> Response:
         request_id=rid, tenant=tenant, tier=tier, prompt_tokens=n_prompt,
         ledger_hour=msg.ledger_hour, ledger_prefix=msg.ledger_prefix,
         headers=tuple((k.encode(), v.encode()) for k, v in admission.headers),
+        budget_key=admission.budget_key, budget_charge=admission.budget_charge,
         reserved_tokens=reserve(parsed, max_tokens), stream=parsed.stream,
         include_usage=parsed.include_usage,
         formatter=Formatter(kind, rid, svc.model.name, int(now), tier,

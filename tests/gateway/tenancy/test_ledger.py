@@ -88,7 +88,7 @@ def test_csv_has_a_header_and_a_line_per_row() -> None:
     text = to_csv([row(requests=1, completion_tokens=5, computed_tokens=9,
                        errors={"timeout": 1})])
     head, line = text.strip().split("\n")
-    assert head.startswith("tenant,hour,key_id") and line.endswith(",5,9,4,timeout=1")
+    assert head.startswith("tenant,hour,key_id") and line.endswith(",5,9,4,0.0,timeout=1")
 
 
 async def _settle_writes_once(redis_url: str) -> None:

@@ -13,7 +13,9 @@
     {ns}:tenant:{id}         hash    quota fields
     {ns}:apikey:{digest}     hash    tenant, key id; the key itself is never stored
     {ns}:tenant_keys:{id}    hash    key id -> digest (list/revoke)
+    {ns}:apikey:{digest}       also: name, created, expires, last_used (unix s; at most once a minute)
     {ns}:admin_keys          set     digests of admin keys
+    {ns}:admin_keys_ro       set     digests of read-only admin keys (GET /admin/* only)
     {ns}:rl:{id}:{kind}      hash    token bucket {level, ts} for rpm / tpm
     {ns}:conc:{id}           zset    in-flight request ids scored by lease expiry (ms)
     {ns}:usage:{id}:{hour}   hash    the usage ledger's tenant-hour (YYYYMMDDHH, UTC):
@@ -84,6 +86,10 @@ class RedisKeys:
     @property
     def admin_keys(self) -> str:
         return f"{self.ns}:admin_keys"
+
+    @property
+    def admin_keys_read_only(self) -> str:
+        return f"{self.ns}:admin_keys_ro"
 
     def bucket(self, tenant_id: str, kind: str) -> str:
         return f"{self.ns}:rl:{tenant_id}:{kind}"

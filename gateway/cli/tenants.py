@@ -42,8 +42,21 @@ def add_parser(sub: Any) -> None:
         c.add_argument("--budget-cost", type=float, default=None,
                        help="per period, at the model's price; 0 = none")
         c.add_argument("--budget-period", default=None, help="daily | monthly")
-    for name in ("issue-key", "keys"):
-        tsub.add_parser(name).add_argument("tenant_id")
+    tsub.add_parser("keys", help="a tenant's keys: id, name, created, last used, expiry"
+                    ).add_argument("tenant_id")
+    i = tsub.add_parser("issue-key")
+    i.add_argument("tenant_id")
+    i.add_argument("--name", default="")
+    i.add_argument("--expires", default=None, help="YYYY-MM-DD or ISO date-time (UTC)")
+    o = tsub.add_parser("rotate-key", help="a new key; the old one stays valid --grace seconds")
+    o.add_argument("tenant_id")
+    o.add_argument("key_id")
+    o.add_argument("--grace", type=int, default=0, help="seconds the old key stays valid")
+    o.add_argument("--expires", default=None, help="the new key's expiry")
+    tsub.add_parser("delete", help="revoke its keys, cancel its requests; its usage stays"
+                    ).add_argument("tenant_id")
+    tsub.add_parser("admin-key", help="issue an admin key").add_argument(
+        "--read-only", action="store_true", help="one that may only read /admin")
     u = tsub.add_parser("usage", help="the usage ledger: a table (or --csv / --json)")
     u.add_argument("tenant_id", nargs="?", default=None, help="one tenant (default: all)")
     u.add_argument("--from", dest="start", default=None, help="YYYY-MM-DD or ISO (UTC)")
@@ -115,11 +128,35 @@ async def _run(args: argparse.Namespace) -> int:
             out.write(json.dumps(tenant_json(await store.set_quota(
                 args.tenant_id, **_quota_changes(args)))) + "\n")
         elif args.action == "issue-key":
-            key, kid = await store.issue_key(args.tenant_id)
+            key, kid = await store.issue_key(args.tenant_id, args.name, _when(args.expires))
             out.write(f"key (shown once): {key}\nkey id: {kid}\n")
+        elif args.action == "rotate-key":
+            got = await store.rotate_key(args.tenant_id, args.key_id, args.grace,
+                                         _when(args.expires))
+            if got is None:
+                out.write("no such key\n")
+                return 1
+            out.write(f"key (shown once): {got[0]}\nkey id: {got[1]}\n"
+                      f"old key {args.key_id} valid until {_iso(got[2])}\n")
         elif args.action == "keys":
-            for kid in await store.list_keys(args.tenant_id):
-                out.write(kid + "\n")
+            out.write(format_keys(await store.key_infos(args.tenant_id)))
+        elif args.action == "delete":
+            from gateway.http.cancel import Canceller
+
+            inflight = await store.delete(args.tenant_id)
+            if inflight is None:
+                raise KeyError(args.tenant_id)
+            canceller = Canceller(redis, RedisKeys(config.namespace), config.stream_ttl_s)
+            for rid in inflight:
+                await canceller.cancel(rid, reader_gone=False, reason="tenant deleted")
+            out.write(f"deleted; {len(inflight)} requests cancelled\n")
+        elif args.action == "admin-key":
+            from gateway.tenancy.keys import generate_key
+
+            key = generate_key(admin=True)
+            kid = await store.add_admin_key(key, read_only=args.read_only)
+            out.write(f"admin key (shown once{', read-only' if args.read_only else ''}): "
+                      f"{key}\nkey id: {kid}\n")
         elif args.action == "usage":
             return await _usage(redis, RedisKeys(config.namespace), store, args)
         elif args.action == "revoke-key":
@@ -136,6 +173,28 @@ async def _run(args: argparse.Namespace) -> int:
     finally:
         await redis.aclose()
     return 0
+
+
+def _when(value: str | None) -> float | None:
+    from gateway.tenancy.ledger import parse_time
+
+    return parse_time(value, "expires").timestamp() if value else None
+
+
+def _iso(unix: int | None) -> str:
+    import time
+
+    return "-" if unix is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix))
+
+
+def format_keys(infos: list[Any]) -> str:
+    """A line per key: id first, then name, created, last used, expiry; never a secret."""
+    rows = [[i.key_id, i.name or "-", _iso(i.created), _iso(i.last_used), _iso(i.expires_at)]
+            for i in infos]
+    head = ["key_id", "name", "created", "last_used", "expires"]
+    widths = [max(len(r[c]) for r in [head, *rows]) for c in range(len(head))]
+    return "".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                   + "\n" for r in rows)
 
 
 async def _usage(redis: Any, keys: Any, store: Any, args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ are visible to every gateway within the auth cache TTL (< 1 s)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from starlette.requests import Request
@@ -20,6 +21,8 @@ from gateway.http.services import Services
 from gateway.http.shedding import step_budgets, step_costs, tier_table
 from gateway.http.usage import USAGE_ADMIN_ROUTES
 from gateway.telemetry.stats_snapshot import StatsHistory
+from gateway.tenancy.keys import generate_key
+from gateway.tenancy.ledger import parse_time
 from gateway.tenancy.tenants import Tenant, tenant_from_dict
 
 ADMIN_BODY_LIMIT = 64 * 1024
@@ -75,18 +78,100 @@ async def update_tenant(request: Request) -> Response:
     return JSONResponse(tenant_json(tenant))
 
 
+async def _optional_json(request: Request) -> dict[str, Any]:
+    """The body as a JSON object, or {} when there is none."""
+    if request.headers.get("content-length", "0") == "0" and "transfer-encoding" not in \
+            request.headers:
+        return {}
+    return await read_json(request, ADMIN_BODY_LIMIT)
+
+
+def _expiry(body: dict[str, Any]) -> float | None:
+    """``expires_at`` (an ISO date-time or unix seconds) or ``expires_in_s``, or None."""
+    at, within = body.get("expires_at"), body.get("expires_in_s")
+    if at is not None and within is not None:
+        raise bad_request("give expires_at or expires_in_s, not both", param="expires_at")
+    try:
+        if within is not None:
+            if isinstance(within, bool) or not isinstance(within, int | float) or within <= 0:
+                raise ValueError(f"expires_in_s must be a number > 0, got {within!r}")
+            return time.time() + within
+        if at is not None:
+            return parse_time(str(at), "expires_at").timestamp()
+    except ValueError as exc:
+        raise bad_request(str(exc), param="expires_at") from exc
+    return None
+
+
 async def issue_key(request: Request) -> Response:
     svc = _svc(request)
     tenant = await _tenant_or_404(svc, request.path_params["tenant_id"])
-    key, kid = await svc.store.issue_key(tenant.id)
+    body = await _optional_json(request)
+    name = body.get("name", "")
+    try:
+        key, kid = await svc.store.issue_key(tenant.id, name, _expiry(body))
+    except ValueError as exc:
+        raise bad_request(str(exc), param="expires_at" if "expires" in str(exc)
+                          else "name") from exc
+    info = {i.key_id: i for i in await svc.store.key_infos(tenant.id)}.get(kid)
     return JSONResponse({"tenant": tenant.id, "key": key, "key_id": kid,
+                         **(info.to_json() if info else {}),
+                         "note": "shown once; store it now"}, status_code=201)
+
+
+async def rotate_key(request: Request) -> Response:
+    svc = _svc(request)
+    tenant = await _tenant_or_404(svc, request.path_params["tenant_id"])
+    body = await _optional_json(request)
+    grace = body.get("grace_s", 0)
+    try:
+        got = await svc.store.rotate_key(tenant.id, request.path_params["key_id"], grace,
+                                         _expiry(body))
+    except ValueError as exc:
+        raise bad_request(str(exc), param="grace_s") from exc
+    if got is None:
+        raise APIError(404, "No such key for this tenant", code="key_not_found")
+    key, kid, old_until = got
+    return JSONResponse({"tenant": tenant.id, "key": key, "key_id": kid,
+                         "old_key_id": request.path_params["key_id"],
+                         "old_key_expires_at": old_until,
                          "note": "shown once; store it now"}, status_code=201)
 
 
 async def list_keys(request: Request) -> Response:
     svc = _svc(request)
     tenant = await _tenant_or_404(svc, request.path_params["tenant_id"])
-    return JSONResponse({"tenant": tenant.id, "key_ids": await svc.store.list_keys(tenant.id)})
+    infos = await svc.store.key_infos(tenant.id)
+    return JSONResponse({"tenant": tenant.id, "data": [i.to_json() for i in infos],
+                         "key_ids": [i.key_id for i in infos]})
+
+
+async def delete_tenant(request: Request) -> Response:
+    """Revoke the tenant's keys, delete it and cancel its queued and running requests (their
+    clients get the cancel's end); its usage ledger stays readable."""
+    svc = _svc(request)
+    tenant_id = request.path_params["tenant_id"]
+    inflight = await svc.store.delete(tenant_id)
+    if inflight is None:
+        raise APIError(404, f"No tenant '{tenant_id}'", code="tenant_not_found")
+    cancelled = 0
+    for rid in inflight:
+        found = await svc.canceller.cancel(rid, reader_gone=False, reason="tenant deleted")
+        cancelled += found in ("queued", "running")
+    return JSONResponse({"id": tenant_id, "deleted": True, "cancelled_requests": cancelled})
+
+
+async def create_admin_key(request: Request) -> Response:
+    """A new admin key; ``{"read_only": true}``: one that may only read (GET) ``/admin``."""
+    svc = _svc(request)
+    body = await _optional_json(request)
+    read_only = body.get("read_only", False)
+    if not isinstance(read_only, bool):
+        raise bad_request("read_only must be true or false", param="read_only")
+    key = generate_key(admin=True)
+    kid = await svc.store.add_admin_key(key, read_only=read_only)
+    return JSONResponse({"key": key, "key_id": kid, "read_only": read_only,
+                         "note": "shown once; store it now"}, status_code=201)
 
 
 async def revoke_key(request: Request) -> Response:
@@ -126,6 +211,9 @@ ADMIN_ROUTES = [
     Route("/admin/tenants", list_tenants, methods=["GET"]),
     Route("/admin/tenants", create_tenant, methods=["POST"]),
     Route("/admin/tenants/{tenant_id}", update_tenant, methods=["PATCH"]),
+    Route("/admin/tenants/{tenant_id}", delete_tenant, methods=["DELETE"]),
+    Route("/admin/tenants/{tenant_id}/keys/{key_id}/rotate", rotate_key, methods=["POST"]),
+    Route("/admin/keys", create_admin_key, methods=["POST"]),
     Route("/admin/tenants/{tenant_id}/keys", issue_key, methods=["POST"]),
     Route("/admin/tenants/{tenant_id}/keys", list_keys, methods=["GET"]),
     Route("/admin/tenants/{tenant_id}/keys/{key_id}", revoke_key, methods=["DELETE"]),

@@ -70,6 +70,7 @@ class GatewayConfig:
     # after their last write; ledger=False writes none (the bench's ledger-off row)
     ledger: bool = True
     usage_retention_days: int = 90
+    audit_max_entries: int = 10_000  # the audit stream keeps about this many (tenancy/audit.py)
     # per model: price per 1M prompt / cached / completion tokens (``policies.budget``), for
     # the ledger's cost and cost budgets. CARPOOL_PRICES="model=0.15/0.075/0.6;..."
     prices: Mapping[str, Price] = field(default_factory=dict)
@@ -119,6 +120,8 @@ class GatewayConfig:
             raise ValueError("max_n must be >= 1")
         if not all(isinstance(p, Price) for p in self.prices.values()):
             raise ValueError(f"prices must map model names to Price: {self.prices}")
+        if self.audit_max_entries < 100:
+            raise ValueError("audit_max_entries must be >= 100")
         if not 1 <= self.usage_retention_days <= 3660:
             raise ValueError("usage_retention_days must be in 1..3660")
         if not self.namespace or ":" in self.namespace:

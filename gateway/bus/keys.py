@@ -24,6 +24,7 @@
     {ns}:usage_tenants       set     tenants that have ledger rows (deleted ones too)
     {ns}:budget:{id}:{period} string what the tenant spent in the period (d20261206 /
                                      m202612), in its budget's units (``policies/budget.py``)
+    {ns}:audit               stream  admin actions, bounded (``tenancy/audit.py``)
     {ns}:stats               hash    counters (admitted, rejected:*, completed, aborted...)
     {ns}:tier_status         hash    worker id -> its tier status JSON (worker/tier_status.py)
     {ns}:metrics             hash    process id -> its metrics samples JSON (telemetry/stats_publish.py)
@@ -102,6 +103,10 @@ class RedisKeys:
 
     def budget(self, tenant_id: str, period_id: str) -> str:
         return f"{self.ns}:budget:{tenant_id}:{period_id}"
+
+    @property
+    def audit(self) -> str:
+        return f"{self.ns}:audit"
 
     @property
     def usage_tenants(self) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import sys
 from typing import Any
 
@@ -55,6 +56,8 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--expires", default=None, help="the new key's expiry")
     tsub.add_parser("delete", help="revoke its keys, cancel its requests; its usage stays"
                     ).add_argument("tenant_id")
+    a = tsub.add_parser("audit", help="the newest admin actions first (JSON lines)")
+    a.add_argument("--count", type=int, default=50)
     tsub.add_parser("admin-key", help="issue an admin key").add_argument(
         "--read-only", action="store_true", help="one that may only read /admin")
     u = tsub.add_parser("usage", help="the usage ledger: a table (or --csv / --json)")
@@ -98,6 +101,13 @@ async def _run(args: argparse.Namespace) -> int:
     from gateway.bus.keys import RedisKeys
     from gateway.config import GatewayConfig
     from gateway.http.admin import tenant_json
+    from gateway.tenancy.audit import (
+        CLI_ACTOR,
+        AuditEntry,
+        AuditLog,
+        changed_only,
+        tenant_action,
+    )
     from gateway.tenancy.keys import resolve_secret
     from gateway.tenancy.tenants import Tenant, TenantQuota, TenantStore
 
@@ -106,6 +116,13 @@ async def _run(args: argparse.Namespace) -> int:
     store = TenantStore(redis, RedisKeys(config.namespace),
                         resolve_secret(config.secret, config.state_dir))
     out = sys.stdout
+    log = AuditLog(redis, RedisKeys(config.namespace), config.audit_max_entries)
+
+    async def note(action: str | None, target: str, before: Any, after: Any) -> None:
+        b, a = changed_only(before, after)
+        await log.append(AuditEntry(action or tenant_action(before, after), target, CLI_ACTOR,
+                                    socket.gethostname(), b, a))
+
     try:
         if args.action == "list":
             for t in await store.list():
@@ -117,18 +134,25 @@ async def _run(args: argparse.Namespace) -> int:
             out.write(format_tiers(_tier_rows(config, statuses)))
             out.write(format_laws(statuses))
         elif args.action == "create":
-            quota = TenantQuota(**_quota_changes(args))
-            await store.put(Tenant(args.tenant_id, args.name or args.tenant_id, quota))
-            out.write(json.dumps(tenant_json(Tenant(args.tenant_id, args.name or args.tenant_id,
-                                                    quota))) + "\n")
+            tenant = Tenant(args.tenant_id, args.name or args.tenant_id,
+                            TenantQuota(**_quota_changes(args)))
+            before = await store.get(tenant.id)
+            await store.put(tenant)
+            await note(None, tenant.id, before and tenant_json(before), tenant_json(tenant))
+            out.write(json.dumps(tenant_json(tenant)) + "\n")
             if not args.no_key:
                 key, kid = await store.issue_key(args.tenant_id)
+                await note("key.issue", f"{tenant.id}/{kid}", None, {"key_id": kid})
                 out.write(f"key (shown once): {key}\nkey id: {kid}\n")
         elif args.action == "set-quota":
-            out.write(json.dumps(tenant_json(await store.set_quota(
-                args.tenant_id, **_quota_changes(args)))) + "\n")
+            before = await store.get(args.tenant_id)
+            after = await store.set_quota(args.tenant_id, **_quota_changes(args))
+            await note(None, after.id, before and tenant_json(before), tenant_json(after))
+            out.write(json.dumps(tenant_json(after)) + "\n")
         elif args.action == "issue-key":
             key, kid = await store.issue_key(args.tenant_id, args.name, _when(args.expires))
+            await note("key.issue", f"{args.tenant_id}/{kid}", None,
+                       {"key_id": kid, "name": args.name, "expires_at": _when(args.expires)})
             out.write(f"key (shown once): {key}\nkey id: {kid}\n")
         elif args.action == "rotate-key":
             got = await store.rotate_key(args.tenant_id, args.key_id, args.grace,
@@ -136,6 +160,8 @@ async def _run(args: argparse.Namespace) -> int:
             if got is None:
                 out.write("no such key\n")
                 return 1
+            await note("key.rotate", f"{args.tenant_id}/{args.key_id}", {"key_id": args.key_id},
+                       {"key_id": args.key_id, "expires_at": got[2], "new_key_id": got[1]})
             out.write(f"key (shown once): {got[0]}\nkey id: {got[1]}\n"
                       f"old key {args.key_id} valid until {_iso(got[2])}\n")
         elif args.action == "keys":
@@ -143,9 +169,11 @@ async def _run(args: argparse.Namespace) -> int:
         elif args.action == "delete":
             from gateway.http.cancel import Canceller
 
+            before = await store.get(args.tenant_id)
             inflight = await store.delete(args.tenant_id)
-            if inflight is None:
+            if inflight is None or before is None:
                 raise KeyError(args.tenant_id)
+            await note("tenant.delete", args.tenant_id, tenant_json(before), None)
             canceller = Canceller(redis, RedisKeys(config.namespace), config.stream_ttl_s)
             for rid in inflight:
                 await canceller.cancel(rid, reader_gone=False, reason="tenant deleted")
@@ -155,14 +183,25 @@ async def _run(args: argparse.Namespace) -> int:
 
             key = generate_key(admin=True)
             kid = await store.add_admin_key(key, read_only=args.read_only)
+            await note("admin_key.create", kid, None, {"key_id": kid,
+                                                        "read_only": args.read_only})
             out.write(f"admin key (shown once{', read-only' if args.read_only else ''}): "
                       f"{key}\nkey id: {kid}\n")
+        elif args.action == "audit":
+            from gateway.tenancy.audit import AuditLog
+
+            if not 1 <= args.count <= 1000:
+                raise ValueError("--count must be in 1..1000")
+            for e in await AuditLog(redis, RedisKeys(config.namespace)).read(args.count):
+                out.write(json.dumps(e.to_json()) + "\n")
         elif args.action == "usage":
             return await _usage(redis, RedisKeys(config.namespace), store, args)
         elif args.action == "revoke-key":
             if not await store.revoke_key(args.tenant_id, args.key_id):
                 out.write("no such key\n")
                 return 1
+            kid = store.as_key_id(args.key_id)
+            await note("key.revoke", f"{args.tenant_id}/{kid}", {"key_id": kid}, None)
             out.write("revoked\n")
     except KeyError as exc:
         out.write(f"no tenant {exc}\n")

@@ -21,11 +21,13 @@ from gateway.http.services import Services
 from gateway.http.shedding import step_budgets, step_costs, tier_table
 from gateway.http.usage import USAGE_ADMIN_ROUTES
 from gateway.telemetry.stats_snapshot import StatsHistory
+from gateway.tenancy.audit import AuditEntry, AuditLog, changed_only, tenant_action
 from gateway.tenancy.keys import generate_key
 from gateway.tenancy.ledger import parse_time
 from gateway.tenancy.tenants import Tenant, tenant_from_dict
 
 ADMIN_BODY_LIMIT = 64 * 1024
+CONSOLE_AUDIT_ENTRIES = 20  # the console shows the last ones (with /admin/stats)
 
 
 def tenant_json(t: Tenant) -> dict[str, Any]:
@@ -60,7 +62,10 @@ async def create_tenant(request: Request) -> Response:
         tenant = tenant_from_dict(tenant_id, body)
     except (TypeError, ValueError) as exc:
         raise bad_request(str(exc)) from exc
+    before = await svc.store.get(tenant.id)
     await svc.store.put(tenant)
+    await _audit(request, None, tenant.id, tenant_json(before) if before else None,
+                 tenant_json(tenant))
     return JSONResponse(tenant_json(tenant), status_code=201)
 
 
@@ -75,6 +80,7 @@ async def update_tenant(request: Request) -> Response:
     except (TypeError, ValueError) as exc:
         raise bad_request(str(exc)) from exc
     await svc.store.put(tenant)
+    await _audit(request, None, tenant.id, tenant_json(current), tenant_json(tenant))
     return JSONResponse(tenant_json(tenant))
 
 
@@ -114,6 +120,8 @@ async def issue_key(request: Request) -> Response:
         raise bad_request(str(exc), param="expires_at" if "expires" in str(exc)
                           else "name") from exc
     info = {i.key_id: i for i in await svc.store.key_infos(tenant.id)}.get(kid)
+    await _audit(request, "key.issue", f"{tenant.id}/{kid}", None,
+                 info.to_json() if info else {"key_id": kid})
     return JSONResponse({"tenant": tenant.id, "key": key, "key_id": kid,
                          **(info.to_json() if info else {}),
                          "note": "shown once; store it now"}, status_code=201)
@@ -132,6 +140,10 @@ async def rotate_key(request: Request) -> Response:
     if got is None:
         raise APIError(404, "No such key for this tenant", code="key_not_found")
     key, kid, old_until = got
+    await _audit(request, "key.rotate", f"{tenant.id}/{request.path_params['key_id']}",
+                 {"key_id": request.path_params["key_id"]},
+                 {"key_id": request.path_params["key_id"], "expires_at": old_until,
+                  "new_key_id": kid})
     return JSONResponse({"tenant": tenant.id, "key": key, "key_id": kid,
                          "old_key_id": request.path_params["key_id"],
                          "old_key_expires_at": old_until,
@@ -151,9 +163,11 @@ async def delete_tenant(request: Request) -> Response:
     clients get the cancel's end); its usage ledger stays readable."""
     svc = _svc(request)
     tenant_id = request.path_params["tenant_id"]
+    before = await svc.store.get(tenant_id)
     inflight = await svc.store.delete(tenant_id)
-    if inflight is None:
+    if inflight is None or before is None:
         raise APIError(404, f"No tenant '{tenant_id}'", code="tenant_not_found")
+    await _audit(request, "tenant.delete", tenant_id, tenant_json(before), None)
     cancelled = 0
     for rid in inflight:
         found = await svc.canceller.cancel(rid, reader_gone=False, reason="tenant deleted")
@@ -170,6 +184,7 @@ async def create_admin_key(request: Request) -> Response:
         raise bad_request("read_only must be true or false", param="read_only")
     key = generate_key(admin=True)
     kid = await svc.store.add_admin_key(key, read_only=read_only)
+    await _audit(request, "admin_key.create", kid, None, {"key_id": kid, "read_only": read_only})
     return JSONResponse({"key": key, "key_id": kid, "read_only": read_only,
                          "note": "shown once; store it now"}, status_code=201)
 
@@ -179,8 +194,35 @@ async def revoke_key(request: Request) -> Response:
     tenant = await _tenant_or_404(svc, request.path_params["tenant_id"])
     if not await svc.store.revoke_key(tenant.id, request.path_params["key_id"]):
         raise APIError(404, "No such key for this tenant", code="key_not_found")
-    return JSONResponse({"tenant": tenant.id, "key_id": request.path_params["key_id"],
+    kid = svc.store.as_key_id(request.path_params["key_id"])
+    await _audit(request, "key.revoke", f"{tenant.id}/{kid}", {"key_id": kid}, None)
+    return JSONResponse({"tenant": tenant.id, "key_id": kid,
                          "revoked": True})
+
+
+async def _audit(request: Request, action: str | None, target: str,
+                 before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
+    """Append the action (None: a tenant write, named by what changed) to the audit trail,
+    with the admin key id and the client's address."""
+    svc = _svc(request)
+    b, a = changed_only(before, after)
+    await AuditLog(svc.redis, svc.keys, svc.config.audit_max_entries).append(AuditEntry(
+        action or tenant_action(before, after), target,
+        getattr(request.state, "admin_key_id", ""),
+        request.client.host if request.client else "", b, a))
+
+
+async def audit(request: Request) -> Response:
+    """The newest audit entries first: ``count`` (1-1000, default 50), ``before`` (an entry
+    id, to page back)."""
+    svc = _svc(request)
+    raw, before = request.query_params.get("count", "50"), request.query_params.get("before")
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise bad_request(f"count must be an integer in 1..1000, got {raw!r}", param="count")
+    if before is not None and not all(p.isdigit() for p in before.split("-", 1)):
+        raise bad_request(f"before must be an audit entry id, got {before!r}", param="before")
+    entries = await AuditLog(svc.redis, svc.keys).read(int(raw), before or "+")
+    return JSONResponse({"object": "list", "data": [e.to_json() for e in entries]})
 
 
 async def stats(request: Request) -> Response:
@@ -195,7 +237,9 @@ async def stats(request: Request) -> Response:
     if history is None:  # events that keep no metrics (tests): a history read once, here
         history = StatsHistory(svc.redis, svc.keys, tuple(svc.config.tier_weights))
     budgets = step_budgets(await svc.shedder.statuses())  # each worker's, as it decided last
-    return JSONResponse({**counters, **await history.snapshot(), "step_budget": budgets})
+    recent = await AuditLog(svc.redis, svc.keys).read(CONSOLE_AUDIT_ENTRIES)
+    return JSONResponse({**counters, **await history.snapshot(), "step_budget": budgets,
+                         "audit": [e.to_json() for e in recent]})
 
 
 async def tiers(request: Request) -> Response:
@@ -214,6 +258,7 @@ ADMIN_ROUTES = [
     Route("/admin/tenants/{tenant_id}", delete_tenant, methods=["DELETE"]),
     Route("/admin/tenants/{tenant_id}/keys/{key_id}/rotate", rotate_key, methods=["POST"]),
     Route("/admin/keys", create_admin_key, methods=["POST"]),
+    Route("/admin/audit", audit, methods=["GET"]),
     Route("/admin/tenants/{tenant_id}/keys", issue_key, methods=["POST"]),
     Route("/admin/tenants/{tenant_id}/keys", list_keys, methods=["GET"]),
     Route("/admin/tenants/{tenant_id}/keys/{key_id}", revoke_key, methods=["DELETE"]),

@@ -254,10 +254,13 @@ class TenantStore:
         return [KeyInfo.from_hash(kid, h) for (kid, _), h in zip(pairs, await pipe.execute())
                 if h]
 
+    def as_key_id(self, kid: str) -> str:
+        """A key id as given, or the id of a full key (to name it without the secret)."""
+        return key_id(key_digest(self._secret, kid)) if looks_like_key(kid) else kid
+
     async def revoke_key(self, tenant_id: str, kid: str) -> bool:
         """Revoke by key id (or by the full key). True if a key was removed."""
-        if looks_like_key(kid):
-            kid = key_id(key_digest(self._secret, kid))
+        kid = self.as_key_id(kid)
         digest = await self.redis.hget(self.keys.tenant_keys(tenant_id), kid)
         if digest is None:
             return False

@@ -173,8 +173,12 @@ class RelayResponse:
         await asyncio.wait({watcher}, timeout=CLEANUP_TIMEOUT_S)
         try:
             async with asyncio.timeout(CLEANUP_TIMEOUT_S):
-                outcome = await self._cancel(cancel_source) if cancel_source else _outcome(
-                    self.state.finish)
+                outcome = _outcome(self.state.finish)
+                if cancel_source:
+                    try:
+                        outcome = await self._cancel(cancel_source)
+                    except RedisError:  # settled all the same: retried until Redis is back
+                        outcome = _outcome(FinishMsg(FinishReason.ABORT, 0, 0))
                 await self._settle(outcome, _error_code(cancel_source, self.state.finish))
         except (RedisError, TimeoutError) as exc:  # Redis away or frozen: the outage is
             # logged once (by the request path's calls), not per request

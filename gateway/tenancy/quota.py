@@ -7,17 +7,24 @@ tenant's stream in its tier (with the tenant's fair-queue weight) and the reques
 ``bus/queues.py``, the owner of queue entries). ``settle`` returns the unused token reservation
 and the lease and writes the request's usage ledger row (``tenancy/ledger.py``) in the same
 call; it is idempotent (the ZREM of the lease decides), so the gateway may call it from every
-exit path and the ledger counts each request once. The bucket math mirrors ``policies/rate_limit.py``.
+exit path and the ledger counts each request once. A settle that Redis did not answer (an
+outage) is retried in the background, with backoff, until Redis answers or its lease would
+have expired: a request that ended during an outage is still refunded and in the ledger. The bucket math mirrors ``policies/rate_limit.py``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from redis.exceptions import RedisError
+
+from gateway.bus.backoff import Backoff
 from gateway.bus.keys import RedisKeys
 from gateway.bus.messages import SubmitMsg
 from gateway.bus.queues import BudgetCheck, QueueEntries
@@ -27,6 +34,9 @@ from gateway.tenancy.ledger import LedgerEntry
 from gateway.tenancy.tenants import Tenant
 from policies.budget import Price, charge, period_window
 from policies.rate_limit import ratelimit_headers
+
+log = logging.getLogger("carpool.gateway")
+MAX_PENDING_SETTLES = 10_000
 
 LIMIT_MESSAGES = {
     "queue_full": "the {tier} queue is full",
@@ -65,10 +75,36 @@ class QuotaEnforcer:
         self._conn = RespConnection.for_client(redis)
         self._entries = QueueEntries(redis, keys, self._conn)
         self._settle = LuaScript(redis, self._conn, SETTLE_LUA)
+        self._retries: set[asyncio.Task[None]] = set()  # settles waiting for Redis
 
     async def close(self) -> None:
+        for task in list(self._retries):
+            task.cancel()
+        await asyncio.gather(*self._retries, return_exceptions=True)
         if self._conn is not None:
             await self._conn.close()
+
+    def _retry(self, keys: list[str], args: list[Any]) -> None:
+        """Run a settle Redis did not answer again until it does (the script is idempotent)
+        or the request's lease would have expired; at most ``MAX_PENDING_SETTLES`` wait."""
+        if len(self._retries) >= MAX_PENDING_SETTLES:
+            log.warning("%d settles already wait for Redis: one more is dropped",
+                        len(self._retries))
+            return
+
+        async def again() -> None:
+            deadline, backoff = time.monotonic() + self.lease_ms / 1000, Backoff(0.1, 2.0)
+            while time.monotonic() < deadline:
+                await asyncio.sleep(backoff.next_delay())
+                try:
+                    await self._settle(keys=keys, args=args)
+                    return
+                except (RedisError, OSError, TimeoutError):
+                    continue
+
+        task = asyncio.get_running_loop().create_task(again())
+        self._retries.add(task)
+        task.add_done_callback(self._retries.discard)
 
     async def admit(self, tenant: Tenant, msg: SubmitMsg, cost: int) -> Admission:
         """Check every limit and enqueue ``msg`` atomically; ``cost`` = prompt + max_tokens."""
@@ -123,5 +159,10 @@ class QuotaEnforcer:
                                            u.cached_tokens, u.completion_tokens)]
         else:
             args += ["", ""]
-        res = await self._settle(keys=keys + ([delete_key] if delete_key else []), args=args)
+        keys += [delete_key] if delete_key else []
+        try:
+            res = await self._settle(keys=keys, args=args)
+        except (RedisError, OSError, TimeoutError, asyncio.CancelledError):
+            self._retry(keys, args)  # not answered (or its wait was cut short): again later
+            raise
         return bool(res)

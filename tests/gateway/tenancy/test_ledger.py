@@ -127,3 +127,46 @@ async def _settle_writes_once(redis_url: str) -> None:
 
 def test_settle_writes_the_ledger_row_once(redis_url: str) -> None:
     asyncio.run(_settle_writes_once(redis_url))
+
+
+async def _settle_retried(redis_url: str) -> None:
+    import redis.asyncio as aioredis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    client = aioredis.Redis.from_url(redis_url)
+    keys = RedisKeys(f"led{uuid.uuid4().hex[:8]}")
+    quota = QuotaEnforcer(client, keys, queue_max_len=100, lease_ms=60_000, req_ttl_s=60,
+                          ledger_retention_s=3600)
+    tenant = Tenant("t", "t", TenantQuota())
+    entry = LedgerEntry(hour_of(T0), field_prefix("k1", "batch", "m"), 2, 0, 5)
+    real, calls = quota._settle, []
+
+    async def flaky(**kw: object) -> object:  # Redis away for the first call
+        calls.append(kw)
+        if len(calls) == 1:
+            raise RedisConnectionError("Connection refused")
+        return await real(**kw)
+
+    quota._settle = flaky  # type: ignore[assignment]
+    try:
+        msg = SubmitMsg(request_id="r1", tenant_id="t", tier="batch", priority=0,
+                        prompt_token_ids=[1, 2], max_tokens=5)
+        assert (await quota.admit(tenant, msg, 7)).ok
+        with pytest.raises(RedisConnectionError):
+            await quota.settle(tenant, "r1", 7, 7, "settled:completed", usage=entry)
+        t0, t1 = parse_range("2026-12-01", "2026-12-02", now=0)
+        ledger = UsageLedger(client, keys)
+        for _ in range(100):  # the retry runs in the background, after its backoff
+            if await ledger.read(["t"], t0, t1):
+                break
+            await asyncio.sleep(0.05)
+        (r,) = await ledger.read(["t"], t0, t1)
+        assert (r.requests, r.completion_tokens) == (1, 5) and len(calls) == 2
+        assert await client.zcard(keys.concurrency("t")) == 0  # the lease went back too
+    finally:
+        await quota.close()
+        await client.aclose()
+
+
+def test_a_settle_redis_did_not_answer_is_retried(redis_url: str) -> None:
+    asyncio.run(_settle_retried(redis_url))

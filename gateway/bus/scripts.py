@@ -381,3 +381,13 @@ for i = 0, (#KEYS - 1) / 5 - 1 do
   end
 end
 """
+
+
+# -- the audit trail (``tenancy/audit.py``) ---------------------------------------------------
+
+# KEYS: the audit stream;  ARGV: about how many entries to keep, the entry's JSON.
+# An append and its trim in one step (MAXLEN ~: whole nodes are trimmed, so the stream holds
+# at least the given number and at most about one node more).
+AUDIT_LUA = """
+return redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'd', ARGV[2])
+"""

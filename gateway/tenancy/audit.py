@@ -4,8 +4,8 @@ An entry says when, which admin key (its id: never the key), from which address,
 (``tenant.create``, ``tenant.update``, ``budget.update``, ``tenant.delete``, ``key.issue``,
 ``key.rotate``, ``key.revoke``, ``admin_key.create``), its target, and what changed, before
 and after. Before/after hold tenant fields and key records (id, name, expiry), never a key or a
-digest: ``AuditEntry`` refuses a value that looks like one. The stream keeps the last
-``max_len`` entries (``XADD MAXLEN ~``), so memory is bounded. The admin API and ``carpool
+digest: ``AuditEntry`` refuses a value that looks like one. The stream keeps about the last
+``max_len`` entries (``scripts.AUDIT_LUA``: XADD MAXLEN ~), so memory is bounded. The admin API and ``carpool
 tenants`` append; ``GET /admin/audit``, ``carpool tenants audit`` and the console read.
 """
 
@@ -18,6 +18,8 @@ from typing import Any
 import orjson
 
 from gateway.bus.keys import RedisKeys
+from gateway.bus.resp import LuaScript
+from gateway.bus.scripts import AUDIT_LUA
 from gateway.tenancy.keys import KEY_PREFIX
 from gateway.tenancy.tenants import BUDGET_FIELDS
 
@@ -71,10 +73,11 @@ class AuditLog:
         self.redis = redis
         self.key = keys.audit
         self.max_len = max_len
+        self._append = LuaScript(redis, None, AUDIT_LUA)
 
     async def append(self, entry: AuditEntry) -> None:
         data = orjson.dumps({k: v for k, v in entry.to_json().items() if k != "id"})
-        await self.redis.xadd(self.key, {"d": data}, maxlen=self.max_len, approximate=True)
+        await self._append(keys=[self.key], args=[self.max_len, data])
 
     async def read(self, count: int = 50, before: str = "+") -> list[AuditEntry]:
         """The newest ``count`` entries (older than ``before``, an entry id), newest first."""

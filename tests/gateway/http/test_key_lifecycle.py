@@ -107,27 +107,37 @@ def test_bad_key_input(echo_gateway: Any, redis_url: str, admin: dict[str, str])
 def test_delete_tenant(echo_gateway: Any, redis_url: str, admin: dict[str, str]) -> None:
     gw = echo_gateway
     key = make_tenant(redis_url, gw.config.namespace, "gone")
+    user = {"Authorization": f"Bearer {key}"}
     assert post(gw, key).status_code == 200
-    stop_drainer(gw)
-    try:
-        with httpx.stream("POST", gw.url + "/v1/completions", timeout=30,
-                          headers={"Authorization": f"Bearer {key}"},
-                          json={**BODY, "stream": True}) as s:
-            r = httpx.delete(gw.url + "/admin/tenants/gone", headers=admin)
-            assert r.status_code == 200 and r.json()["cancelled_requests"] == 1, r.text
-            tail = s.read().decode()
-        assert '"finish_reason":"abort"' in tail and tail.rstrip().endswith("data: [DONE]")
-    finally:
-        start_drainer(gw)
-    refused = wait_for(lambda: (x := post(gw, key)).status_code == 401 and x, 5)
-    assert refused.json()["error"]["code"] == "invalid_api_key"
+    # one request running (its first tokens arrived), one queued behind a held drainer
+    with httpx.stream("POST", gw.url + "/v1/completions", timeout=30, headers=user,
+                      json={**BODY, "max_tokens": 480, "stream": True}) as running:
+        lines = running.iter_lines()
+        assert next(ln for ln in lines if '"text":"' in ln and '"text":""' not in ln)
+        stop_drainer(gw)
+        try:
+            with httpx.stream("POST", gw.url + "/v1/completions", timeout=30, headers=user,
+                              json={**BODY, "stream": True}) as queued:
+                r = httpx.delete(gw.url + "/admin/tenants/gone", headers=admin)
+                assert r.status_code == 200 and r.json()["cancelled_requests"] == 2, r.text
+                tail = queued.read().decode()
+            rest = "\n".join(lines)
+        finally:
+            start_drainer(gw)
+    for end in (tail, rest):
+        assert '"finish_reason":"abort"' in end and end.rstrip().endswith("data: [DONE]")
+    served = 0  # within the auth cache time of the delete, a gateway may still serve it
+    while (refused := post(gw, key)).status_code == 200 and served < 50:
+        served += 1
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
     assert httpx.delete(gw.url + "/admin/tenants/gone", headers=admin).status_code == 404
     assert "gone" not in [t["id"] for t in httpx.get(gw.url + "/admin/tenants",
                                                      headers=admin).json()["data"]]
-    row = ledger_total(gw, "gone", requests=2)
-    assert row.errors == {"cancelled": 1}
+    row = ledger_total(gw, "gone", requests=3 + served)
+    assert row.errors == {"cancelled": 2}
     usage = httpx.get(gw.url + "/admin/usage", params={"tenant": "gone"}, headers=admin)
-    assert usage.status_code == 200 and sum(r["requests"] for r in usage.json()["data"]) == 2
+    assert usage.status_code == 200
+    assert sum(r["requests"] for r in usage.json()["data"]) == row.requests == 3 + served
 
 
 def test_read_only_admin_key(echo_gateway: Any, admin: dict[str, str]) -> None:

@@ -11,9 +11,9 @@
     {ns}:cancel              channel CancelMsg to every worker
     {ns}:tenants             set     tenant ids
     {ns}:tenant:{id}         hash    quota fields
-    {ns}:apikey:{digest}     hash    tenant, key id; the key itself is never stored
+    {ns}:apikey:{digest}     hash    tenant, digest, name, created, expires, last_used (unix s;
+                                     ``tenancy/key_info.py``); the key itself is never stored
     {ns}:tenant_keys:{id}    hash    key id -> digest (list/revoke)
-    {ns}:apikey:{digest}       also: name, created, expires, last_used (unix s; at most once a minute)
     {ns}:admin_keys          set     digests of admin keys
     {ns}:admin_keys_ro       set     digests of read-only admin keys (GET /admin/* only)
     {ns}:rl:{id}:{kind}      hash    token bucket {level, ts} for rpm / tpm

@@ -19,8 +19,9 @@
     {ns}:rl:{id}:{kind}      hash    token bucket {level, ts} for rpm / tpm
     {ns}:conc:{id}           zset    in-flight request ids scored by lease expiry (ms)
     {ns}:usage:{id}:{hour}   hash    the usage ledger's tenant-hour (YYYYMMDDHH, UTC):
-                                     "{key id}|{tier}|{model}|{metric}" -> count
+                                     "{key id}|{tier code}|{model id}|{metric}" -> count
                                      (``tenancy/ledger.py``); expires after the retention
+    {ns}:usage_models        hash    model id -> model name (the ledger's fields)
     {ns}:usage_tenants       set     tenants that have ledger rows (deleted ones too)
     {ns}:budget:{id}:{period} string what the tenant spent in the period (d20261206 /
                                      m202612), in its budget's units (``policies/budget.py``)
@@ -103,6 +104,10 @@ class RedisKeys:
 
     def budget(self, tenant_id: str, period_id: str) -> str:
         return f"{self.ns}:budget:{tenant_id}:{period_id}"
+
+    @property
+    def usage_models(self) -> str:
+        return f"{self.ns}:usage_models"
 
     @property
     def audit(self) -> str:

@@ -139,13 +139,15 @@ if ARGV[14] ~= '' and redis.call('EXISTS', KEYS[6]) == 1 then
 end
 local p = ARGV[6]
 if p ~= '' then
-  redis.call('HINCRBY', KEYS[4], p .. 'requests', 1)
-  if ARGV[9] ~= '0' then redis.call('HINCRBY', KEYS[4], p .. 'prompt', ARGV[9]) end
-  if ARGV[10] ~= '0' then redis.call('HINCRBY', KEYS[4], p .. 'cached', ARGV[10]) end
-  if ARGV[11] ~= '0' then redis.call('HINCRBY', KEYS[4], p .. 'completion', ARGV[11]) end
-  if ARGV[12] ~= '' then redis.call('HINCRBY', KEYS[4], p .. 'err:' .. ARGV[12], 1) end
+  -- metrics (``tenancy/ledger.py``): r requests, p prompt, c cached, d delivered, $ cost,
+  -- e:{code} errors
+  redis.call('HINCRBY', KEYS[4], p .. 'r', 1)
+  if ARGV[9] ~= '0' then redis.call('HINCRBY', KEYS[4], p .. 'p', ARGV[9]) end
+  if ARGV[10] ~= '0' then redis.call('HINCRBY', KEYS[4], p .. 'c', ARGV[10]) end
+  if ARGV[11] ~= '0' then redis.call('HINCRBY', KEYS[4], p .. 'd', ARGV[11]) end
+  if ARGV[12] ~= '' then redis.call('HINCRBY', KEYS[4], p .. 'e:' .. ARGV[12], 1) end
   if ARGV[13] ~= '' and ARGV[13] ~= '0' then
-    redis.call('HINCRBY', KEYS[4], p .. 'cost', ARGV[13])
+    redis.call('HINCRBY', KEYS[4], p .. '$', ARGV[13])
   end
   redis.call('EXPIRE', KEYS[4], tonumber(ARGV[7]))
   redis.call('SADD', KEYS[5], ARGV[8])
@@ -360,7 +362,7 @@ for i = 0, (#KEYS - 1) / 5 - 1 do
       redis.call('HSET', req, 'state', 'finished')
       redis.call('HINCRBY', KEYS[1], ARGV[a + 5], 1)
       if ARGV[a + 8] ~= '' then
-        redis.call('HINCRBY', KEYS[6 + 5 * i], ARGV[a + 8] .. 'computed', ARGV[a + 9])
+        redis.call('HINCRBY', KEYS[6 + 5 * i], ARGV[a + 8] .. 'x', ARGV[a + 9])
         redis.call('EXPIRE', KEYS[6 + 5 * i], tonumber(ARGV[6]))
       end
     else

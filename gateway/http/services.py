@@ -21,6 +21,7 @@ from gateway.http.shedding import TierShedder
 from gateway.http.shutdown import Shutdown
 from gateway.model_info import ModelInfo
 from gateway.telemetry.events import GatewayEvents
+from gateway.tenancy.ledger import UsageLedger
 from gateway.tenancy.quota import QuotaEnforcer
 from gateway.tenancy.tenants import TenantStore
 from gateway.worker.worker import Worker
@@ -65,6 +66,7 @@ class Services:
         )
 
     async def start(self) -> None:
+        await UsageLedger(self.redis, self.keys).register_model(self.model.name)
         self.mux.start()
         if self.worker is not None:
             await self.worker.start()

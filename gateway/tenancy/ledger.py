@@ -1,17 +1,20 @@
 """The usage ledger: what each tenant consumed, per key id, tier, model and UTC hour.
 
 One Redis hash per tenant-hour, ``{ns}:usage:{tenant}:{YYYYMMDDHH}`` (``bus/keys.py``), whose
-fields are ``{key id}|{tier}|{model}|{metric}`` -> an integer. The metrics:
+fields are ``{key id}|{tier code}|{model id}|{metric}`` -> an integer: the tier as one letter
+(``TIER_CODES``) and the model as the first 8 hex digits of its name's SHA-1 (``model_id``;
+``{ns}:usage_models`` maps them back), so that every field stays within the 64 bytes Redis
+keeps in its compact hash encoding (half the memory). The metrics:
 
-    requests     finished requests (completed, cancelled, timed out, failed, migrated)
-    prompt       prompt tokens
-    cached       prompt tokens served from the prefix cache
-    completion   completion tokens delivered to the client
-    computed     completion tokens the engine computed (written by the worker at the finish);
-                 computed - completion is the cancelled work nobody received
-    cost         prompt, cached and delivered completion tokens at the model's price, in
+    r            finished requests (completed, cancelled, timed out, failed, migrated)
+    p            prompt tokens
+    c            prompt tokens served from the prefix cache
+    d            completion tokens delivered to the client
+    x            completion tokens the engine computed (written by the worker at the finish);
+                 x - d is the cancelled work nobody received
+    $            prompt, cached and delivered completion tokens at the model's price, in
                  micro-units of the price's currency (``policies/budget.py``; no price: none)
-    err:{code}   requests that ended with that error code (timeout, cancelled_by_client...)
+    e:{code}     requests that ended with that error code (timeout, cancelled_by_client...)
 
 The gateway writes a request's row in the settle script (``scripts.SETTLE_LUA``), the same
 atomic call that returns its quota reservation, so the two cannot disagree. The row's hour is
@@ -26,6 +29,7 @@ key, tier or model, ``parse_range`` checks a from/to pair; all three are what ``
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
@@ -33,8 +37,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gateway.bus.keys import RedisKeys
+from policies.tiers import BATCH, BEST_EFFORT, INTERACTIVE
 
-METRICS = ("requests", "prompt", "cached", "completion", "computed", "cost")
+TIER_CODES = {INTERACTIVE: "i", BATCH: "b", BEST_EFFORT: "e"}
+_TIER_NAMES = {code: tier for tier, code in TIER_CODES.items()}
 GROUP_BY = ("hour", "day", "key", "tier", "model")
 HOUR_FORMAT = "%Y%m%d%H"
 SEP = "|"
@@ -46,10 +52,13 @@ def hour_of(unix: float) -> str:
     return datetime.fromtimestamp(unix, UTC).strftime(HOUR_FORMAT)
 
 
+def model_id(model: str) -> str:
+    return hashlib.sha1(model.encode()).hexdigest()[:8]
+
+
 def field_prefix(key_id: str, tier: str, model: str) -> str:
-    """The ledger fields' common prefix for one (key, tier, model); ``|`` in a name is
-    replaced so that a field always splits into four parts."""
-    return SEP.join(p.replace(SEP, "_") for p in (key_id or "-", tier, model)) + SEP
+    """The ledger fields' common prefix for one (key, tier, model)."""
+    return SEP.join((key_id or "-", TIER_CODES.get(tier, tier), model_id(model))) + SEP
 
 
 @dataclass(frozen=True)
@@ -106,23 +115,25 @@ class UsageRow:
         return out
 
 
-_METRIC_FIELD = {"requests": "requests", "prompt": "prompt_tokens", "cached": "cached_tokens",
-                 "completion": "completion_tokens", "computed": "computed_tokens",
-                 "cost": "cost_micro"}
+_METRIC_FIELD = {"r": "requests", "p": "prompt_tokens", "c": "cached_tokens",
+                 "d": "completion_tokens", "x": "computed_tokens", "$": "cost_micro"}
 
 
-def rows_from_hash(tenant: str, hour: str, h: dict[Any, Any]) -> list[UsageRow]:
-    """The rows of one tenant-hour hash (as HGETALL returns it, bytes or str)."""
+def rows_from_hash(tenant: str, hour: str, h: dict[Any, Any],
+                   models: dict[str, str] | None = None) -> list[UsageRow]:
+    """The rows of one tenant-hour hash (as HGETALL returns it, bytes or str); ``models``
+    names the model ids (an unknown one stays an id)."""
     acc: dict[tuple[str, str, str], dict[str, Any]] = {}
     for raw_k, raw_v in h.items():
         k = raw_k.decode() if isinstance(raw_k, bytes) else str(raw_k)
         parts = k.split(SEP)
         if len(parts) != 4:
             continue
-        kid, tier, model, metric = parts
-        row = acc.setdefault((kid, tier, model), {"errors": {}})
-        if metric.startswith("err:"):
-            row["errors"][metric[4:]] = int(raw_v)
+        kid, tier, mid, metric = parts
+        model = (models or {}).get(mid, mid)
+        row = acc.setdefault((kid, _TIER_NAMES.get(tier, tier), model), {"errors": {}})
+        if metric.startswith("e:"):
+            row["errors"][metric[2:]] = int(raw_v)
         elif metric in _METRIC_FIELD:
             row[_METRIC_FIELD[metric]] = int(raw_v)
     return [UsageRow(tenant, hour, kid, tier, model, **vals)
@@ -203,6 +214,10 @@ class UsageLedger:
         self.redis = redis
         self.keys = keys
 
+    async def register_model(self, model: str) -> None:
+        """Name ``model``'s id for readers (the gateway does at start)."""
+        await self.redis.hset(self.keys.usage_models, model_id(model), model)
+
     async def tenants(self) -> list[str]:
         raw = await self.redis.smembers(self.keys.usage_tenants)
         return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in raw)
@@ -211,10 +226,17 @@ class UsageLedger:
         hours = hours_between(t0, t1)
         pairs = [(t, h) for t in tenants for h in hours]
         pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(self.keys.usage_models)
         for t, h in pairs:
             pipe.hgetall(self.keys.usage(t, h))
+        raw_models, *got_all = await pipe.execute()
+        models = {_text(k): _text(v) for k, v in raw_models.items()}
         rows: list[UsageRow] = []
-        for (t, h), got in zip(pairs, await pipe.execute()):
+        for (t, h), got in zip(pairs, got_all):
             if got:
-                rows += rows_from_hash(t, h, got)
+                rows += rows_from_hash(t, h, got, models)
         return rows
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

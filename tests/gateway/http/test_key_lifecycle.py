@@ -7,19 +7,30 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.gateway.faults.stack import wait_for
-from tests.gateway.harness import make_tenant
+from tests.gateway.harness import make_config, make_tenant, run_gateway
 from tests.gateway.http.ledger_helpers import ledger_total
-from tests.gateway.worker.drainer_hold import start_drainer, stop_drainer
+from tests.gateway.worker.drainer_hold import HeldWorker, start_drainer, stop_drainer
 
 pytestmark = pytest.mark.timeout(90)
 ADMIN_KEY = "cp-admin-" + "l" * 32
 BODY = {"model": "echo", "prompt": "a b", "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def slow_echo(redis_url: str, tiny_model_dir: Path) -> Iterator[Any]:
+    """Echo at 20 ms a step: a long request is still running when the test acts on it."""
+    config = make_config(engine="echo", model=str(tiny_model_dir), echo_step_ms=20.0)
+    with run_gateway(config, redis_url, worker_type=HeldWorker) as gw:
+        gw.call(gw.services.store.add_admin_key(ADMIN_KEY))
+        yield gw
 
 
 @pytest.fixture()
@@ -104,14 +115,15 @@ def test_bad_key_input(echo_gateway: Any, redis_url: str, admin: dict[str, str])
     assert len(ids) == 2 and kid in ids
 
 
-def test_delete_tenant(echo_gateway: Any, redis_url: str, admin: dict[str, str]) -> None:
-    gw = echo_gateway
+def test_delete_tenant(slow_echo: Any, redis_url: str) -> None:
+    gw = slow_echo
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
     key = make_tenant(redis_url, gw.config.namespace, "gone")
     user = {"Authorization": f"Bearer {key}"}
     assert post(gw, key).status_code == 200
     # one request running (its first tokens arrived), one queued behind a held drainer
     with httpx.stream("POST", gw.url + "/v1/completions", timeout=30, headers=user,
-                      json={**BODY, "max_tokens": 480, "stream": True}) as running:
+                      json={**BODY, "max_tokens": 400, "stream": True}) as running:
         lines = running.iter_lines()
         assert next(ln for ln in lines if '"text":"' in ln and '"text":""' not in ln)
         stop_drainer(gw)

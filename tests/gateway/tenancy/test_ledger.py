@@ -19,6 +19,7 @@ from gateway.tenancy.ledger import (
     group_rows,
     hour_of,
     hours_between,
+    model_id,
     parse_range,
     rows_from_hash,
     to_csv,
@@ -38,17 +39,21 @@ def row(hour: str = "2026120110", key: str = "k1", tier: str = "interactive",
 
 def test_hour_and_prefix() -> None:
     assert hour_of(T0) == "2026120110"
-    assert field_prefix("abc", "batch", "org|model") == "abc|batch|org_model|"
-    assert field_prefix("", "batch", "m") == "-|batch|m|"
+    assert field_prefix("abc", "batch", "org|model") == f"abc|b|{model_id('org|model')}|"
+    assert field_prefix("", "best-effort", "m") == f"-|e|{model_id('m')}|"
+    # every field fits Redis's compact hash encoding (64 bytes), whatever the model's name
+    longest = field_prefix("0" * 12, "interactive", "x" * 200) + "e:cancelled_by_client"
+    assert len(longest) <= 64
 
 
 def test_rows_from_hash_reads_every_metric() -> None:
     p = field_prefix("k1", "interactive", "m")
-    h = {(p + "requests").encode(): b"3", (p + "prompt").encode(): b"30",
-         (p + "cached").encode(): b"8", (p + "completion").encode(): b"12",
-         (p + "computed").encode(): b"20", (p + "err:timeout").encode(): b"1",
-         b"not-a-ledger-field": b"9"}
-    (r,) = rows_from_hash("acme", "2026120110", h)
+    h = {(p + "r").encode(): b"3", (p + "p").encode(): b"30", (p + "c").encode(): b"8",
+         (p + "d").encode(): b"12", (p + "x").encode(): b"20", (p + "$").encode(): b"7",
+         (p + "e:timeout").encode(): b"1", b"not-a-ledger-field": b"9"}
+    (r,) = rows_from_hash("acme", "2026120110", h, {model_id("m"): "m"})
+    assert (r.key_id, r.tier, r.model, r.cost_micro) == ("k1", "interactive", "m", 7)
+    assert rows_from_hash("acme", "2026120110", h)[0].model == model_id("m")
     assert (r.requests, r.prompt_tokens, r.cached_tokens, r.completion_tokens) == (3, 30, 8, 12)
     assert r.undelivered_tokens == 8 and r.errors == {"timeout": 1}
 
@@ -108,11 +113,12 @@ async def _settle_writes_once(redis_url: str) -> None:
         for _ in range(3):  # every exit path may settle: counted once
             await quota.settle(tenant, "r1", 13, 7, "settled:aborted", usage=entry)
         ledger = UsageLedger(client, keys)
+        await ledger.register_model("m")
         assert await ledger.tenants() == ["t"]
         t0, t1 = parse_range("2026-12-01", "2026-12-02", now=0)
         (r,) = await ledger.read(["t"], t0, t1)
         assert (r.requests, r.prompt_tokens, r.cached_tokens, r.completion_tokens,
-                r.errors) == (1, 3, 1, 4, {"timeout": 1})
+                r.errors, r.model) == (1, 3, 1, 4, {"timeout": 1}, "m")
         assert 0 < await client.ttl(keys.usage("t", entry.hour)) <= 3600
         # a settle with the ledger off writes no row
         off = QuotaEnforcer(client, keys, queue_max_len=100, lease_ms=60_000, req_ttl_s=60)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.tenancy.tenants import read_tenants_doc
+from policies.budget import Price, parse_prices
 from policies.tiers import (
     DEFAULT_TIER_SLOS,
     DEFAULT_TIER_WEIGHTS,
@@ -65,6 +66,14 @@ class GatewayConfig:
     visibility_timeout_s: float = 30.0  # pending entries of a silent worker are reclaimed
     stream_ttl_s: int = 300  # out:{id} streams expire after this even if nobody reads them
     auth_cache_s: float = 0.5  # key->tenant cache; revocation is visible within this
+    # the usage ledger (``tenancy/ledger.py``): hourly rows per tenant, kept this many days
+    # after their last write; ledger=False writes none (the bench's ledger-off row)
+    ledger: bool = True
+    usage_retention_days: int = 90
+    audit_max_entries: int = 10_000  # the audit stream keeps about this many (tenancy/audit.py)
+    # per model: price per 1M prompt / cached / completion tokens (``policies.budget``), for
+    # the ledger's cost and cost budgets. CARPOOL_PRICES="model=0.15/0.075/0.6;..."
+    prices: Mapping[str, Price] = field(default_factory=dict)
     worker_id: str | None = None  # consumer name; None = host-pid-random
     echo_step_ms: float = 0.0  # fake engine: delay per step
     trace_console: bool = False  # print finished spans to stdout
@@ -109,6 +118,12 @@ class GatewayConfig:
                              "must be >= 1")
         if self.max_n < 1:
             raise ValueError("max_n must be >= 1")
+        if not all(isinstance(p, Price) for p in self.prices.values()):
+            raise ValueError(f"prices must map model names to Price: {self.prices}")
+        if self.audit_max_entries < 100:
+            raise ValueError("audit_max_entries must be >= 100")
+        if not 1 <= self.usage_retention_days <= 3660:
+            raise ValueError("usage_retention_days must be in 1..3660")
         if not self.namespace or ":" in self.namespace:
             raise ValueError("namespace must be non-empty and contain no ':'")
 
@@ -162,6 +177,8 @@ def _parse(name: str, raw: str, type_name: Any) -> Any:
     text = str(type_name)
     if name == "tier_weights":
         return parse_weights(raw)
+    if name == "prices":
+        return parse_prices(raw)
     if name == "engine_options":
         raise ValueError("engine options come from CLI flags, not the environment")
     if text.startswith("bool"):

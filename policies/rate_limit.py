@@ -53,3 +53,27 @@ def settle(level: float, reserved: int, actual: int, per_minute: int) -> float:
     if per_minute <= 0:
         return level
     return min(float(per_minute), level + max(0, reserved - actual))
+
+
+def reset_duration(level: float, per_minute: int) -> str:
+    """Time until a bucket at ``level`` is full again, as OpenAI writes it: ``1s``,
+    ``6m0s``, ``250ms``."""
+    ms = max(0, math.ceil((per_minute - level) * MS_PER_MINUTE / per_minute))
+    if ms < 1000:
+        return f"{ms}ms"
+    s = math.ceil(ms / 1000)
+    return f"{s // 60}m{s % 60}s" if s >= 60 else f"{s}s"
+
+
+def ratelimit_headers(rpm: int, rpm_level: float, tpm: int, tpm_level: float
+                      ) -> list[tuple[str, str]]:
+    """OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` for buckets at
+    these levels (after the admission's charge); a limit of 0 (unlimited) sends none."""
+    out = []
+    for kind, limit, level in (("requests", rpm, rpm_level), ("tokens", tpm, tpm_level)):
+        if limit > 0:
+            level = max(0.0, min(float(limit), level))
+            out += [(f"x-ratelimit-limit-{kind}", str(limit)),
+                    (f"x-ratelimit-remaining-{kind}", str(math.floor(level))),
+                    (f"x-ratelimit-reset-{kind}", reset_duration(level, limit))]
+    return out

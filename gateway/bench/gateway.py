@@ -6,6 +6,10 @@ output write and the relay back. One run, one table, ratios against baselines
 measured in the same run on the same machine:
   direct     ``FakeEchoEngine.generate`` called in-process (no HTTP, no Redis)
   http-floor ``GET /healthz`` through the same uvicorn process (the HTTP client+server cost)
+The "ledger on/off" rows measure what the usage ledger adds: one request at a time (a
+1-token non-streaming completion, so the engine's step jitter hides little), alternating in
+rounds between the served process (ledger on, the default) and a second one started with
+``CARPOOL_LEDGER=0``, on the same Redis.
 The gateway runs as its own process (``carpool serve --engine echo``, gateway + worker +
 engine in one process); the "split roles" rows run ``--role gateway`` and ``--role worker`` as
 two processes (the engine's loop then no longer shares the gateway's). The load generator is
@@ -137,22 +141,46 @@ async def split_rows(url: str, key: str, args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+LEDGER_ROUNDS = 4
+
+
+async def ledger_rows(url_on: str, url_off: str, key: str, args: argparse.Namespace
+                      ) -> list[Row]:
+    """1-token non-streaming requests, one at a time, with the ledger on and off, in
+    alternating rounds (so a drift of the machine's load hits both alike)."""
+    make = lean_calls if args.client == "lean" else httpx_calls
+    lat: dict[str, list[float]] = {"on": [], "off": []}
+    wall = {"on": 0.0, "off": 0.0}
+    async with make(url_on, key, args) as on, make(url_off, key, args) as off:
+        for calls in (on, off):
+            await closed_loop(64, 8, calls.completion(1, False))  # warm-up
+        for _ in range(LEDGER_ROUNDS):
+            for name, calls in (("on", on), ("off", off)):
+                got, w, _ = await closed_loop(max(1, args.requests // LEDGER_ROUNDS), 1,
+                                              calls.completion(1, False))
+                lat[name] += got
+                wall[name] += w
+    return [Row("gateway 1 token, one at a time, ledger on", lat["on"], wall["on"]),
+            Row("gateway 1 token, one at a time, ledger off", lat["off"], wall["off"])]
+
+
 def start_server(redis_url: str, port: int, args: argparse.Namespace,
-                 role: str) -> subprocess.Popen[bytes]:
+                 role: str, **env_extra: str) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "gateway.cli.main", "serve", "--role", role, "--engine", "echo",
            "--port", str(port), "--no-demo", "--namespace", "bench",
            "--echo-step-ms", str(args.step_ms)]
     if args.model:
         cmd += ["--model", args.model]
-    env = child_env(REDIS_URL=redis_url, CARPOOL_SECRET=SECRET)
+    env = child_env(REDIS_URL=redis_url, CARPOOL_SECRET=SECRET, **env_extra)
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 @contextlib.contextmanager
 def serving(redis_url: str, port: int, args: argparse.Namespace,
-            roles: tuple[str, ...]) -> Iterator[list[subprocess.Popen[bytes]]]:
+            roles: tuple[str, ...], **env_extra: str
+            ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """``carpool serve`` processes of ``roles`` (the first one serves HTTP on ``port``)."""
-    procs = [start_server(redis_url, port, args, role) for role in roles]
+    procs = [start_server(redis_url, port, args, role, **env_extra) for role in roles]
     try:
         wait_ready(f"http://127.0.0.1:{port}", procs[0])
         yield procs
@@ -196,6 +224,10 @@ def table(direct: list[Row], gw: list[Row], args: argparse.Namespace) -> str:
     lines = [("| path | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | tokens/s | "
              "req/s vs direct |"), "|---|---|---|---|---|---|---|---|"]
     for row in direct + gw:
+        if "one at a time" in row.name:  # its own baseline: the ledger-off row
+            lines.append(f"| {row.name} | {row.pct(0.5):.2f} | {row.pct(0.99):.2f} | - | - | "
+                         f"{row.rps:.0f} | - | - |")
+            continue
         ref = base["rate"] if "@" in row.name else (
             base["tokens"] if "tokens" in row.name else base["nonstream"])
         added = row is not ref and "direct" not in row.name
@@ -225,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip the extra row with the client pinned to CPU 0")
     p.add_argument("--no-split", dest="split", action="store_false",
                    help="skip the rows with gateway and worker in separate processes")
+    p.add_argument("--no-ledger", dest="ledger", action="store_false",
+                   help="skip the rows with the usage ledger on and off")
     p.add_argument("--model", default=None, help="tokenizer source dir (default: SmolLM2)")
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
@@ -244,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
             pinned = (server_pids(procs[0], redis.url), cpus[:1]) \
                 if args.pin and len(cpus) > 1 else None
             gw = run_loop(gateway_rows(url, key, args, pinned))
+            if args.ledger:
+                off_port = free_port()
+                with serving(redis.url, off_port, args, ("all",), CARPOOL_LEDGER="0"):
+                    gw += run_loop(ledger_rows(url, f"http://127.0.0.1:{off_port}", key,
+                                               args))
         if args.split:
             port = free_port()
             with serving(redis.url, port, args, ("gateway", "worker")):
@@ -253,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"carpool bench gateway: FAKE echo engine, {args.requests} requests, concurrency "
           f"{args.concurrency}, {args.step_ms:g} ms steps, {args.max_tokens} tokens each "
           f"(streamed-token rows: {args.stream_tokens}); open loop at {args.rate:g} req/s for "
-          f"{args.duration:g} s; {len(cpus)} CPUs shared by client, gateway and Redis "
+          f"{args.duration:g} s; {len(cpus)} CPUs ({cpu_model()}) shared by client, gateway "
+          f"and Redis "
           f"(pinned row: client on CPU {cpus[0]}, gateway and Redis on the rest; split-roles "
           f"rows: gateway and worker+engine in two processes)\n"
           f"load generator: {client} in the bench process; direct baseline and load generator "
@@ -261,12 +301,26 @@ def main(argv: list[str] | None = None) -> int:
           f"settings as served: access log off, span export {_export_state()}, echo steps "
           f"+-20% jitter\n")
     print(table(direct, gw, args))
+    on = [r for r in gw if r.name.endswith("ledger on")]
+    off = [r for r in gw if r.name.endswith("ledger off")]
+    if on and off:
+        print(f"\nusage ledger: {on[0].pct(0.5) - off[0].pct(0.5):+.3f} ms p50, "
+              f"{on[0].pct(0.99) - off[0].pct(0.99):+.3f} ms p99 (on minus off, "
+              f"{len(on[0].latencies_s)} requests each, {LEDGER_ROUNDS} alternating rounds)")
     if args.json:
         Path(args.json).write_text(json.dumps([{
             "name": r.name, "p50_ms": r.pct(0.5), "p99_ms": r.pct(0.99), "rps": r.rps,
             "tokens_per_s": r.tokens_per_s, "mean_ms": statistics.fmean(r.latencies_s) * 1000}
             for r in direct + gw], indent=2))
     return 0
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "CPU model unknown"
 
 
 def _export_state() -> str:

@@ -11,11 +11,21 @@
     {ns}:cancel              channel CancelMsg to every worker
     {ns}:tenants             set     tenant ids
     {ns}:tenant:{id}         hash    quota fields
-    {ns}:apikey:{digest}     hash    tenant, key id; the key itself is never stored
+    {ns}:apikey:{digest}     hash    tenant, digest, name, created, expires, last_used (unix s;
+                                     ``tenancy/key_info.py``); the key itself is never stored
     {ns}:tenant_keys:{id}    hash    key id -> digest (list/revoke)
     {ns}:admin_keys          set     digests of admin keys
+    {ns}:admin_keys_ro       set     digests of read-only admin keys (GET /admin/* only)
     {ns}:rl:{id}:{kind}      hash    token bucket {level, ts} for rpm / tpm
     {ns}:conc:{id}           zset    in-flight request ids scored by lease expiry (ms)
+    {ns}:usage:{id}:{hour}   hash    the usage ledger's tenant-hour (YYYYMMDDHH, UTC):
+                                     "{key id}|{tier code}|{model id}|{metric}" -> count
+                                     (``tenancy/ledger.py``); expires after the retention
+    {ns}:usage_models        hash    model id -> model name (the ledger's fields)
+    {ns}:usage_tenants       set     tenants that have ledger rows (deleted ones too)
+    {ns}:budget:{id}:{period} string what the tenant spent in the period (d20261206 /
+                                     m202612), in its budget's units (``policies/budget.py``)
+    {ns}:audit               stream  admin actions, bounded (``tenancy/audit.py``)
     {ns}:stats               hash    counters (admitted, rejected:*, completed, aborted...)
     {ns}:tier_status         hash    worker id -> its tier status JSON (worker/tier_status.py)
     {ns}:metrics             hash    process id -> its metrics samples JSON (telemetry/stats_publish.py)
@@ -79,11 +89,33 @@ class RedisKeys:
     def admin_keys(self) -> str:
         return f"{self.ns}:admin_keys"
 
+    @property
+    def admin_keys_read_only(self) -> str:
+        return f"{self.ns}:admin_keys_ro"
+
     def bucket(self, tenant_id: str, kind: str) -> str:
         return f"{self.ns}:rl:{tenant_id}:{kind}"
 
     def concurrency(self, tenant_id: str) -> str:
         return f"{self.ns}:conc:{tenant_id}"
+
+    def usage(self, tenant_id: str, hour: str) -> str:
+        return f"{self.ns}:usage:{tenant_id}:{hour}"
+
+    def budget(self, tenant_id: str, period_id: str) -> str:
+        return f"{self.ns}:budget:{tenant_id}:{period_id}"
+
+    @property
+    def usage_models(self) -> str:
+        return f"{self.ns}:usage_models"
+
+    @property
+    def audit(self) -> str:
+        return f"{self.ns}:audit"
+
+    @property
+    def usage_tenants(self) -> str:
+        return f"{self.ns}:usage_tenants"
 
     @property
     def stats(self) -> str:

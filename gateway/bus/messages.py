@@ -51,6 +51,10 @@ class SubmitMsg:
     logprobs: int | None = None  # None: none; k: the sampled token's and k alternatives
     stop_token_ids: list[int] = field(default_factory=list)
     n: int = 1  # choices, sharing the prompt's KV blocks
+    # the usage ledger's row (``tenancy/ledger.py``): the worker adds the completion tokens
+    # it computed there at the finish; '' = no ledger
+    ledger_hour: str = ""
+    ledger_prefix: str = ""
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(

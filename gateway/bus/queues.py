@@ -70,6 +70,17 @@ class Envelope:
     weight: float = 1.0  # the tenant's fair-queue weight at admission (its output's charge)
 
 
+@dataclass(frozen=True)
+class BudgetCheck:
+    """The admission's budget arguments: the period's spend key, the budget (0 = none), the
+    reservation's charge and the seconds until the period ends (``policies/budget.py``)."""
+
+    key: str
+    limit: int
+    charge: int
+    reset_s: int
+
+
 class TierQueues:
     def __init__(self, redis: Any, keys: RedisKeys, tiers: Iterable[str]) -> None:
         self.redis = redis
@@ -259,20 +270,26 @@ class QueueEntries:
 
     async def admit(self, msg: SubmitMsg, tenant_id: str, *, rpm: int, tpm: int, max_concurrency: int,
                     queue_max_len: int, cost: int, lease_ms: int, req_ttl_s: int,
-                    weight: float = 1.0) -> tuple[str, str]:
-        """Check the tenant's limits and enqueue ``msg`` in one step: ``("ok", entry id)``,
-        or ``(the limit that refused it, retry-after seconds)``. ``weight``: the tenant's
-        fair-queue weight (its service is counted in tokens / weight)."""
+                    weight: float = 1.0, budget: BudgetCheck | None = None
+                    ) -> tuple[str, str, float, float]:
+        """Check the tenant's limits and enqueue ``msg`` in one step: ``("ok", entry id,
+        ...)``, or ``(the limit that refused it, retry-after seconds, ...)``, then the rpm and
+        tpm buckets' levels after the call. ``weight``: the tenant's fair-queue weight (its
+        service is counted in tokens / weight). ``budget``: the tenant's period spend to check
+        and charge."""
         k, fields, tier = self.keys, encode(msg), msg.tier
+        b = budget or BudgetCheck(k.budget(tenant_id, "-"), 0, 0, 0)
         res = await self._admit(
             keys=[k.bucket(tenant_id, "rpm"), k.bucket(tenant_id, "tpm"),
                   k.concurrency(tenant_id), k.queue(tier, tenant_id), k.req(msg.request_id),
-                  k.stats, k.queue_tenants(tier), k.backlogged(tier), k.vtc(tier), k.wake(tier)],
+                  k.stats, k.queue_tenants(tier), k.backlogged(tier), k.vtc(tier), k.wake(tier),
+                  b.key],
             args=[rpm, tpm, max_concurrency, queue_max_len, cost, msg.request_id, lease_ms,
                   fields["t"], fields["d"], tenant_id, tier, req_ttl_s, GROUP,
-                  len(msg.prompt_token_ids), repr(float(weight)), k.queue_prefix(tier)],
+                  len(msg.prompt_token_ids), repr(float(weight)), k.queue_prefix(tier),
+                  b.limit, b.charge, b.reset_s],
         )
-        return text(res[0]), text(res[1])
+        return text(res[0]), text(res[1]), float(text(res[2])), float(text(res[3]))
 
     async def cancel(self, request_id: str, reader_gone: bool, reason: str,
                      stream_ttl_s: int) -> str:
@@ -288,9 +305,9 @@ class QueueEntries:
         )
         return text(res)
 
-    def step(self, stream_ttl_s: int) -> StepWrite:
+    def step(self, stream_ttl_s: int, ledger_retention_s: int = 0) -> StepWrite:
         """An empty write of one engine step's outputs, to ``add`` requests to."""
-        return StepWrite(self.keys, stream_ttl_s)
+        return StepWrite(self.keys, stream_ttl_s, ledger_retention_s)
 
     async def write_step(self, step: StepWrite) -> None:
         await self._step(keys=step.keys, args=step.args)
@@ -308,29 +325,35 @@ class QueueEntries:
 class StepWrite:
     """``STEP_LUA``'s keys and arguments for one engine step, a request at a time."""
 
-    __slots__ = ("_k", "args", "keys")
+    __slots__ = ("_k", "_ledger", "args", "keys")
 
-    def __init__(self, keys: RedisKeys, stream_ttl_s: int) -> None:
+    def __init__(self, keys: RedisKeys, stream_ttl_s: int, ledger_retention_s: int = 0) -> None:
         self._k = keys
         self.keys: list[str] = [keys.stats]
         # the stream TTL is refreshed once it fell below two thirds (not on every step)
         self.args: list[Any] = [stream_ttl_s, stream_ttl_s * 2 // 3, GROUP, TOKEN_TYPE,
-                                FINISH_TYPE]
+                                FINISH_TYPE, ledger_retention_s]
+        self._ledger = ledger_retention_s > 0
 
     def add(self, request_id: str, tier: str, entry_id: str, reader_gone: bool,
             tokens: TokenMsg | None, finish: FinishMsg | None, *, tenant: str = "",
-            charge: float = 0.0) -> None:
+            charge: float = 0.0, ledger: tuple[str, str] = ("", "")) -> None:
         """Write ``tokens`` (None: none) to the request's stream; with ``finish`` the
         request ends: the finish is written (or the stream deleted if ``reader_gone``), its
         outcome counted, and its queue entry (in ``tenant``'s stream) acknowledged and
-        deleted. ``charge`` (output tokens / weight) is added to the tenant's counter."""
+        deleted. ``charge`` (output tokens / weight) is added to the tenant's counter.
+        ``ledger``: the request's ledger row (hour, field prefix; '' = none), where the
+        finish adds its completion tokens computed."""
         k = self._k
-        self.keys += [k.req(request_id), k.out(request_id), k.queue(tier, tenant), k.vtc(tier)]
+        hour, prefix = ledger if self._ledger and finish is not None else ("", "")
+        self.keys += [k.req(request_id), k.out(request_id), k.queue(tier, tenant), k.vtc(tier),
+                      k.usage(tenant, hour) if prefix and hour else k.stats]
         self.args += [1 if finish is not None else 0, 1 if reader_gone else 0,
                       encode(tokens)["d"] if tokens is not None else "",
                       encode(finish)["d"] if finish is not None else "",
                       entry_id, outcome(finish.finish_reason) if finish is not None else "",
-                      tenant, repr(charge) if charge > 0 else ""]
+                      tenant, repr(charge) if charge > 0 else "",
+                      prefix if hour else "", finish.completion_tokens if finish else 0]
 
     def __bool__(self) -> bool:
         return len(self.keys) > 1

@@ -33,16 +33,26 @@ end
 
 ADMIT_LUA = _BUCKET_LUA + """
 -- KEYS: rpm, tpm, conc, queue (the tier's stream of this tenant), req, stats,
---       tier tenants (set), backlogged (hash), vtc (hash), wake (list)
+--       tier tenants (set), backlogged (hash), vtc (hash), wake (list), budget (the period's
+--       spend, ``policies/budget.py``)
 -- ARGV: rpm, tpm, max_conc, queue_max, cost, request_id, lease_ms, type, data, tenant, tier,
---       req_ttl_s, group, prompt tokens, weight, stream prefix
+--       req_ttl_s, group, prompt tokens, weight, stream prefix, budget (0 = none), the
+--       reservation's charge against it, seconds until the period ends
+-- Returns {'ok', entry id, rpm level, tpm level} or {limit, retry-after s, rpm level, tpm
+-- level}: a tenant whose period spend reached its budget is refused ('budget_exceeded', until
+-- the period ends); an admitted one is charged its reservation at once (the settle replaces
+-- it with what was delivered), so nobody passes the budget by more than one reservation.
 local now = now_ms()
 local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local maxc, qmax, cost = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local tenant = ARGV[10]
+-- the buckets' levels (read-only here), returned with every answer: the x-ratelimit-*
+-- headers are this call's view, so every gateway agrees
+local lr = rpm > 0 and level_at(KEYS[1], rpm, now) or 0
+local lt = tpm > 0 and level_at(KEYS[2], tpm, now) or 0
 local function reject(reason, retry)
   redis.call('HINCRBY', KEYS[6], 'rejected:' .. reason, 1)
-  return {reason, retry}
+  return {reason, retry, tostring(lr), tostring(lt)}
 end
 -- queue_max_len is per tier (queued + running): the sum over the tier's tenant streams,
 -- O(tenants of the tier)
@@ -56,17 +66,18 @@ if maxc > 0 and redis.call('ZCARD', KEYS[3]) >= maxc then return reject('concurr
 local function retry_s(level, c, limit)
   return math.max(1, math.ceil((math.min(c, limit) - level) * 60000 / limit / 1000))
 end
-local lr, lt = 0, 0
-if rpm > 0 then
-  lr = level_at(KEYS[1], rpm, now)
-  if lr < 1 then return reject('rpm', retry_s(lr, 1, rpm)) end
+local blim = tonumber(ARGV[17])
+if blim > 0 and tonumber(redis.call('GET', KEYS[11]) or '0') >= blim then
+  return reject('budget_exceeded', tonumber(ARGV[19]))
 end
-if tpm > 0 then
-  lt = level_at(KEYS[2], tpm, now)
-  if lt < cost then return reject('tpm', retry_s(lt, cost, tpm)) end
+if rpm > 0 and lr < 1 then return reject('rpm', retry_s(lr, 1, rpm)) end
+if tpm > 0 and lt < cost then return reject('tpm', retry_s(lt, cost, tpm)) end
+if rpm > 0 then lr = lr - 1; store(KEYS[1], lr, now) end
+if tpm > 0 then lt = lt - cost; store(KEYS[2], lt, now) end
+if blim > 0 then
+  redis.call('INCRBY', KEYS[11], ARGV[18])
+  redis.call('EXPIRE', KEYS[11], tonumber(ARGV[19]) + 86400)
 end
-if rpm > 0 then store(KEYS[1], lr - 1, now) end
-if tpm > 0 then store(KEYS[2], lt - cost, now) end
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[7]), ARGV[6])
 redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
 -- A tenant that becomes backlogged gets no banked credit (``policies.fair_queue.lift``):
@@ -101,13 +112,20 @@ redis.call('HINCRBY', KEYS[6], 'admitted', 1)
 -- wake an idle drainer; the list is bounded (a stale token costs one empty pick)
 redis.call('RPUSH', KEYS[10], '1')
 redis.call('LTRIM', KEYS[10], -64, -1)
-return {'ok', id}
+return {'ok', id, tostring(lr), tostring(lt)}
 """
 
 SETTLE_LUA = _BUCKET_LUA + """
--- KEYS: tpm, conc, stats[, a key to delete: the finished request's output stream]
--- ARGV: tpm, reserved, actual, request_id, outcome
-if KEYS[4] then redis.call('DEL', KEYS[4]) end
+-- KEYS: tpm, conc, stats, usage (the tenant-hour's ledger hash), usage tenants (set),
+--       budget (the admission's period spend) [, a key to delete: the finished request's
+--       output stream]
+-- ARGV: tpm, reserved, actual, request_id, outcome, then the ledger row (``tenancy/ledger.py``;
+--       prefix '' = ledger off): field prefix, retention_s, tenant, prompt tokens, cached
+--       prompt tokens, completion tokens delivered, error code ('' = none), cost (micro-units,
+--       '' = no price), then the budget's reserved and actual charges ('' = no budget)
+-- The lease's ZREM decides: the refund, the budget's and the ledger row are written once,
+-- together, or not at all, so the quota, the budget and the ledger cannot disagree.
+if KEYS[7] then redis.call('DEL', KEYS[7]) end
 if redis.call('ZREM', KEYS[2], ARGV[4]) == 0 then return 0 end
 local tpm = tonumber(ARGV[1])
 if tpm > 0 then
@@ -116,6 +134,24 @@ if tpm > 0 then
   store(KEYS[1], math.min(tpm, level_at(KEYS[1], tpm, now) + refund), now)
 end
 redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
+if ARGV[14] ~= '' and redis.call('EXISTS', KEYS[6]) == 1 then
+  redis.call('INCRBY', KEYS[6], tonumber(ARGV[15]) - tonumber(ARGV[14]))
+end
+local p = ARGV[6]
+if p ~= '' then
+  -- metrics (``tenancy/ledger.py``): r requests, p prompt, c cached, d delivered, $ cost,
+  -- e:{code} errors
+  redis.call('HINCRBY', KEYS[4], p .. 'r', 1)
+  if ARGV[9] ~= '0' then redis.call('HINCRBY', KEYS[4], p .. 'p', ARGV[9]) end
+  if ARGV[10] ~= '0' then redis.call('HINCRBY', KEYS[4], p .. 'c', ARGV[10]) end
+  if ARGV[11] ~= '0' then redis.call('HINCRBY', KEYS[4], p .. 'd', ARGV[11]) end
+  if ARGV[12] ~= '' then redis.call('HINCRBY', KEYS[4], p .. 'e:' .. ARGV[12], 1) end
+  if ARGV[13] ~= '' and ARGV[13] ~= '0' then
+    redis.call('HINCRBY', KEYS[4], p .. '$', ARGV[13])
+  end
+  redis.call('EXPIRE', KEYS[4], tonumber(ARGV[7]))
+  redis.call('SADD', KEYS[5], ARGV[8])
+end
 return 1
 """
 
@@ -288,10 +324,12 @@ return st
 
 # -- one engine step's outputs (``worker/writer.py``, through ``queues.py``) -----------------
 
-# KEYS: stats, then per request: req, out, queue, vtc (its tier's counters)
-# ARGV: ttl, refresh-below, group, token type, finish type, then per request:
-#       finished (0/1), reader gone (0/1), token data ('' = none), finish data, entry id, outcome,
-#       tenant, charge (output tokens / weight for the fair queue; '' = none)
+# KEYS: stats, then per request: req, out, queue, vtc (its tier's counters), usage (its
+#       ledger hash, ``tenancy/ledger.py``)
+# ARGV: ttl, refresh-below, group, token type, finish type, ledger retention (s), then per
+#       request: finished (0/1), reader gone (0/1), token data ('' = none), finish data,
+#       entry id, outcome, tenant, charge (output tokens / weight for the fair queue; '' =
+#       none), ledger field prefix ('' = none), completion tokens computed
 # A request's final write and its state change are one step against the cancel script
 # (``cancel.py``): a reader that left before the finish was written (its cancel mark is
 # 'gone') gets its stream deleted, not recreated until the TTL. A stream's TTL is set at its
@@ -301,12 +339,14 @@ return st
 # output, even once a held-back stream has expired). A finish is written once: a retried write
 # whose first try was applied finds the request finished and only acks again. The output
 # tokens written are charged to the tenant's counter and its service, ':s:' .. tenant
-# (``policies.fair_queue``), as they go.
+# (``policies.fair_queue``), as they go. The finish adds the completion tokens computed to the
+# request's ledger row (its cancelled work is computed - delivered, the gateway's settle
+# writes the delivered), once, with the finish.
 STEP_LUA = """
 local ttl, low, group = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-for i = 0, (#KEYS - 1) / 4 - 1 do
-  local req, out, queue = KEYS[2 + 4 * i], KEYS[3 + 4 * i], KEYS[4 + 4 * i]
-  local a = 6 + 8 * i
+for i = 0, (#KEYS - 1) / 5 - 1 do
+  local req, out, queue = KEYS[2 + 5 * i], KEYS[3 + 5 * i], KEYS[4 + 5 * i]
+  local a = 7 + 10 * i
   local gone, tok = ARGV[a + 1] == '1', ARGV[a + 2]
   local fresh = true
   if ARGV[a] == '1' then
@@ -321,6 +361,10 @@ for i = 0, (#KEYS - 1) / 4 - 1 do
       end
       redis.call('HSET', req, 'state', 'finished')
       redis.call('HINCRBY', KEYS[1], ARGV[a + 5], 1)
+      if ARGV[a + 8] ~= '' then
+        redis.call('HINCRBY', KEYS[6 + 5 * i], ARGV[a + 8] .. 'x', ARGV[a + 9])
+        redis.call('EXPIRE', KEYS[6 + 5 * i], tonumber(ARGV[6]))
+      end
     else
       fresh = false
     end
@@ -334,8 +378,18 @@ for i = 0, (#KEYS - 1) / 4 - 1 do
     end
   end
   if fresh and ARGV[a + 7] ~= '' then
-    redis.call('HINCRBYFLOAT', KEYS[5 + 4 * i], ARGV[a + 6], ARGV[a + 7])
-    redis.call('HINCRBYFLOAT', KEYS[5 + 4 * i], ':s:' .. ARGV[a + 6], ARGV[a + 7])
+    redis.call('HINCRBYFLOAT', KEYS[5 + 5 * i], ARGV[a + 6], ARGV[a + 7])
+    redis.call('HINCRBYFLOAT', KEYS[5 + 5 * i], ':s:' .. ARGV[a + 6], ARGV[a + 7])
   end
 end
+"""
+
+
+# -- the audit trail (``tenancy/audit.py``) ---------------------------------------------------
+
+# KEYS: the audit stream;  ARGV: about how many entries to keep, the entry's JSON.
+# An append and its trim in one step (MAXLEN ~: whole nodes are trimmed, so the stream holds
+# at least the given number and at most about one node more).
+AUDIT_LUA = """
+return redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'd', ARGV[2])
 """

@@ -28,6 +28,7 @@ from gateway.http.openai import routes as api
 from gateway.http.recovery import DataLossWatch, restore
 from gateway.http.services import Services
 from gateway.http.shutdown import ShutdownGate
+from gateway.http.usage import USAGE_ROUTES
 from gateway.model_info import ModelInfo, load_model_info
 from gateway.process import startup_objects_frozen
 from gateway.telemetry.events import GatewayEvents
@@ -47,6 +48,7 @@ ROUTES = [  # matched in order: the completions, on every request's path, first
     Route("/v1/models", api.list_models, methods=["GET"]),
     Route("/v1/requests/{request_id}", api.get_request, methods=["GET"]),
     Route("/v1/requests/{request_id}/cancel", api.cancel_request, methods=["POST"]),
+    *USAGE_ROUTES,
     *ADMIN_ROUTES,
 ]
 

@@ -15,7 +15,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.http.errors import APIError, error_response
 from gateway.telemetry.events import GatewayEvents
-from gateway.tenancy.keys import key_digest, looks_like_key
+from gateway.tenancy.key_info import KeyLookup
+from gateway.tenancy.keys import key_digest, key_id, looks_like_key
 from gateway.tenancy.tenants import Tenant, TenantStore
 
 PUBLIC_PATHS = frozenset({"/healthz", "/health", "/readyz", "/metrics"})  # metrics: for the scraper
@@ -23,6 +24,8 @@ PUBLIC_PATHS = frozenset({"/healthz", "/health", "/readyz", "/metrics"})  # metr
 # cannot send a header yet (its data comes from /admin/stats with the admin key). A request
 # that does present a key here must present an admin one.
 CONSOLE_PREFIX = "/console"
+EXPIRED = "expired"  # ``AuthCache.resolve``'s key id for an expired key
+READ_METHODS = frozenset({"GET", "HEAD"})  # all a read-only admin key may do
 
 
 @dataclass
@@ -34,21 +37,32 @@ class AuthCache:
     store: TenantStore
     secret: bytes
     ttl_s: float
-    _keys: dict[str, tuple[float, str | None]] = field(default_factory=dict)
+    _keys: dict[str, tuple[float, KeyLookup | None]] = field(default_factory=dict)
     _tenants: dict[str, tuple[float, Tenant | None]] = field(default_factory=dict)
 
     async def tenant_for_key(self, key: str) -> Tenant | None:
+        return (await self.resolve(key))[0]
+
+    async def resolve(self, key: str) -> tuple[Tenant | None, str]:
+        """The key's tenant (None: unknown or revoked), and its key id; the id is
+        ``EXPIRED`` for a key past its expiry (checked on every call, against the cached
+        expiry: an expiry set by a rotation is seen within the cache time)."""
         if not looks_like_key(key):
-            return None
+            return None, ""
         now = time.monotonic()
         digest = key_digest(self.secret, key)
         hit = self._keys.get(digest)
         if hit is None or hit[0] < now:
-            tid = await self.store.resolve_key(key)
+            found = await self.store.lookup_key(key)
             if len(self._keys) > 100_000:
                 self._keys.clear()
-            self._keys[digest] = hit = (now + self.ttl_s, tid)
-        return await self.tenant(hit[1]) if hit[1] is not None else None
+            self._keys[digest] = hit = (now + self.ttl_s, found)
+        found = hit[1]
+        if found is None:
+            return None, key_id(digest)
+        if found.expired(time.time()):
+            return None, EXPIRED
+        return await self.tenant(found.tenant), key_id(digest)
 
     async def tenant(self, tenant_id: str) -> Tenant | None:
         now = time.monotonic()
@@ -99,14 +113,23 @@ class AuthMiddleware:
             err = APIError(401, "Missing API key: send 'Authorization: Bearer cp-...'",
                            code="missing_api_key")
         elif scope["path"].startswith("/admin") or console:
-            if not await services.store.is_admin_key(key):
+            role = await services.store.admin_role(key)
+            if role is None:
                 err = APIError(401, "An admin key is required", code="invalid_admin_key")
+            elif role == "read" and scope["method"] not in READ_METHODS:
+                err = APIError(403, "This admin key is read-only", code="admin_key_read_only")
+            else:
+                scope.setdefault("state", {})["admin_key_id"] = key_id(
+                    key_digest(services.auth.secret, key))
         else:
-            tenant = await services.auth.tenant_for_key(key)
-            if tenant is None:
+            tenant, kid = await services.auth.resolve(key)
+            if kid == EXPIRED:
+                err = APIError(401, "This API key has expired", code="key_expired")
+            elif tenant is None:
                 err = APIError(401, "Invalid or revoked API key", code="invalid_api_key")
             else:
-                scope.setdefault("state", {})["tenant"] = tenant
+                state = scope.setdefault("state", {})
+                state["tenant"], state["key_id"] = tenant, kid
         if err is not None:
             services.events.request_rejected(None, err.status, err.code or "auth")
             await error_response(err)(scope, receive, send)

@@ -28,8 +28,10 @@ class APIError(Exception):
     """Raised anywhere in request handling; turned into a response by ``error_response``."""
 
     def __init__(self, status: int, message: str, code: str | None = None,
-                 param: str | None = None, retry_after: int | None = None) -> None:
+                 param: str | None = None, retry_after: int | None = None,
+                 headers: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(message)
+        self.headers = headers  # extra response headers (a 429's x-ratelimit-*)
         self.status = status
         self.message = message
         self.code = code
@@ -42,7 +44,7 @@ class APIError(Exception):
 
 
 def error_response(err: APIError) -> Response:
-    headers = {}
+    headers = dict(err.headers)
     if err.retry_after is not None:
         headers["Retry-After"] = str(err.retry_after)
     return Response(json.dumps(err.body()), status_code=err.status, headers=headers,

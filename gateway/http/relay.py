@@ -27,6 +27,7 @@ from gateway.bus.messages import FinishMsg, Message, TokenMsg, outcome
 from gateway.http.cancel import wait_for_disconnect
 from gateway.http.errors import APIError, error_bytes, request_lost, server_shutting_down
 from gateway.http.openai.format import SSE_DONE, Formatter, sse
+from gateway.tenancy.ledger import LedgerEntry
 from gateway.tenancy.tenants import Tenant
 
 if TYPE_CHECKING:  # services.py builds what the relay uses: imported for types only
@@ -49,6 +50,7 @@ class Stalled(Exception):
 class RelayState:
     msgs: list[TokenMsg] = field(default_factory=list)  # a non-streamed answer's, to format
     completion_tokens: int = 0
+    delivered_tokens: int = 0  # in bodies handed to the client's connection (the ledger's)
     finish: FinishMsg | None = None
     headers_sent: bool = False
     first_token_at: float | None = None
@@ -66,6 +68,12 @@ class RelayContext:
     formatter: Formatter
     started: float  # loop time at arrival
     deadline: float  # loop time
+    ledger_hour: str = ""  # the usage ledger's row (``tenancy/ledger.py``); '' = none
+    ledger_prefix: str = ""
+    # sent with the response's status: the admission's x-ratelimit-* headers
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    budget_key: str = ""  # the admission's budget charge, replaced at the settle
+    budget_charge: int = 0
 
 
 class RelayResponse:
@@ -165,9 +173,13 @@ class RelayResponse:
         await asyncio.wait({watcher}, timeout=CLEANUP_TIMEOUT_S)
         try:
             async with asyncio.timeout(CLEANUP_TIMEOUT_S):
-                outcome = await self._cancel(cancel_source) if cancel_source else _outcome(
-                    self.state.finish)
-                await self._settle(outcome)
+                outcome = _outcome(self.state.finish)
+                if cancel_source:
+                    try:
+                        outcome = await self._cancel(cancel_source)
+                    except RedisError:  # settled all the same: retried until Redis is back
+                        outcome = _outcome(FinishMsg(FinishReason.ABORT, 0, 0))
+                await self._settle(outcome, _error_code(cancel_source, self.state.finish))
         except (RedisError, TimeoutError) as exc:  # Redis away or frozen: the outage is
             # logged once (by the request path's calls), not per request
             log.debug("clean-up of %s failed: %r", self.ctx.request_id, exc)
@@ -213,7 +225,7 @@ class RelayResponse:
         ctx, fmt = self.ctx, self.ctx.formatter
         await self._send(send, {"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-            (b"x-request-id", ctx.request_id.encode())]})
+            (b"x-request-id", ctx.request_id.encode()), *ctx.headers]})
         self.state.headers_sent = True
         if fmt.kind == "chat":
             await self._body(send, fmt.first_chunks())  # the role, per choice
@@ -236,8 +248,13 @@ class RelayResponse:
                             out += fmt.usage_chunk(ctx.prompt_tokens, self.state.completion_tokens,
                                                    msg.cached_tokens)
                     await self._body(send, out + SSE_DONE, more=False)
+                    self._delivered(toks)
                     return
             await self._body(send, fmt.tokens(toks))
+            self._delivered(toks)
+
+    def _delivered(self, toks: list[TokenMsg]) -> None:
+        self.state.delivered_tokens += sum(len(m.token_ids) for m in toks)
 
     def _on_tokens(self, msg: TokenMsg) -> None:
         state = self.state
@@ -279,8 +296,11 @@ class RelayResponse:
                                                    finish.cached_tokens))
         await self._send(send, {"type": "http.response.start", "status": status, "headers": [
             (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-            (b"x-request-id", ctx.request_id.encode())]})
+            (b"x-request-id", ctx.request_id.encode()), *ctx.headers]})
         await self._send(send, {"type": "http.response.body", "body": body})
+        if status == 200:
+            self.state.delivered_tokens = (finish.completion_tokens
+                                           or self.state.completion_tokens)
 
     async def _send_error_end(self, send: Send, err: APIError,
                               timeout_s: float | None = None) -> None:
@@ -292,7 +312,7 @@ class RelayResponse:
                 await self._body(send, sse(err.body()), timeout_s=timeout_s)
                 await self._body(send, SSE_DONE, more=False, timeout_s=timeout_s)
             else:
-                headers = [(b"content-type", b"application/json")]
+                headers = [(b"content-type", b"application/json"), *self.ctx.headers]
                 if err.retry_after is not None:
                     headers.append((b"retry-after", b"%d" % err.retry_after))
                 await self._send(send, {"type": "http.response.start", "status": err.status,
@@ -307,15 +327,20 @@ class RelayResponse:
         svc.events.request_cancelled(self.ctx.request_id, source)
         return outcome(FinishReason.ABORT)
 
-    async def _settle(self, outcome: str) -> None:
+    async def _settle(self, outcome: str, error: str) -> None:
         svc, ctx = self.services, self.ctx
         used, finish = self.state.completion_tokens, self.state.finish
         if finish is not None:
             used = max(used, finish.completion_tokens)
+        usage = LedgerEntry(ctx.ledger_hour, ctx.ledger_prefix, ctx.prompt_tokens,
+                            (finish.cached_tokens or 0) if finish else 0,
+                            self.state.delivered_tokens, error) if ctx.ledger_hour else None
         # read to its end: the output stream is deleted in the same call
         await svc.quota.settle(ctx.tenant, ctx.request_id, ctx.reserved_tokens,
                                ctx.prompt_tokens + used, f"settled:{outcome}",
-                               delete_key=svc.keys.out(ctx.request_id) if finish else None)
+                               delete_key=svc.keys.out(ctx.request_id) if finish else None,
+                               usage=usage, budget_key=ctx.budget_key,
+                               budget_charge=ctx.budget_charge)
         svc.events.request_finished(ctx.tenant.id, ctx.tier, ctx.request_id, outcome,
                                     ctx.prompt_tokens, used,
                                     asyncio.get_running_loop().time() - ctx.started,
@@ -328,6 +353,25 @@ def _outcome(finish: FinishMsg | None) -> str:
     if finish is None:
         return outcome(FinishReason.ERROR)
     return outcome(finish.finish_reason)
+
+
+# The ledger's error code of a relay cancelled by ``cancel_source``
+_CANCEL_CODES = {"disconnect": "cancelled_by_client", "deadline": "timeout",
+                 "stalled": "client_stalled", "shutdown": "server_shutdown",
+                 "lost": "request_lost", "error": "gateway_error"}
+
+
+def _error_code(cancel_source: str | None, finish: FinishMsg | None) -> str:
+    """How the request ended, for the ledger's ``err:{code}``; '' for a natural end."""
+    if cancel_source is not None:
+        return _CANCEL_CODES.get(cancel_source, cancel_source)
+    if finish is None:
+        return "gateway_error"
+    if finish.finish_reason == FinishReason.ERROR:
+        return _finish_error(finish).code or "engine_error"
+    if finish.finish_reason == FinishReason.ABORT:
+        return "cancelled"
+    return ""
 
 
 def _finish_error(finish: FinishMsg) -> APIError:

@@ -21,6 +21,7 @@ from gateway.http.shedding import TierShedder
 from gateway.http.shutdown import Shutdown
 from gateway.model_info import ModelInfo
 from gateway.telemetry.events import GatewayEvents
+from gateway.tenancy.ledger import UsageLedger
 from gateway.tenancy.quota import QuotaEnforcer
 from gateway.tenancy.tenants import TenantStore
 from gateway.worker.worker import Worker
@@ -55,7 +56,9 @@ class Services:
         return cls(
             config=config, redis=redis, keys=keys, store=store,
             auth=AuthCache(store, secret, config.auth_cache_s),
-            quota=QuotaEnforcer(redis, keys, config.queue_max_len, lease_ms, req_ttl),
+            quota=QuotaEnforcer(redis, keys, config.queue_max_len, lease_ms, req_ttl,
+                                config.usage_retention_days * 86400 if config.ledger else 0,
+                                config.prices.get(model.name)),
             canceller=Canceller(redis, keys, config.stream_ttl_s),
             model=model, events=events, mux=OutputMux(redis), engine=engine,
             shedder=TierShedder(redis, keys, config),
@@ -63,6 +66,7 @@ class Services:
         )
 
     async def start(self) -> None:
+        await UsageLedger(self.redis, self.keys).register_model(self.model.name)
         self.mux.start()
         if self.worker is not None:
             await self.worker.start()

@@ -65,7 +65,8 @@ class Worker:
         self.keys = RedisKeys(config.namespace)
         self.consumer = config.worker_id or default_worker_id()
         self.queues = TierQueues(redis, self.keys, TIERS)
-        self.writer = OutputWriter(redis, self.keys, config.stream_ttl_s)
+        self.writer = OutputWriter(redis, self.keys, config.stream_ttl_s,
+                                   config.usage_retention_days * 86400 if config.ledger else 0)
         self.drainer = Drainer(self.queues, engine, self.consumer, config.tier_weights, self._start,
                                row_limit=lambda: self.step_budget.row_limit, held=self._held,
                                owed_rows=lambda urgent: self.step_budget.owed_lower_rows(urgent))
@@ -393,7 +394,8 @@ def _inflight(env: Envelope, msg: SubmitMsg, claim: asyncio.Future[str] | None =
               ) -> Inflight:
     """The record of ``env``'s request (``msg``, its decoded entry) as this worker runs it."""
     return Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream,
-                    claim=claim, tenant=env.tenant, weight=env.weight)
+                    claim=claim, tenant=env.tenant, weight=env.weight,
+                    ledger=(msg.ledger_hour, msg.ledger_prefix))
 
 
 def _stop_end(rec: Inflight, sent: Any, cancel: Any

@@ -55,6 +55,7 @@ class Inflight:
     # output tokens delivered before this worker took the request over (a migrated request:
     # its engine counts from 0 after them)
     offset_base: int = 0
+    ledger: tuple[str, str] = ("", "")  # its usage ledger row: hour, field prefix
 
     @property
     def owned(self) -> bool:
@@ -63,8 +64,10 @@ class Inflight:
 
 
 class OutputWriter:
-    def __init__(self, redis: Any, keys: RedisKeys, stream_ttl_s: int) -> None:
+    def __init__(self, redis: Any, keys: RedisKeys, stream_ttl_s: int,
+                 ledger_retention_s: int = 0) -> None:
         self.ttl = stream_ttl_s
+        self.ledger_retention_s = ledger_retention_s  # 0: the ledger is off
         self._queue: asyncio.Queue[list[tuple[Inflight, RequestOutput]] | _Sent] = asyncio.Queue()
         self._waiting = False  # the task waits for work: nothing queued or being written
         self._retry: list[tuple[Inflight, RequestOutput]] = []  # a batch whose write failed
@@ -183,7 +186,7 @@ class OutputWriter:
 
     def _step_write(self, items: list[tuple[Inflight, RequestOutput]]) -> StepWrite:
         """The write of ``items`` (empty when there is nothing to write)."""
-        step = self._entries.step(self.ttl)
+        step = self._entries.step(self.ttl, self.ledger_retention_s)
         for rec, outs in _by_request(items):
             last = outs[-1]
             msgs = [] if rec.reader_gone else _token_msgs(rec, outs)
@@ -195,7 +198,8 @@ class OutputWriter:
             tokens = msgs[-1] if msgs else None
             step.add(rec.request_id, rec.tier, rec.entry_id, rec.reader_gone, tokens,
                      _finish(rec, last) if last.finished else None, tenant=rec.tenant,
-                     charge=len(tokens.token_ids) / rec.weight if tokens else 0.0)
+                     charge=len(tokens.token_ids) / rec.weight if tokens else 0.0,
+                     ledger=rec.ledger)
         return step
 
 

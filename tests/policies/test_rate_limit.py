@@ -51,3 +51,23 @@ def test_admitted_never_exceeds_capacity_plus_refill(limit: int,
             admitted += cost
             level, last = d.level, now
     assert admitted <= limit + now * limit / 60_000 + 1e-6
+
+
+def test_reset_duration_as_openai_writes_it() -> None:
+    from policies.rate_limit import reset_duration
+
+    assert reset_duration(60, 60) == "0ms"
+    assert reset_duration(59.5, 60) == "500ms"
+    assert reset_duration(2, 3) == "20s"
+    assert reset_duration(0, 10) == "1m0s"
+    assert reset_duration(0, 1) == "1m0s" and reset_duration(0.5, 2) == "45s"
+
+
+def test_ratelimit_headers() -> None:
+    from policies.rate_limit import ratelimit_headers
+
+    h = dict(ratelimit_headers(10, 4.7, 1000, -3.0))
+    assert h == {"x-ratelimit-limit-requests": "10", "x-ratelimit-remaining-requests": "4",
+                 "x-ratelimit-reset-requests": "32s", "x-ratelimit-limit-tokens": "1000",
+                 "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "1m0s"}
+    assert ratelimit_headers(0, 0, 0, 0) == []

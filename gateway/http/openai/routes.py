@@ -27,6 +27,7 @@ from gateway.http.openai.logprobs import token_text
 from gateway.http.openai.schema import ParsedRequest, parse_chat, parse_completion
 from gateway.http.relay import RelayContext, RelayResponse
 from gateway.http.services import Services
+from gateway.tenancy.ledger import field_prefix, hour_of
 from gateway.tenancy.tenants import Tenant
 from policies.tiers import normalize_tier, tier_priority
 
@@ -163,7 +164,8 @@ async def _completion(request: Request, kind: str) -> Response:
         repetition_penalty=parsed.repetition_penalty, presence_penalty=parsed.presence_penalty,
         frequency_penalty=parsed.frequency_penalty, logit_bias=parsed.logit_bias,
         ignore_eos=parsed.ignore_eos, logprobs=parsed.logprobs,
-        stop_token_ids=parsed.stop_token_ids, n=parsed.n,
+        stop_token_ids=parsed.stop_token_ids, n=parsed.n, ledger_hour=hour_of(now),
+        ledger_prefix=field_prefix(getattr(request.state, "key_id", ""), tier, svc.model.name),
         traceparent=svc.events.request_started(
             rid, tenant.id, tier, svc.model.name, len(parsed.prompt_token_ids), max_tokens,
             parsed.stream, request.headers.get("traceparent")),
@@ -173,10 +175,13 @@ async def _completion(request: Request, kind: str) -> Response:
     if not admission.ok:
         svc.events.request_rejected(tenant.id, 429, admission.reason, request_id=rid)
         raise APIError(429, admission.message, code=admission.reason,
-                       retry_after=admission.retry_after_s)
+                       retry_after=admission.retry_after_s, headers=admission.headers)
     svc.events.request_admitted(tenant.id, tier, rid, n_prompt, msg.traceparent)
     ctx = RelayContext(
         request_id=rid, tenant=tenant, tier=tier, prompt_tokens=n_prompt,
+        ledger_hour=msg.ledger_hour, ledger_prefix=msg.ledger_prefix,
+        headers=tuple((k.encode(), v.encode()) for k, v in admission.headers),
+        budget_key=admission.budget_key, budget_charge=admission.budget_charge,
         reserved_tokens=reserve(parsed, max_tokens), stream=parsed.stream,
         include_usage=parsed.include_usage,
         formatter=Formatter(kind, rid, svc.model.name, int(now), tier,

@@ -228,6 +228,23 @@ function renderTenants(rows) {
   }
 }
 
+// the last admin actions (GET /admin/audit has them all): when, who, from where, what
+function renderAudit(entries) {
+  const table = $("audit");
+  table.replaceChildren(el("tr", {}, ...["when", "action", "target", "admin key", "from",
+                                          "change"].map((h) => el("th", {}, h))));
+  if (!entries || !entries.length) {
+    table.append(el("tr", {}, el("td", { colspan: 6, class: "muted" }, "no admin actions yet")));
+    return;
+  }
+  for (const e of entries) {
+    const change = `${JSON.stringify(e.before)} → ${JSON.stringify(e.after)}`;
+    table.append(el("tr", {}, el("td", {}, new Date(e.ts * 1000).toLocaleString()),
+      el("td", {}, e.action), el("td", {}, e.target), el("td", {}, e.admin_key_id),
+      el("td", {}, e.address), el("td", { class: "muted" }, change)));
+  }
+}
+
 function render(stats) {
   const procs = Object.keys(stats.processes || {}).length;
   const when = new Date(stats.ts * 1000).toLocaleTimeString();
@@ -240,6 +257,7 @@ function render(stats) {
   renderEngine(stats.engine);
   renderBudgets(stats.step_budget);
   renderTenants(stats.tenants);
+  renderAudit(stats.audit);
 }
 
 // -- session -----------------------------------------------------------------------------

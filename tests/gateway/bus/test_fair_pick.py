@@ -100,7 +100,7 @@ async def test_the_scripts_pick_and_count_as_the_pure_functions(redis_url: str, 
                 tenant, n = rng.choice(list(WEIGHTS)), n + 1
                 prompt = rng.randint(1, 40)
                 msg = SubmitMsg(f"r{n}", tenant, TIER, 1, [7] * prompt, 4)
-                status, entry_id = await entries.admit(msg, tenant, weight=WEIGHTS[tenant],
+                status, entry_id, *_ = await entries.admit(msg, tenant, weight=WEIGHTS[tenant],
                                                        **ADMIT)
                 assert status == "ok"
                 model.admit(tenant, msg.request_id, prompt, entry_id)

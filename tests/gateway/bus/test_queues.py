@@ -64,7 +64,7 @@ async def test_an_entry_admitted_read_and_finished_is_acked_and_deleted(redis_ur
     queues, entries = TierQueues(client, keys, TIERS), QueueEntries(client, keys, None)
     queue = keys.queue(TIERS[0], "t")
     try:
-        status, entry_id = await entries.admit(submit("a"), "t", **admit_args())
+        status, entry_id, *_ = await entries.admit(submit("a"), "t", **admit_args())
         assert status == "ok"
         assert [e[0].decode() for e in await client.xrange(queue)] == [entry_id]
         assert await client.hget(keys.req("a"), "entry") == entry_id.encode()
@@ -104,7 +104,7 @@ async def test_a_cancelled_queued_entry_is_deleted_and_refusals_enqueue_nothing(
     queues = TierQueues(client, keys, TIERS)
     queue = keys.queue(TIERS[0], "t")
     try:
-        status, _ = await entries.admit(submit("c"), "t", **admit_args())
+        status, *_ = await entries.admit(submit("c"), "t", **admit_args())
         assert status == "ok" and await client.xlen(queue) == 1
         assert (await queues.backlogs())[TIERS[0]] == 1
         assert await entries.cancel("c", False, "test", 600) == "queued"
@@ -117,10 +117,10 @@ async def test_a_cancelled_queued_entry_is_deleted_and_refusals_enqueue_nothing(
 
         full = dict(admit_args(), queue_max_len=1)
         await entries.admit(submit("d"), "t", **full)
-        assert await entries.admit(submit("e"), "t", **full) == ("queue_full", "1")
+        assert (await entries.admit(submit("e"), "t", **full))[:2] == ("queue_full", "1")
         # the limit is per tier: another tenant's stream in it counts too
         other = SubmitMsg("f", "u", TIERS[0], 0, [1], 1)
-        assert await entries.admit(other, "u", **full) == ("queue_full", "1")
+        assert (await entries.admit(other, "u", **full))[:2] == ("queue_full", "1")
         assert await client.xlen(queue) == 1
     finally:
         await queues.close()

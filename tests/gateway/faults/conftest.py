@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.gateway.faults.table import ROWS, render
+from tests.gateway.faults.table import LEDGER_ROWS, ROWS, render, render_ledger
 
 
 @pytest.fixture(scope="session")
@@ -20,4 +20,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line("")
         terminalreporter.write_line("fault scenarios:")
         for line in render(ROWS):
+            terminalreporter.write_line(line)
+    if LEDGER_ROWS:
+        terminalreporter.write_line("")
+        terminalreporter.write_line("ledger check (completion tokens):")
+        for line in render_ledger(LEDGER_ROWS):
             terminalreporter.write_line(line)

@@ -42,6 +42,60 @@ class FaultRow:
 ROWS: list[FaultRow] = []
 
 
+@dataclass
+class LedgerRow:
+    """The ledger check of a scenario: the completion tokens its clients received against
+    the usage ledger's for the tenant (``gateway/tenancy/ledger.py``)."""
+
+    scenario: str
+    received: int
+    ledger: int
+    requests: int = 0
+
+    @property
+    def drift(self) -> int:
+        return self.ledger - self.received
+
+
+LEDGER_ROWS: list[LedgerRow] = []
+
+
+def render_ledger(rows: list[LedgerRow]) -> list[str]:
+    out = ["| scenario | requests | tokens clients received | tokens in the ledger | drift |",
+           "|---|---|---|---|---|"]
+    out += [f"| {r.scenario} | {r.requests} | {r.received} | {r.ledger} | {r.drift} |"
+            for r in rows]
+    return out
+
+
+def ledger_tokens(redis_url: str, ns: str, tenant: str) -> int:
+    """The completion tokens of ``tenant`` in the usage ledger (every hour it has)."""
+    from gateway.bus.keys import RedisKeys
+    from gateway.tenancy.ledger import rows_from_hash
+    from tests.gateway.harness import redis_sync
+
+    r = redis_sync(redis_url)
+    try:
+        return sum(row.completion_tokens
+                   for key in r.scan_iter(RedisKeys(ns).usage(tenant, "*"))
+                   for row in rows_from_hash(tenant, "", r.hgetall(key)))
+    finally:
+        r.close()
+
+
+def ledger_check(redis_url: str, ns: str, tenant: str, scenario: str, received: int,
+                 requests: int, timeout: float = 15.0) -> LedgerRow:
+    """Wait (up to ``timeout``: settles run as each relay ends) until the ledger of
+    ``tenant`` counts ``received`` completion tokens, then record the row either way."""
+    deadline = time.monotonic() + timeout
+    while (got := ledger_tokens(redis_url, ns, tenant)) != received and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    out = LedgerRow(scenario, received, got, requests)
+    LEDGER_ROWS.append(out)
+    return out
+
+
 def render(rows: list[FaultRow]) -> list[str]:
     header = ("| scenario | requests | completed | clear errors | 5xx | no answer | recovery s "
               "| KV blocks after idle | error codes |")

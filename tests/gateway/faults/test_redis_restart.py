@@ -24,22 +24,34 @@ from tests.gateway.faults.stack import (
     restartable_stack,
     wait_for,
 )
-from tests.gateway.faults.table import FaultRow, Load, post
+from tests.gateway.faults.table import FaultRow, Load, ledger_check, post
 from tests.gateway.harness import make_tenant, redis_sync
 from tests.gateway.worker.drainer_hold import drainer_held
 
 pytestmark = pytest.mark.timeout(150)
 
 SMALL = {"prompt": "hello there", "max_tokens": 8, "temperature": 0}
-LONG = {"prompt": "Once upon a time", "max_tokens": 300, "temperature": 0}
+LONG = {"prompt": "Once upon a time", "max_tokens": 300, "temperature": 0,
+        "stream_options": {"include_usage": True}}
 OUTAGE_S = 1.5
 
 
-def reference_text(url: str, key: str, body: dict[str, Any]) -> str:
+def reference_run(url: str, key: str, body: dict[str, Any]) -> StreamReader:
     reader = StreamReader(url, key, body)
     reader.run()
     assert reader.done and not reader.errors, reader.errors
-    return "".join(reader.text)
+    return reader
+
+
+def reference_text(url: str, key: str, body: dict[str, Any]) -> str:
+    return "".join(reference_run(url, key, body).text)
+
+
+def received_tokens(load: Load, *streams: StreamReader) -> int:
+    """The completion tokens the load's clients and ``streams`` were told they received."""
+    answers = sum(b["usage"]["completion_tokens"] for _, status, b in load.log
+                  if status == 200)
+    return answers + sum(s.usage["completion_tokens"] for s in streams if s.usage)
 
 
 def bodies(gw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -86,7 +98,8 @@ def test_restart_with_aof_loses_nothing(tmp_path: Path, tiny_model_dir: Path,
         small, long = bodies(gw)
         key = issue_key(gw.url)
         assert key is not None
-        expected = reference_text(gw.url, key, long)
+        reference = reference_run(gw.url, key, long)
+        expected = "".join(reference.text)
         stream = StreamReader(gw.url, key, long)
         with Load(gw.url, key, row, small) as load:
             stream.start()
@@ -105,9 +118,13 @@ def test_restart_with_aof_loses_nothing(tmp_path: Path, tiny_model_dir: Path,
             time.sleep(0.5)
         stream.join(60)
         row.kv_blocks_after_idle = idle_kv_blocks(gw)
+        ledger = ledger_check(server.url, gw.config.namespace, "acme",
+                              "Redis restart, AOF on (load + 1 stream)",
+                              received_tokens(load, reference, stream), len(load.log) + 2)
     fault_rows.append(row)
     assert stream.done and not stream.errors, stream.errors
     assert "".join(stream.text) == expected  # the stream in flight lost and repeated nothing
+    assert ledger.drift == 0, ledger
     check_outage_answers(load, row)
     assert row.kv_blocks_after_idle == 0
     check_logs(caplog)

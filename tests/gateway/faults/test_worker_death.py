@@ -21,7 +21,7 @@ import pytest
 from gateway.bus.keys import RedisKeys
 from gateway.process import free_port
 from tests.gateway.faults.stack import StreamReader
-from tests.gateway.faults.table import FaultRow
+from tests.gateway.faults.table import FaultRow, ledger_check
 from tests.gateway.harness import make_tenant, redis_sync
 from tests.gateway.procs import Proc, spawn
 
@@ -107,6 +107,10 @@ def test_streams_of_a_killed_worker_resume_on_the_other(
     row.recovery_s = time.monotonic() - killed  # until the last stream ended
     row.kv_blocks_after_idle = idle_kv_used(survivor[1])
     fault_rows.append(row)
+    received = sum(s.usage["completion_tokens"] for s in refs + streams if s.usage)
+    ledger = ledger_check(redis_url, ns, "mig", f"worker SIGKILL mid-stream ({moved} of "
+                          f"{len(streams)} streams moved)", received, len(refs + streams))
+    assert ledger.drift == 0, ledger
     assert moved > 0, "no stream was in flight on the killed worker"
     for s, (text, usage) in zip(streams, expected):
         assert s.done and not s.errors, s.errors

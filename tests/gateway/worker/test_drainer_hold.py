@@ -47,7 +47,7 @@ async def test_a_held_drainer_takes_nothing_until_released(
         await asyncio.sleep(0.05)  # the idle drainer now waits in a blocking read
         await worker.drainer.hold()
         msg = SubmitMsg("p1", "t", tier, 0, [1, 2], 3)
-        status, _ = await entries.admit(msg, "t", rpm=0, tpm=0, max_concurrency=0,
+        status, *_ = await entries.admit(msg, "t", rpm=0, tpm=0, max_concurrency=0,
                                         queue_max_len=10, cost=5, lease_ms=60_000, req_ttl_s=60)
         assert status == "ok"
         await asyncio.sleep(0.5)  # longer than a blocking read (200 ms)

@@ -74,7 +74,7 @@ async def env(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[dict[str, A
 
 async def submit(env: dict[str, Any], rid: str, max_tokens: int) -> None:
     entries = QueueEntries(env["client"], env["keys"], None)
-    status, _ = await entries.admit(SubmitMsg(rid, "t", TIER, 0, PROMPT, max_tokens), "t",
+    status, *_ = await entries.admit(SubmitMsg(rid, "t", TIER, 0, PROMPT, max_tokens), "t",
                                     rpm=0, tpm=0, max_concurrency=0, queue_max_len=10, cost=5,
                                     lease_ms=60_000, req_ttl_s=60)
     assert status == "ok"

@@ -241,7 +241,7 @@ def table(direct: list[Row], gw: list[Row], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="carpool bench gateway", description=__doc__)
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--concurrency", type=int, default=32)
@@ -261,8 +261,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip the rows with the usage ledger on and off")
     p.add_argument("--model", default=None, help="tokenizer source dir (default: SmolLM2)")
     p.add_argument("--json", default=None, help="also write the rows here")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from engine.model_files import load_tokenizer, resolve_model_dir
     from gateway.bus.embedded import EmbeddedRedis
 
@@ -301,18 +304,23 @@ def main(argv: list[str] | None = None) -> int:
           f"settings as served: access log off, span export {_export_state()}, echo steps "
           f"+-20% jitter\n")
     print(table(direct, gw, args))
-    on = [r for r in gw if r.name.endswith("ledger on")]
-    off = [r for r in gw if r.name.endswith("ledger off")]
-    if on and off:
-        print(f"\nusage ledger: {on[0].pct(0.5) - off[0].pct(0.5):+.3f} ms p50, "
-              f"{on[0].pct(0.99) - off[0].pct(0.99):+.3f} ms p99 (on minus off, "
-              f"{len(on[0].latencies_s)} requests each, {LEDGER_ROUNDS} alternating rounds)")
+    ledger_line(gw)
     if args.json:
         Path(args.json).write_text(json.dumps([{
             "name": r.name, "p50_ms": r.pct(0.5), "p99_ms": r.pct(0.99), "rps": r.rps,
             "tokens_per_s": r.tokens_per_s, "mean_ms": statistics.fmean(r.latencies_s) * 1000}
             for r in direct + gw], indent=2))
     return 0
+
+
+def ledger_line(rows: list[Any]) -> None:
+    """What the usage ledger adds: the on row's latency minus the off row's, same run."""
+    on = [r for r in rows if r.name.endswith("ledger on")]
+    off = [r for r in rows if r.name.endswith("ledger off")]
+    if on and off:
+        print(f"\nusage ledger: {on[0].pct(0.5) - off[0].pct(0.5):+.3f} ms p50, "
+              f"{on[0].pct(0.99) - off[0].pct(0.99):+.3f} ms p99 (on minus off, "
+              f"{len(on[0].latencies_s)} requests each, {LEDGER_ROUNDS} alternating rounds)")
 
 
 def cpu_model() -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.cli.tenants import format_laws
+from gateway.cli.tenant_views import format_laws
 from gateway.http.shedding import step_costs
 from policies.tiers import BATCH, INTERACTIVE, TierSLO
 from tests.gateway.harness import SECRET, make_config, make_tenant, run_gateway

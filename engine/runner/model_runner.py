@@ -18,6 +18,7 @@ from engine.core.config import CacheConfig, EngineConfig, ModelConfig
 from engine.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.core.sampling_params import SamplingParams
 from engine.models.llama import LlamaArgs, LlamaForCausalLM
+from engine.runner.grammar_mask import apply_grammar_mask, constrained_rows
 from engine.runner.inputs import StepInputs, build_inputs
 from engine.runner.loader import (
     eos_token_ids,
@@ -29,6 +30,8 @@ from engine.runner.loader import (
 )
 from engine.runner.quantize import quantize_int8
 from engine.runner.sampler import Sampler
+from engine.structured.compiler import GrammarCompiler
+from engine.structured.rows import GrammarRows
 from kernels import greedy_head
 from kernels.cpu_linear import route_cpu_linears
 
@@ -92,6 +95,10 @@ class ModelRunner:
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1])
                           for i in range(self.args.num_layers)]
         self.sampler = Sampler(sampler_seed)
+        # structured outputs: compiled grammars (built lazily; nothing until a request has
+        # one) and each constrained sequence's parser
+        self.grammars = GrammarCompiler(self.tokenizer, self.eos_token_ids)
+        self.grammar_rows = GrammarRows(self.grammars)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ModelRunner:
@@ -118,6 +125,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Swap out, copy partial prefix blocks, swap in, then forward and sample."""
         with torch.inference_mode():
+            if out.finished_ids and self.grammar_rows.states:
+                self.grammar_rows.free(out.finished_ids)
             if out.swap_out:
                 self.swap_out(out.swap_out)
             if out.copies:
@@ -137,6 +146,9 @@ class ModelRunner:
             if tokens is not None:
                 return ModelRunnerOutput({s.request_id: t for s, t in zip(rows, tokens)}, {})
             logits = self.model.compute_logits(last)
+            constrained = constrained_rows(rows)
+            if constrained:
+                logits = apply_grammar_mask(logits, rows, constrained, self.grammar_rows)
             sampled = self.sampler.sample_batch(
                 logits[: len(rows)],  # padding rows' logits are discarded
                 [s.sampling_params for s in rows],
@@ -144,6 +156,8 @@ class ModelRunner:
                 [s.history for s in rows],
                 [s.eos_token_id for s in rows],
             )
+            for r in constrained:
+                self.grammar_rows.advance(rows[r].request_id, sampled.tokens[r])
         return ModelRunnerOutput(
             {s.request_id: t for s, t in zip(rows, sampled.tokens)},
             {rows[r].request_id: lp for r, lp in sampled.logprobs.items()},
@@ -160,7 +174,8 @@ class ModelRunner:
             return None
         for s in rows:
             p = s.sampling_params
-            if not p.greedy or p.processes_logits or p.logprobs is not None:
+            if (not p.greedy or p.processes_logits or p.logprobs is not None
+                    or p.structured is not None):
                 return None
         tokens = self.model.greedy_tokens(last)
         return None if tokens is None else tokens[: len(rows)]

@@ -18,6 +18,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 SCHEMAS: dict[str, tuple[dict[str, Any], Any]] = {
@@ -62,14 +63,14 @@ def bench_llguidance(tokenizer: Any, instance_ids: dict[str, list[int]]) -> dict
     for name, (schema, _) in SCHEMAS.items():
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
             json.dumps(schema), defaults={"whitespace_flexible": False})
-        pristine, compile_ms = timed(lambda g=grammar: llguidance.LLMatcher(tok, g))
+        pristine, compile_ms = timed(partial(llguidance.LLMatcher, tok, grammar))
         assert not pristine.is_error(), pristine.get_error()
         mask = allocate_token_bitmask(1, tok.vocab_size)
         runs = []
         for _ in range(2):
             matcher, times = pristine.deep_copy(), []
             for t in instance_ids[name]:
-                _, ms = timed(lambda m=matcher, b=mask: fill_next_token_bitmask(m, b, 0))
+                _, ms = timed(partial(fill_next_token_bitmask, matcher, mask, 0))
                 times.append(ms)
                 assert matcher.consume_token(t), matcher.get_error()
             runs.append(times)
@@ -86,14 +87,14 @@ def bench_xgrammar(tokenizer: Any, instance_ids: dict[str, list[int]]) -> dict[s
     compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
     rows = {}
     for name, (schema, _) in SCHEMAS.items():
-        compiled, compile_ms = timed(lambda s=schema: compiler.compile_json_schema(
-            json.dumps(s), any_whitespace=False, separators=(",", ":")))
+        compiled, compile_ms = timed(partial(compiler.compile_json_schema, json.dumps(schema),
+                                             any_whitespace=False, separators=(",", ":")))
         mask = xgr.allocate_token_bitmask(1, info.vocab_size)
         runs = []
         for _ in range(2):
             matcher, times = xgr.GrammarMatcher(compiled), []
             for t in instance_ids[name]:
-                _, ms = timed(lambda m=matcher, b=mask: m.fill_next_token_bitmask(b))
+                _, ms = timed(partial(matcher.fill_next_token_bitmask, mask))
                 times.append(ms)
                 assert matcher.accept_token(t), (name, t)
             runs.append(times)
@@ -122,8 +123,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         print(f"{backend}: tokenizer set-up {res['setup_ms']:.0f} ms, "
               f"+{res['rss_mib']:.0f} MiB RSS")
-        for name, (compile_ms, runs) in res["rows"].items():
-            first, again = runs
+        for name, (compile_ms, passes) in res["rows"].items():
+            first, again = passes
             print(f"  {name:12s} compile {compile_ms:7.2f} ms  mask (first request) mean "
                   f"{statistics.mean(first) * 1000:5.0f} us max {max(first) * 1000:5.0f} us;"
                   f" (again) mean {statistics.mean(again) * 1000:5.0f} us max "

@@ -30,6 +30,10 @@ class GrammarError(ValueError):
     """A spec the backend refuses; the message is the backend's (names what is wrong)."""
 
 
+class CompileTooSlow(GrammarError):
+    """A spec refused because compiling it took too long (``refuse``)."""
+
+
 class GrammarCompiler:
     def __init__(self, hf_tokenizer: Any, eos_token_ids: list[int] | None = None,
                  capacity: int = DEFAULT_CAPACITY, workers: int = 1) -> None:
@@ -91,6 +95,11 @@ class GrammarCompiler:
         """A fresh parser for ``spec`` (compiled here on a cache miss)."""
         return self._compiled(spec).deep_copy()
 
+    def refuse(self, spec: StructuredSpec, reason: str) -> None:
+        """From now on ``spec`` fails with ``reason`` (a compile too slow to wait for: a
+        retry is refused at once, even after the compile in progress ends)."""
+        self._store(spec.key, CompileTooSlow(reason), replace_refusal=True)
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -132,8 +141,10 @@ class GrammarCompiler:
         except ValueError as exc:  # a source of the wrong shape (not JSON, not a list)
             return GrammarError(str(exc))
 
-    def _store(self, key: str, entry: Any) -> None:
+    def _store(self, key: str, entry: Any, replace_refusal: bool = False) -> None:
         with self._lock:
+            if not replace_refusal and isinstance(self._cache.get(key), GrammarError):
+                return  # refused (``refuse``): a compile that ends later does not undo it
             self._cache[key] = entry
             self._cache.move_to_end(key)
             while len(self._cache) > self.capacity:

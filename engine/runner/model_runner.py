@@ -145,23 +145,46 @@ class ModelRunner:
             tokens = self._plain_greedy(last, rows)
             if tokens is not None:
                 return ModelRunnerOutput({s.request_id: t for s, t in zip(rows, tokens)}, {})
-            logits = self.model.compute_logits(last)
             constrained = constrained_rows(rows)
             if constrained:
-                logits = apply_grammar_mask(logits, rows, constrained, self.grammar_rows)
-            sampled = self.sampler.sample_batch(
-                logits[: len(rows)],  # padding rows' logits are discarded
-                [s.sampling_params for s in rows],
-                [s.output_index for s in rows],
-                [s.history for s in rows],
-                [s.eos_token_id for s in rows],
-            )
-            for r in constrained:
-                self.grammar_rows.advance(rows[r].request_id, sampled.tokens[r])
-        return ModelRunnerOutput(
-            {s.request_id: t for s, t in zip(rows, sampled.tokens)},
-            {rows[r].request_id: lp for r, lp in sampled.logprobs.items()},
+                return self._sample_constrained(last, rows)
+            tokens, logprobs = self._sample(last, rows, [])
+        return ModelRunnerOutput({s.request_id: t for s, t in zip(rows, tokens)},
+                                 {rows[r].request_id: lp for r, lp in logprobs.items()})
+
+    def _sample(self, last: torch.Tensor, rows: list[ScheduledRequest], constrained: list[int]
+                ) -> tuple[list[int], dict[int, Any]]:
+        """Logits, the grammar mask of the ``constrained`` rows, the processors and sampling:
+        each row's token and the logprobs of the rows that ask (by row)."""
+        logits = self.model.compute_logits(last)
+        if constrained:
+            logits = apply_grammar_mask(logits, rows, constrained, self.grammar_rows)
+        sampled = self.sampler.sample_batch(
+            logits[: len(rows)],  # padding rows' logits are discarded
+            [s.sampling_params for s in rows],
+            [s.output_index for s in rows],
+            [s.history for s in rows],
+            [s.eos_token_id for s in rows],
         )
+        for r in constrained:
+            self.grammar_rows.advance(rows[r].request_id, sampled.tokens[r])
+        return sampled.tokens, sampled.logprobs
+
+    def _sample_constrained(self, last: torch.Tensor,
+                            rows: list[ScheduledRequest]) -> ModelRunnerOutput:
+        """A step with grammar rows: its plain greedy rows still take the greedy head (they
+        pay nothing for their neighbours' constraint); the others go through ``_sample``."""
+        plain = [i for i, s in enumerate(rows) if _plain(s.sampling_params)]
+        other = [i for i in range(len(rows)) if not _plain(rows[i].sampling_params)]
+        fast = (self.model.greedy_tokens(last[plain])
+                if plain and len(plain) <= greedy_head.MAX_ROWS else None)
+        if fast is None:  # one batch through the logits
+            plain, other = [], list(range(len(rows)))
+        sub = [rows[i] for i in other]
+        tokens, logprobs = self._sample(last[other], sub, constrained_rows(sub))
+        out = dict(zip((rows[i].request_id for i in plain), fast or []))
+        out.update((rows[i].request_id, t) for i, t in zip(other, tokens))
+        return ModelRunnerOutput(out, {sub[r].request_id: lp for r, lp in logprobs.items()})
 
     def _plain_greedy(self, last: torch.Tensor,
                       rows: list[ScheduledRequest]) -> list[int] | None:
@@ -172,11 +195,8 @@ class ModelRunner:
         too, so a seat costs the same whether its request still runs or not."""
         if len(last) > greedy_head.MAX_ROWS:  # a big batch: no per-row look at its params
             return None
-        for s in rows:
-            p = s.sampling_params
-            if (not p.greedy or p.processes_logits or p.logprobs is not None
-                    or p.structured is not None):
-                return None
+        if not all(_plain(s.sampling_params) for s in rows):
+            return None
         tokens = self.model.greedy_tokens(last)
         return None if tokens is None else tokens[: len(rows)]
 
@@ -216,6 +236,12 @@ class ModelRunner:
         """
         pad = [self._padding_row(scheduled)] * num_padding_rows if num_padding_rows else None
         return build_inputs(scheduled, self.block_size, self.device, pad)
+
+
+def _plain(p: SamplingParams) -> bool:
+    """Plain greedy: the argmax of the raw logits is the token."""
+    return (p.greedy and not p.processes_logits and p.logprobs is None
+            and p.structured is None)
 
 
 def _pick(explicit: int | None, configured: int | None, budget_gb: float, per_block: int) -> int:

@@ -24,8 +24,8 @@ WORDS = ["name", "city", "score", "tags", "owner", "status", "id", "items", "pri
          "color", "size", "count", "active", "email", "level", "kind", "title"]
 PROMPTS = [
     "Reply with a JSON object that matches this JSON Schema, and nothing else.\n{schema}",
-    "Invent a plausible record about {topic}. Answer only with JSON following this "
-    "schema:\n{schema}",
+    ("Invent a plausible record about {topic}. Answer only with JSON following this "
+     "schema:\n{schema}"),
     "Schema:\n{schema}\nWrite one example instance of it about {topic}.",
     "You are an API. Return JSON for {topic} using this schema: {schema}",
 ]

@@ -124,6 +124,17 @@ def test_preemption_by_recompute_keeps_the_output_valid(tiny_model_dir: Path) ->
     assert len(engine.runner.grammar_rows) == 0
 
 
+def test_the_prefix_cache_shares_kv_across_constrained_and_free(tiny_model_dir: Path) -> None:
+    engine = make(tiny_model_dir, block_size=16)
+    prompt = list(range(100, 164))  # four full blocks
+    engine.add_request(prompt, SamplingParams(max_tokens=4), request_id="free")
+    run(engine)
+    engine.add_request(prompt, SamplingParams(max_tokens=20, structured=SPEC), request_id="c")
+    first = engine.step()
+    assert first and first[0].num_cached_tokens >= 48
+    run(engine)
+
+
 def test_abort_frees_the_grammar_state(engine: LLMEngine) -> None:
     engine.add_request(PROMPT, SamplingParams(max_tokens=60, structured=SPEC), request_id="a")
     engine.step()

@@ -106,29 +106,21 @@ def first_object(text: str) -> str:
     return text[start:end + 1] if 0 <= start < end else ""
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", type=int, default=200)
-    parser.add_argument("--max-tokens", type=int, default=160)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--max-num-seqs", type=int, default=32)
-    args = parser.parse_args(argv)
+def measure(engine: Any, cases: list[tuple[dict[str, Any], str]],
+            max_tokens: int) -> tuple[Tally, Tally, float]:
+    """Every case constrained and free, in one batch, greedy: (constrained, free, seconds)."""
     from engine.core.sampling_params import SamplingParams
     from engine.core.structured import StructuredSpec
-    from engine.llm_engine import LLMEngine
 
-    engine = LLMEngine.from_kwargs(model=args.model, max_num_seqs=args.max_num_seqs,
-                                   max_model_len=2048)
     tok = engine.tokenizer
-    cases = make_cases(args.cases)
     for i, (schema, prompt) in enumerate(cases):
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}],
                                                  tokenize=False, add_generation_prompt=True),
                          add_special_tokens=False)
         spec = StructuredSpec("json_schema", json.dumps(schema))
-        engine.add_request(ids, SamplingParams(max_tokens=args.max_tokens, structured=spec),
+        engine.add_request(ids, SamplingParams(max_tokens=max_tokens, structured=spec),
                            request_id=f"c{i}")
-        engine.add_request(ids, SamplingParams(max_tokens=args.max_tokens), request_id=f"f{i}")
+        engine.add_request(ids, SamplingParams(max_tokens=max_tokens), request_id=f"f{i}")
     texts: dict[str, list[int]] = {}
     reasons: dict[str, str] = {}
     start = time.perf_counter()
@@ -152,13 +144,28 @@ def main(argv: list[str] | None = None) -> None:
                 tally.failures.append(text[:120])
             if is_valid(first_object(text), schema):
                 tally.lenient_valid += 1
+    return tallies["c"], tallies["f"], seconds
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=200)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=32)
+    args = parser.parse_args(argv)
+    from engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_kwargs(model=args.model, max_num_seqs=args.max_num_seqs,
+                                   max_model_len=2048)
+    constrained, free, seconds = measure(engine, make_cases(args.cases), args.max_tokens)
     print(f"{args.cases} cases, max_tokens {args.max_tokens}, greedy, {seconds:.0f} s")
     print("| run | cases | truncated (length) | finished | valid (whole answer) | "
           "valid (first {...} in it) |")
     print("|---|---|---|---|---|---|")
-    print(tallies["c"].row("constrained (json_schema)", args.cases))
-    print(tallies["f"].row("free (same prompts)", args.cases))
-    for text in tallies["c"].failures[:5]:
+    print(constrained.row("constrained (json_schema)", args.cases))
+    print(free.row("free (same prompts)", args.cases))
+    for text in constrained.failures[:5]:
         print("constrained but invalid:", repr(text))
 
 

@@ -38,8 +38,11 @@ def apply_grammar_mask(logits: torch.Tensor, rows: list[ScheduledRequest], which
                 row[eos // 32] = _bit(eos % 32)
             continue
         state.matcher.unsafe_compute_mask_ptr(row.data_ptr(), words * 4)
-    allowed = ((bitmask.unsqueeze(-1) >> _BITS) & 1).view(len(which), words * 32)[:, :vocab]
-    index = torch.tensor(which)
+    # the matchers fill CPU memory; on an accelerator the (small) bitmask moves, not logits
+    bitmask = bitmask.to(logits.device)
+    allowed = ((bitmask.unsqueeze(-1) >> _BITS.to(logits.device)) & 1).view(
+        len(which), words * 32)[:, :vocab]
+    index = torch.tensor(which, device=logits.device)
     logits[index] = logits[index].masked_fill(allowed == 0, float("-inf"))
     return logits
 

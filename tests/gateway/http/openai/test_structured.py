@@ -224,3 +224,21 @@ def test_a_compile_past_the_time_limit_is_a_400(redis_url: str, tiny_model_dir: 
             assert info.value.body["code"] == "grammar_compile_timeout", info.value.body
             assert info.value.body["param"] == "response_format"
         assert gw.engine.engine.runner.grammars.compiles == 0
+
+
+def test_n_streamed_tool_calls_each_reassemble(client: openai.OpenAI, model: str) -> None:
+    chunks = list(chat(client, model, tools=[WEATHER, ADD], tool_choice="required", n=2,
+                       temperature=1.0, seed=3, stream=True, logprobs=True))
+    for index in (0, 1):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
+        deltas = [d for c in mine for d in c.delta.tool_calls or []]
+        name = deltas[0].function.name
+        args = "".join(d.function.arguments or "" for d in deltas)
+        _args_valid_json(name, args)
+        assert mine[-1].finish_reason == "tool_calls"
+        assert any(c.logprobs and c.logprobs.content for c in mine)
+
+
+def _args_valid_json(name: str, args: str) -> None:
+    tool = {"get_weather": WEATHER, "add": ADD}[name]
+    jsonschema.validate(json.loads(args), tool["function"]["parameters"])

@@ -9,12 +9,11 @@ constrained distribution (vLLM does the same).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from engine.core.outputs import ScheduledRequest
 from engine.structured.rows import GrammarRows
-
-_BITS = torch.arange(32, dtype=torch.int32)
 
 
 def constrained_rows(rows: list[ScheduledRequest]) -> list[int]:
@@ -38,12 +37,12 @@ def apply_grammar_mask(logits: torch.Tensor, rows: list[ScheduledRequest], which
                 row[eos // 32] = _bit(eos % 32)
             continue
         state.matcher.unsafe_compute_mask_ptr(row.data_ptr(), words * 4)
-    # the matchers fill CPU memory; on an accelerator the (small) bitmask moves, not logits
-    bitmask = bitmask.to(logits.device)
-    allowed = ((bitmask.unsqueeze(-1) >> _BITS.to(logits.device)) & 1).view(
-        len(which), words * 32)[:, :vocab]
-    index = torch.tensor(which, device=logits.device)
-    logits[index] = logits[index].masked_fill(allowed == 0, float("-inf"))
+    # one bit per token, little-endian words: numpy unpacks them in token order, in C (the
+    # same with torch's shifts over [rows, words, 32] cost ~100x as much on a 2-core CPU)
+    bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
+    banned = torch.from_numpy(bits[:, :vocab] == 0).to(logits.device)
+    for k, r in enumerate(which):
+        logits[r].masked_fill_(banned[k], float("-inf"))
     return logits
 
 

@@ -172,17 +172,32 @@ class ModelRunner:
 
     def _sample_constrained(self, last: torch.Tensor,
                             rows: list[ScheduledRequest]) -> ModelRunnerOutput:
-        """A step with grammar rows: its plain greedy rows still take the greedy head (they
-        pay nothing for their neighbours' constraint); the others go through ``_sample``."""
-        plain = [i for i, s in enumerate(rows) if _plain(s.sampling_params)]
-        other = [i for i in range(len(rows)) if not _plain(rows[i].sampling_params)]
-        fast = (self.model.greedy_tokens(last[plain])
-                if plain and len(plain) <= greedy_head.MAX_ROWS else None)
-        if fast is None:  # one batch through the logits
-            plain, other = [], list(range(len(rows)))
+        """A step with grammar rows. Its plain greedy rows still take the greedy head (they
+        pay nothing for their neighbours' constraint), and so do its greedy grammar rows
+        first: when the free argmax is a token the grammar allows, it is the constrained
+        argmax too, and the row needs neither its mask nor its full logits. The rest (rows
+        that sample, ask for logprobs or process logits, and greedy grammar rows whose free
+        argmax the grammar refuses) go through ``_sample`` with their masks."""
+        head = [i for i, s in enumerate(rows) if _greedy_head(s.sampling_params)]
+        fast = (self.model.greedy_tokens(last[head])
+                if head and len(head) <= greedy_head.MAX_ROWS else None)
+        out: dict[str, int] = {}
+        taken: set[int] = set()
+        for i, token in zip(head, fast or []):
+            s = rows[i]
+            if s.sampling_params.structured is None:
+                out[s.request_id] = token
+            elif not self.grammar_rows.allows(s, token):
+                continue
+            else:
+                out[s.request_id] = token
+                self.grammar_rows.advance(s.request_id, token)
+            taken.add(i)
+        other = [i for i in range(len(rows)) if i not in taken]
+        if not other:
+            return ModelRunnerOutput(out, {})
         sub = [rows[i] for i in other]
         tokens, logprobs = self._sample(last[other], sub, constrained_rows(sub))
-        out = dict(zip((rows[i].request_id for i in plain), fast or []))
         out.update((rows[i].request_id, t) for i, t in zip(other, tokens))
         return ModelRunnerOutput(out, {sub[r].request_id: lp for r, lp in logprobs.items()})
 
@@ -242,6 +257,11 @@ def _plain(p: SamplingParams) -> bool:
     """Plain greedy: the argmax of the raw logits is the token."""
     return (p.greedy and not p.processes_logits and p.logprobs is None
             and p.structured is None)
+
+
+def _greedy_head(p: SamplingParams) -> bool:
+    """Greedy and nothing but (a grammar aside): the greedy head's token may be the answer."""
+    return (p.greedy and not p.processes_logits and p.logprobs is None)
 
 
 def _pick(explicit: int | None, configured: int | None, budget_gb: float, per_block: int) -> int:

@@ -62,6 +62,11 @@ class GrammarRows:
                         row.request_id)
         return RowState(matcher, row.output_index, broken=not ok)
 
+    def allows(self, row: ScheduledRequest, token: int) -> bool:
+        """Whether the row's grammar accepts ``token`` next (without taking it)."""
+        state = self.state_for(row)
+        return not state.broken and state.matcher.validate_tokens([token]) == 1
+
     def advance(self, request_id: str, token: int) -> None:
         """The row sampled ``token``."""
         state = self.states.get(request_id)

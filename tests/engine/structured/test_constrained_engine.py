@@ -78,6 +78,18 @@ def test_each_kind_constrains(engine: LLMEngine, spec: StructuredSpec, check: An
     assert check(out), out
 
 
+def test_greedy_grammar_rows_answer_the_same_by_the_greedy_head(engine: LLMEngine) -> None:
+    """A greedy grammar row takes the greedy head's token when its grammar allows it, else
+    the masked logits' argmax: the same tokens as always masking (logprobs force that)."""
+    for spec in (SPEC, StructuredSpec("regex", r"[a-z]{3,8}( [a-z]{3,8}){2}")):
+        engine.add_request(PROMPT, SamplingParams(max_tokens=40, structured=spec),
+                           request_id="head")
+        engine.add_request(PROMPT, SamplingParams(max_tokens=40, logprobs=0, structured=spec),
+                           request_id="masked")
+        out = run(engine)
+        assert out["head"] == out["masked"]
+
+
 def test_free_rows_are_untouched_by_constrained_neighbours(engine: LLMEngine) -> None:
     free = SamplingParams(max_tokens=20, ignore_eos=True)
     engine.add_request(PROMPT, free, request_id="alone")

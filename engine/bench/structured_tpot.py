@@ -51,7 +51,7 @@ class MaskTimer:
             self.seconds += time.perf_counter() - t
 
         mr.apply_grammar_mask = apply  # type: ignore[assignment]
-        rows.advance = advance  # type: ignore[method-assign]
+        rows.advance = advance  # type: ignore[method-assign,assignment]
 
     def close(self) -> None:
         self._mr.apply_grammar_mask = self._apply  # type: ignore[assignment]

@@ -72,6 +72,8 @@ class LLMEngine:
         self.check_prompt(token_ids)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         params = self._with_extra_eos(params or SamplingParams())
+        if params.structured is not None:  # a cache hit when a front compiled it already
+            self.runner.grammars.compile(params.structured)  # GrammarError: a ValueError
         request = Request(
             rid,
             token_ids,
@@ -115,6 +117,7 @@ class LLMEngine:
             self.scheduler.abort_request(rid)
         # An empty step's update hands back what finished between steps: these aborts.
         changed = self.scheduler.update_from_output(SchedulerOutput(), ModelRunnerOutput())
+        self.runner.grammar_rows.clear()  # no request left: no grammar state either
         self._stats = self.scheduler.stats
         return [self._emit(r) for r in changed]
 
@@ -160,4 +163,6 @@ class LLMEngine:
         output, stop_hit = self.outputs.process(request)
         if stop_hit and not request.is_finished:
             self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+        if request.sampling_params.structured is not None and request.is_finished:
+            self.runner.grammar_rows.free([request.request_id])  # also done at the next step
         return self.groups.merge(output)

@@ -87,6 +87,10 @@ class GatewayConfig:
     # unknown top-level request fields: False = ignored (as OpenAI does), True = 400
     strict_api: bool = False
     max_n: int = 8  # the most choices (``n``) one request may ask for
+    # structured outputs: the largest schema/regex/grammar a request may send (bytes), and
+    # how long the gateway waits for it to compile before a 400 (docs/structured-outputs.md)
+    max_grammar_bytes: int = 32768
+    grammar_compile_timeout_s: float = 2.0
     # the engine's step thread picks its torch thread count each step by contention
     # (CARPOOL_ADAPTIVE_THREADS=1: opt-in; gateway/cli/main.py then spins OpenMP)
     adaptive_threads: bool = False
@@ -124,6 +128,8 @@ class GatewayConfig:
             raise ValueError("audit_max_entries must be >= 100")
         if not 1 <= self.usage_retention_days <= 3660:
             raise ValueError("usage_retention_days must be in 1..3660")
+        if self.max_grammar_bytes < 1 or self.grammar_compile_timeout_s <= 0:
+            raise ValueError("max_grammar_bytes must be >= 1, grammar_compile_timeout_s > 0")
         if not self.namespace or ":" in self.namespace:
             raise ValueError("namespace must be non-empty and contain no ':'")
 

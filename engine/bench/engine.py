@@ -1,5 +1,7 @@
 """`carpool bench engine`: seed 000's workload, Carpool against transformers, one table.
-(``--decode-kernels``: the Triton-vs-reference decode throughput instead, on CUDA.)
+(``--decode-kernels``: the Triton-vs-reference decode throughput instead, on CUDA;
+``--structured``: the TPOT of a half-constrained batch against a free one,
+``engine/bench/structured_tpot.py``.)
 
 100 requests alternating 20 and 200 output tokens (exact, ignore_eos), short varied prompts,
 all arriving at once, SmolLM2 fp32. The padded transformers row, slow by design, runs on a
@@ -282,6 +284,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="add a row with an fp16 KV cache (fp32 weights), its linear-only "
                          "ceiling and its quality against fp32")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--structured", action="store_true",
+                    help="TPOT of a batch half constrained by a JSON Schema vs the same free")
+    ap.add_argument("--batch", type=int, default=8, help="--structured: requests per batch")
+    ap.add_argument("--tokens", type=int, default=64, help="--structured: tokens per request")
+    ap.add_argument("--repeats", type=int, default=3, help="--structured: alternating runs")
     ap.add_argument("--decode-kernels", action="store_true",
                     help="instead: decode throughput on the Triton kernels vs the torch "
                          "references (CUDA; engine.bench.decode_attention)")
@@ -296,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
         from engine.bench.decode_attention import run
 
         return run(args.model, args.dtype)
+    if args.structured:
+        from engine.bench import structured_tpot
+
+        return structured_tpot.main(args)
     if args.threads:
         torch.set_num_threads(args.threads)
 

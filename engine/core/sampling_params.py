@@ -13,6 +13,9 @@ Semantics follow vLLM (which the OpenAI fields map onto):
 - ``n``: that many sequences from one prompt, sharing its KV blocks (``parallel_sampling``).
 - ``logprobs``: None = none; k >= 0 = the sampled token's log-probability plus the k best
   alternatives, from the model's raw distribution (vLLM's default ``raw_logprobs``).
+- ``structured``: the output must match this grammar (``engine.core.structured``): each step
+  the row's logits outside the grammar's allowed tokens are -inf, before the processors
+  above, so they and the logprobs see the constrained distribution (as in vLLM).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+from engine.core.structured import StructuredSpec
 
 GREEDY_BELOW = 1e-5
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs cap, vLLM's default max_logprobs
@@ -50,6 +55,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = field(default=())
     logprobs: int | None = None
     n: int = 1  # sequences per request (engine.core.parallel_sampling)
+    structured: StructuredSpec | None = None
 
     def __post_init__(self) -> None:
         # Accept lists/str/dicts from callers, store tuples so the object stays hashable/frozen.
@@ -76,6 +82,7 @@ class SamplingParams:
         object.__setattr__(self, "_needs_history", history)
         object.__setattr__(self, "_processes_logits",
                            history or bool(self.logit_bias) or self.min_tokens > 0)
+        object.__setattr__(self, "_reads_history", history or self.structured is not None)
 
     def _check_extras(self) -> None:
         if not 0 <= self.min_tokens <= self.max_tokens:
@@ -103,6 +110,13 @@ class SamplingParams:
     def needs_history(self) -> bool:
         """Whether sampling reads the tokens seen so far (the penalties do)."""
         return self._needs_history  # type: ignore[no-any-return,attr-defined]
+
+    @property
+    def reads_history(self) -> bool:
+        """Whether the runner needs the tokens so far: the penalties read them, and a
+        grammar's matcher is rebuilt from them when it is not in step (a preempted or new
+        sequence)."""
+        return self._reads_history  # type: ignore[no-any-return,attr-defined]
 
     @property
     def processes_logits(self) -> bool:

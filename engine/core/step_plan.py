@@ -52,8 +52,8 @@ class StepPlan:
             end == done,  # sample only when this chunk reaches the known end
             params,
             len(output),
-            # penalties read the tokens so far; min_tokens bans EOS: only then (hot path)
-            (prompt, output) if params.needs_history else None,
+            # penalties and grammars read the tokens so far: only then (hot path)
+            (prompt, output) if params.reads_history else None,
             req.eos_token_id,
             req.priority,
         )
@@ -73,7 +73,7 @@ class StepPlan:
             True,
             params,
             len(output),
-            (prompt, output) if params.needs_history else None,
+            (prompt, output) if params.reads_history else None,
             req.eos_token_id,
             req.priority,
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from concurrent.futures import Future
 from typing import Any
 
 from engine.core.config import EngineConfig
@@ -48,6 +49,11 @@ class AsyncEngine(ThreadedEngine):
 
     def _check_prompt(self, token_ids: list[int]) -> None:
         self.engine.check_prompt(token_ids)
+
+    def _prepare(self, params: SamplingParams) -> Future[None] | None:
+        if params.structured is None:
+            return None
+        return self.engine.runner.grammars.submit(params.structured)
 
     # -- load -----------------------------------------------------------------------------
 

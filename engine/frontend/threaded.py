@@ -17,6 +17,11 @@ loop stops, the step thread drops what the inbox still holds and aborts every re
 engine still holds (``_abort_all``), so their KV blocks are free and a later ``start`` runs
 only requests added after it.
 
+A constrained request (``SamplingParams.structured``) is posted only once its grammar is
+compiled: ``_prepare`` hands back the compile's future, and its callback posts the request (or
+ends it with an error, or with "abort" when it was aborted meanwhile). A slow schema delays only
+its own request; the step thread never waits on a compile.
+
 A subclass implements ``_steps`` (the step loop, until ``_stop`` is set), ``_add`` and
 ``_abort`` (apply an inbox message, on the step thread), ``_abort_all``, ``load`` and
 ``stats``; it may check prompts in the caller (``_check_prompt``).
@@ -29,6 +34,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 
 from engine.core.finish import FinishReason
 from engine.core.outputs import RequestOutput, SchedulerOutput
@@ -57,6 +63,7 @@ class ThreadedEngine:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.step_error: BaseException | None = None
+        self._compiling: dict[str, bool] = {}  # grammar being compiled -> aborted meanwhile
 
     # -- lifecycle (event loop) -------------------------------------------------------------
 
@@ -106,8 +113,38 @@ class ThreadedEngine:
         if self._loop is not None and not self.healthy:  # died or shut down: never hang it
             self._publish(_errors([request_id], self.step_error or RuntimeError("engine not running")))
             return
-        self._inbox.post("add", (request_id, ids, params, priority, first_token_urgent),
-                         priority)
+        args = (request_id, ids, params, priority, first_token_urgent)
+        compiling = self._prepare(params)
+        if compiling is None or (compiling.done() and compiling.exception() is None):
+            self._inbox.post("add", args, priority)
+            return
+        self._compiling[request_id] = False
+        compiling.add_done_callback(
+            lambda f: self._call_on_loop(self._compiled, args, f))
+
+    def _prepare(self, params: SamplingParams) -> Future[None] | None:
+        """A future done when the request can be posted (its grammar compiled); None: at
+        once."""
+        return None
+
+    def _compiled(self, args: tuple[str, list[int], SamplingParams, int, bool],
+                  compiling: Future[None]) -> None:
+        """On the loop: a request's grammar compile ended: post it, or end it."""
+        request_id = args[0]
+        aborted = self._compiling.pop(request_id, True)
+        error = None if compiling.cancelled() else compiling.exception()
+        if request_id not in self._live:  # ended already (shutdown reported it)
+            return
+        if aborted or compiling.cancelled():
+            self._dispatch([RequestOutput(request_id, [], "", True, FinishReason.ABORT)])
+        elif error is not None:
+            self._dispatch([RequestOutput(request_id, [], "", True, FinishReason.ERROR,
+                                          error=f"structured output: {error}")])
+        elif not self.healthy:
+            self._dispatch(_errors([request_id], self.step_error
+                                   or RuntimeError("engine not running")))
+        else:
+            self._inbox.post("add", args, args[3])
 
     def _check_prompt(self, token_ids: list[int]) -> None:
         """Raise ValueError for a prompt the engine cannot take (default: any is fine)."""
@@ -119,6 +156,9 @@ class ThreadedEngine:
             lambda: self.abort(request_id))
 
     def abort(self, request_id: str) -> None:
+        if request_id in self._compiling:  # not posted yet: ends when its compile does
+            self._compiling[request_id] = True
+            return
         self._inbox.post("abort", request_id)
 
     def add_step_callback(self, callback: StepCallback) -> None:

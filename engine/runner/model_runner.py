@@ -19,6 +19,7 @@ from engine.core.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOu
 from engine.core.sampling_params import SamplingParams
 from engine.models.llama import LlamaForCausalLM
 from engine.models.llama_layers import LlamaArgs
+from engine.runner.grammar_mask import apply_grammar_mask, constrained_rows
 from engine.runner.inputs import StepInputs, build_inputs
 from engine.runner.loader import (
     eos_token_ids,
@@ -30,6 +31,8 @@ from engine.runner.loader import (
 )
 from engine.runner.quantize import quantize_int8
 from engine.runner.sampler import Sampler
+from engine.structured.compiler import GrammarCompiler
+from engine.structured.rows import GrammarRows
 from kernels import greedy_head
 from kernels.cpu_linear import route_cpu_linears
 
@@ -93,6 +96,10 @@ class ModelRunner:
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1])
                           for i in range(self.args.num_layers)]
         self.sampler = Sampler(sampler_seed)
+        # structured outputs: compiled grammars (built lazily; nothing until a request has
+        # one) and each constrained sequence's parser
+        self.grammars = GrammarCompiler(self.tokenizer, self.eos_token_ids)
+        self.grammar_rows = GrammarRows(self.grammars)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ModelRunner:
@@ -119,6 +126,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Swap out, copy partial prefix blocks, swap in, then forward and sample."""
         with torch.inference_mode():
+            if out.finished_ids and self.grammar_rows.states:
+                self.grammar_rows.free(out.finished_ids)
             if out.swap_out:
                 self.swap_out(out.swap_out)
             if out.copies:
@@ -137,18 +146,61 @@ class ModelRunner:
             tokens = self._plain_greedy(last, rows)
             if tokens is not None:
                 return ModelRunnerOutput({s.request_id: t for s, t in zip(rows, tokens)}, {})
-            logits = self.model.compute_logits(last)
-            sampled = self.sampler.sample_batch(
-                logits[: len(rows)],  # padding rows' logits are discarded
-                [s.sampling_params for s in rows],
-                [s.output_index for s in rows],
-                [s.history for s in rows],
-                [s.eos_token_id for s in rows],
-            )
-        return ModelRunnerOutput(
-            {s.request_id: t for s, t in zip(rows, sampled.tokens)},
-            {rows[r].request_id: lp for r, lp in sampled.logprobs.items()},
+            constrained = constrained_rows(rows)
+            if constrained:
+                return self._sample_constrained(last, rows)
+            tokens, logprobs = self._sample(last, rows, [])
+        return ModelRunnerOutput({s.request_id: t for s, t in zip(rows, tokens)},
+                                 {rows[r].request_id: lp for r, lp in logprobs.items()})
+
+    def _sample(self, last: torch.Tensor, rows: list[ScheduledRequest], constrained: list[int]
+                ) -> tuple[list[int], dict[int, Any]]:
+        """Logits, the grammar mask of the ``constrained`` rows, the processors and sampling:
+        each row's token and the logprobs of the rows that ask (by row)."""
+        logits = self.model.compute_logits(last)
+        if constrained:
+            logits = apply_grammar_mask(logits, rows, constrained, self.grammar_rows)
+        sampled = self.sampler.sample_batch(
+            logits[: len(rows)],  # padding rows' logits are discarded
+            [s.sampling_params for s in rows],
+            [s.output_index for s in rows],
+            [s.history for s in rows],
+            [s.eos_token_id for s in rows],
         )
+        for r in constrained:
+            self.grammar_rows.advance(rows[r].request_id, sampled.tokens[r])
+        return sampled.tokens, sampled.logprobs
+
+    def _sample_constrained(self, last: torch.Tensor,
+                            rows: list[ScheduledRequest]) -> ModelRunnerOutput:
+        """A step with grammar rows. Its plain greedy rows still take the greedy head (they
+        pay nothing for their neighbours' constraint), and so do its greedy grammar rows
+        first: when the free argmax is a token the grammar allows, it is the constrained
+        argmax too, and the row needs neither its mask nor its full logits. The rest (rows
+        that sample, ask for logprobs or process logits, and greedy grammar rows whose free
+        argmax the grammar refuses) go through ``_sample`` with their masks."""
+        head = [i for i, s in enumerate(rows) if _greedy_head(s.sampling_params)]
+        fast = (self.model.greedy_tokens(last[head])
+                if head and len(head) <= greedy_head.MAX_ROWS else None)
+        out: dict[str, int] = {}
+        taken: set[int] = set()
+        for i, token in zip(head, fast or []):
+            s = rows[i]
+            if s.sampling_params.structured is None:
+                out[s.request_id] = token
+            elif not self.grammar_rows.allows(s, token):
+                continue
+            else:
+                out[s.request_id] = token
+                self.grammar_rows.advance(s.request_id, token)
+            taken.add(i)
+        other = [i for i in range(len(rows)) if i not in taken]
+        if not other:
+            return ModelRunnerOutput(out, {})
+        sub = [rows[i] for i in other]
+        tokens, logprobs = self._sample(last[other], sub, constrained_rows(sub))
+        out.update((rows[i].request_id, t) for i, t in zip(other, tokens))
+        return ModelRunnerOutput(out, {sub[r].request_id: lp for r, lp in logprobs.items()})
 
     def _plain_greedy(self, last: torch.Tensor,
                       rows: list[ScheduledRequest]) -> list[int] | None:
@@ -159,10 +211,8 @@ class ModelRunner:
         too, so a seat costs the same whether its request still runs or not."""
         if len(last) > greedy_head.MAX_ROWS:  # a big batch: no per-row look at its params
             return None
-        for s in rows:
-            p = s.sampling_params
-            if not p.greedy or p.processes_logits or p.logprobs is not None:
-                return None
+        if not all(_plain(s.sampling_params) for s in rows):
+            return None
         tokens = self.model.greedy_tokens(last)
         return None if tokens is None else tokens[: len(rows)]
 
@@ -202,6 +252,17 @@ class ModelRunner:
         """
         pad = [self._padding_row(scheduled)] * num_padding_rows if num_padding_rows else None
         return build_inputs(scheduled, self.block_size, self.device, pad)
+
+
+def _plain(p: SamplingParams) -> bool:
+    """Plain greedy: the argmax of the raw logits is the token."""
+    return (p.greedy and not p.processes_logits and p.logprobs is None
+            and p.structured is None)
+
+
+def _greedy_head(p: SamplingParams) -> bool:
+    """Greedy and nothing but (a grammar aside): the greedy head's token may be the answer."""
+    return (p.greedy and not p.processes_logits and p.logprobs is None)
 
 
 def _pick(explicit: int | None, configured: int | None, budget_gb: float, per_block: int) -> int:

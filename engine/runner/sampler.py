@@ -128,7 +128,9 @@ def token_logprobs(logits: torch.Tensor, params: list[SamplingParams], tokens: l
     for i, r in enumerate(rows):
         want = params[r].logprobs or 0
         pairs = zip(top_i[i, :want].tolist(), top_v[i, :want].tolist(), strict=True)
-        out[r] = TokenLogprob(chosen[i], tuple(pairs))
+        # a grammar's row has fewer than ``want`` possible tokens: the impossible ones
+        # (-inf, masked out) are no alternatives
+        out[r] = TokenLogprob(chosen[i], tuple(p for p in pairs if p[1] != float("-inf")))
     return out
 
 

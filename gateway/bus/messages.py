@@ -16,6 +16,7 @@ import orjson
 
 from engine.core.finish import FinishReason
 from engine.core.sampling_params import SamplingParams
+from engine.core.structured import StructuredSpec
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,11 @@ class SubmitMsg:
     # it computed there at the finish; '' = no ledger
     ledger_hour: str = ""
     ledger_prefix: str = ""
+    # the output constraint (``engine.core.structured``): "" = none; the prefix: output
+    # tokens a resumed request delivered before, which its grammar replays
+    structured_kind: str = ""
+    structured_source: str = ""
+    structured_prefix: list[int] = field(default_factory=list)
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(
@@ -74,6 +80,9 @@ class SubmitMsg:
             logprobs=self.logprobs,
             stop_token_ids=tuple(self.stop_token_ids),
             n=self.n,
+            structured=StructuredSpec(self.structured_kind, self.structured_source,
+                                      tuple(self.structured_prefix))
+            if self.structured_kind else None,
         )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from engine.protocol import EngineClient
+from engine.structured.compiler import GrammarCompiler
 from gateway.bus.keys import RedisKeys
 from gateway.config import GatewayConfig
 from gateway.http.auth import AuthCache
@@ -43,6 +44,8 @@ class Services:
     engine: EngineClient | None = None  # set when this process also runs a worker
     worker: Worker | None = None
     shutdown: Shutdown = field(default_factory=Shutdown)  # mutable inside: the frozen field
+    # structured outputs: the gateway's own compile of each request's grammar (the 400s)
+    grammars: GrammarCompiler | None = None
 
     @classmethod
     def create(cls, config: GatewayConfig, redis: Redis, secret: bytes, model: ModelInfo,
@@ -63,6 +66,7 @@ class Services:
             model=model, events=events, mux=OutputMux(redis), engine=engine,
             shedder=TierShedder(redis, keys, config),
             worker=worker_type(redis, engine, config, events) if engine is not None else None,
+            grammars=GrammarCompiler(model.tokenizer, _eos(model.tokenizer)),
         )
 
     async def start(self) -> None:
@@ -78,3 +82,8 @@ class Services:
         await self.events.stop()
         await self.mux.stop()
         await self.quota.close()
+
+
+def _eos(tokenizer: object) -> list[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return [eos] if isinstance(eos, int) else []

@@ -9,7 +9,9 @@ and resumes by recompute: the engine prefills the original prompt plus those tok
 continues for the tokens that remain. Its token messages carry offsets counted from the
 tokens delivered before (``Inflight.offset_base``), so the relay drops any overlap and the
 client's stream just continues; its finish reports the original prompt and every output
-token once. A greedy request therefore ends with the text an uninterrupted run produces.
+token once. A greedy request therefore ends with the text an uninterrupted run produces. A
+constrained request's grammar replays the delivered tokens first (``structured_prefix``), so
+its output still matches the grammar as a whole.
 
 A dead worker is known two ways: its entries went idle past the visibility timeout (every
 worker's XAUTOCLAIM), or, sooner, ``DeadWorkers``: it holds pending entries but its tier
@@ -62,9 +64,12 @@ def resumed_submit(msg: SubmitMsg, delivered: list[int]) -> SubmitMsg | None:
     if msg.n != 1:
         return None
     k = len(delivered)
+    # a grammar replays what was delivered (``StructuredSpec.prefix``)
+    prefix = [*msg.structured_prefix, *delivered] if msg.structured_kind else []
     return dataclasses.replace(
         msg, prompt_token_ids=[*msg.prompt_token_ids, *delivered],
-        max_tokens=msg.max_tokens - k, min_tokens=max(0, msg.min_tokens - k))
+        max_tokens=msg.max_tokens - k, min_tokens=max(0, msg.min_tokens - k),
+        structured_prefix=prefix)
 
 
 

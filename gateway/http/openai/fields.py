@@ -2,7 +2,10 @@
 
 - Honoured fields (``schema.py`` reads them) and metadata that changes no output (``user``,
   ``metadata``...) are accepted.
-- Fields Carpool knows but cannot honour here (tools, structured outputs, beam search, echo,
+- Structured outputs and tools (``response_format``, vLLM's ``guided_*`` and
+  ``structured_outputs``, ``tools``/``tool_choice``) are honoured: ``structured.py`` and
+  ``tools.py`` read them.
+- Fields Carpool knows but cannot honour here (legacy ``functions``, beam search, echo,
   ...) are a 400 naming the field whenever their value asks for something (a harmless value,
   such as ``tools: []`` or ``echo: false``, passes): a client never gets an answer that
   silently ignored what it asked for.
@@ -29,9 +32,15 @@ _COMMON = frozenset({
     "user", "metadata", "safety_identifier", "prompt_cache_key", "request_id", "store",
     "parallel_tool_calls",
 })
+# structured outputs (``structured.py``)
+_STRUCTURED = frozenset({
+    "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "guided_decoding_backend", "structured_outputs",
+})
 HONOURED = {
-    "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
-    "completion": _COMMON | {"prompt", "best_of"},  # best_of: only == n (schema.py)
+    "chat": _COMMON | _STRUCTURED | {"messages", "max_completion_tokens", "top_logprobs",
+                                     "tools", "tool_choice"},
+    "completion": _COMMON | _STRUCTURED | {"prompt", "best_of"},  # best_of: only == n
 }
 
 
@@ -44,18 +53,12 @@ def _empty(v: Any) -> bool:
     return v is None or v == [] or v == {} or v == ""
 
 
-def _text_format(v: Any) -> bool:
-    return v is None or v == {"type": "text"}
-
-
 # vLLM's fields Carpool cannot honour
 _VLLM_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "use_beam_search": _off(False), "length_penalty": _off(1, 1.0),
     "include_stop_str_in_output": _off(False), "skip_special_tokens": _off(True),
     "spaces_between_special_tokens": _off(True), "truncate_prompt_tokens": _empty,
     "prompt_logprobs": _empty, "allowed_token_ids": _empty, "bad_words": _empty,
-    "guided_json": _empty, "guided_regex": _empty, "guided_choice": _empty,
-    "guided_grammar": _empty, "guided_decoding_backend": _empty, "structured_outputs": _empty,
     "return_tokens_as_token_ids": _off(False), "priority": _off(0),
     "add_special_tokens": _off(False), "logits_processors": _empty,
 }
@@ -63,8 +66,7 @@ _VLLM_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
 # field -> whether its value asks for nothing (then it passes)
 UNSUPPORTED: dict[str, dict[str, Callable[[Any], bool]]] = {
     "chat": {
-        "tools": _empty, "functions": _empty, "tool_choice": _off("none", "auto"),
-        "function_call": _off("none", "auto"), "response_format": _text_format,
+        "functions": _empty, "function_call": _off("none", "auto"),
         "audio": _empty, "modalities": _off(["text"]), "prediction": _empty,
         "reasoning_effort": _empty, "verbosity": _empty, "web_search_options": _empty,
         "echo": _off(False), "continue_final_message": _off(False),
@@ -102,10 +104,11 @@ def _short(value: Any) -> str:
 
 def check_engine(parsed: ParsedRequest, engine: str) -> None:
     """400 naming what the configured engine cannot produce (the echo engine: one echoed
-    choice, no logprobs)."""
+    choice, no logprobs, no constraint)."""
     if engine != "echo":
         return
-    for name, asked in (("n", parsed.n > 1), ("logprobs", parsed.logprobs is not None)):
+    for name, asked in (("n", parsed.n > 1), ("logprobs", parsed.logprobs is not None),
+                        (parsed.structured_param or "", parsed.structured is not None)):
         if asked:
             raise bad_request(f"'{name}' is not supported by the echo engine (a stand-in "
                               f"that echoes the prompt)", param=name,

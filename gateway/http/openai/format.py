@@ -7,6 +7,10 @@ With logprobs asked for (the ``Formatter`` got a ``TokenText``), every body and 
 carries text carries the logprobs of the tokens it covers (``openai/logprobs.py`` shapes
 them); ``usage.prompt_tokens_details.cached_tokens`` reports prefix-cache hits when the
 worker told them.
+
+A chat request with tools (the ``Formatter`` got ``tools``: "auto" or "call") answers a call
+as ``message.tool_calls`` / streamed ``delta.tool_calls`` (``openai/tool_calls.py``); in a
+stream, a token message's logprobs ride on the next chunk that choice sends.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 from gateway.bus.messages import TokenMsg
 from gateway.http.openai.logprobs import TokenText, chat_logprobs, completion_logprobs
+from gateway.http.openai.tool_calls import CallStream, finish_reason, parse_calls
 
 
 def usage(prompt_tokens: int, completion_tokens: int,
@@ -36,7 +41,8 @@ class Formatter:
     """Builds bodies for one request (chat or completion) of ``n`` choices."""
 
     def __init__(self, kind: str, request_id: str, model: str, created: int,
-                 service_tier: str, texts: TokenText | None = None, n: int = 1) -> None:
+                 service_tier: str, texts: TokenText | None = None, n: int = 1,
+                 tools: str | None = None) -> None:
         self.kind = kind
         self.request_id = request_id
         self.model = model
@@ -47,6 +53,10 @@ class Formatter:
         self._text_frame: tuple[bytes, bytes] | None = None
         self._offsets = [0] * n  # completions' text_offset: characters streamed per choice
         self._ended: set[int] = set()  # choices whose finish chunk went out (n > 1)
+        # tools: each choice's call parser, and the logprobs not yet sent with a chunk
+        self.tools = tools
+        self._calls = [CallStream(tools == "auto") for _ in range(n)] if tools else []
+        self._held: list[tuple[list[int], list[Any]]] = [([], []) for _ in range(n)]
 
     def _logprobs(self, ids: list[int], lps: list[Any], index: int = 0) -> dict[str, Any] | None:
         if self.texts is None:
@@ -80,8 +90,15 @@ class Formatter:
         lps = self._logprobs([t for m in msgs if m.logprobs for t in m.token_ids],
                              [x for m in msgs for x in m.logprobs or ()], index)
         if self.kind == "chat":
-            return {"index": index, "finish_reason": ends[-1] if ends else reason,
-                    "logprobs": lps, "message": {"role": "assistant", "content": text}}
+            ended = ends[-1] if ends else reason
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.tools:
+                message["content"], calls = parse_calls(text)
+                if calls:
+                    message["tool_calls"] = calls
+                ended = finish_reason(ended, bool(calls))
+            return {"index": index, "finish_reason": ended, "logprobs": lps,
+                    "message": message}
         return {"index": index, "text": text, "finish_reason": ends[-1] if ends else reason,
                 "logprobs": lps}
 
@@ -95,6 +112,8 @@ class Formatter:
         """The chunks for the token messages of one relay batch (b"" when there is nothing
         to say). One choice: one chunk with all their text. n > 1: a chunk per message, each
         with its choice's index, and a finish chunk when that choice ended."""
+        if self.tools:
+            return b"".join(self._tool_chunks(m) for m in msgs)
         if self.n == 1:
             text = "".join(m.text for m in msgs)
             ids = [t for m in msgs if m.logprobs for t in m.token_ids]
@@ -113,8 +132,38 @@ class Formatter:
 
     def finish_chunks(self, finish_reason: str) -> bytes:
         """The request ended: a finish chunk for each choice that has not had one."""
+        if self.tools:
+            return b"".join(self._tool_end(i, finish_reason) for i in range(self.n)
+                            if i not in self._ended)
         return b"".join(self.chunk(None, finish_reason, index=i) for i in range(self.n)
                         if i not in self._ended)
+
+    def _tool_chunks(self, m: TokenMsg) -> bytes:
+        held = self._held[m.index]
+        if m.logprobs:
+            held[0].extend(m.token_ids)
+            held[1].extend(m.logprobs)
+        out = [self._delta_chunk(d, m.index) for d in self._calls[m.index].feed(m.text)]
+        if m.finish_reason:
+            out.append(self._tool_end(m.index, m.finish_reason))
+        return b"".join(out)
+
+    def _tool_end(self, index: int, reason: str) -> bytes:
+        stream = self._calls[index]
+        out = [self._delta_chunk(d, index) for d in stream.end()]
+        out.append(self._delta_chunk({}, index, finish_reason(str(reason), stream.called)))
+        self._ended.add(index)
+        return b"".join(out)
+
+    def _delta_chunk(self, delta: dict[str, Any], index: int,
+                     reason: str | None = None) -> bytes:
+        ids, lps = self._held[index]
+        logprobs = self._logprobs(ids, lps, index) if lps else None
+        self._held[index] = ([], [])
+        body = self._base("chat.completion.chunk")
+        body["choices"] = [{"index": index, "delta": delta, "finish_reason": reason,
+                            "logprobs": logprobs}]
+        return sse(body)
 
     def delta(self, text: str, token_ids: list[int], logprobs: list[Any]) -> bytes:
         """A chunk with ``text`` and, when asked for, the logprobs of ``token_ids``."""

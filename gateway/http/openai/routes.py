@@ -25,6 +25,7 @@ from gateway.http.openai.fields import check_engine, check_fields
 from gateway.http.openai.format import Formatter
 from gateway.http.openai.logprobs import token_text
 from gateway.http.openai.schema import ParsedRequest, parse_chat, parse_completion
+from gateway.http.openai.structured import check_compiles
 from gateway.http.relay import RelayContext, RelayResponse
 from gateway.http.services import Services
 from gateway.tenancy.ledger import field_prefix, hour_of
@@ -135,13 +136,13 @@ async def _completion(request: Request, kind: str) -> Response:
     tenant: Tenant = request.state.tenant
     body = await read_json(request, svc.config.max_body_bytes)
     check_fields(body, kind, svc.config.strict_api)
-    if kind == "chat":
-        parsed = parse_chat(body, svc.model.tokenizer, svc.model.name, svc.model.vocab_size,
-                            svc.config.max_n)
-    else:
-        parsed = parse_completion(body, svc.model.tokenizer, svc.model.name, svc.model.vocab_size,
-                                  svc.config.max_n)
+    parse = parse_chat if kind == "chat" else parse_completion
+    parsed = parse(body, svc.model.tokenizer, svc.model.name, svc.model.vocab_size,
+                   svc.config.max_n, svc.config.max_grammar_bytes)
     check_engine(parsed, svc.config.engine)
+    if parsed.structured is not None and svc.grammars is not None:
+        await check_compiles(parsed.structured, parsed.structured_param or "response_format",
+                             svc.grammars, svc.config.grammar_compile_timeout_s)
     tier = choose_tier(tenant, parsed, request.headers.get(TIER_HEADER))
     max_tokens = resolve_max_tokens(parsed, tenant, svc)
     if parsed.min_tokens > max_tokens:
@@ -166,6 +167,8 @@ async def _completion(request: Request, kind: str) -> Response:
         ignore_eos=parsed.ignore_eos, logprobs=parsed.logprobs,
         stop_token_ids=parsed.stop_token_ids, n=parsed.n, ledger_hour=hour_of(now),
         ledger_prefix=field_prefix(getattr(request.state, "key_id", ""), tier, svc.model.name),
+        structured_kind=parsed.structured.kind if parsed.structured else "",
+        structured_source=parsed.structured.source if parsed.structured else "",
         traceparent=svc.events.request_started(
             rid, tenant.id, tier, svc.model.name, len(parsed.prompt_token_ids), max_tokens,
             parsed.stream, request.headers.get("traceparent")),
@@ -186,10 +189,18 @@ async def _completion(request: Request, kind: str) -> Response:
         include_usage=parsed.include_usage,
         formatter=Formatter(kind, rid, svc.model.name, int(now), tier,
                             token_text(svc.model.tokenizer) if parsed.logprobs is not None
-                            else None, n=parsed.n),
+                            else None, n=parsed.n, tools=_tool_mode(parsed)),
         started=loop_now, deadline=loop_now + timeout,
     )
     return RelayResponse(svc, ctx)  # type: ignore[return-value]
+
+
+def _tool_mode(parsed: ParsedRequest) -> str | None:
+    """How the answer's tool calls are parsed: "auto" (text or a call), "call" (a call),
+    None (no tools, or tool_choice none)."""
+    if parsed.tools is None or not parsed.tools.constrains:
+        return None
+    return "auto" if parsed.tools.choice == "auto" else "call"
 
 
 async def chat_completions(request: Request) -> Response:

@@ -6,13 +6,24 @@ anything else on bad input (wrong types, missing fields, out-of-range values).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.core.sampling_params import MAX_LOGPROBS
+from engine.core.structured import StructuredSpec
 from gateway.http.errors import APIError, bad_request
+from gateway.http.openai.structured import parse_structured
+from gateway.http.openai.tools import (
+    ToolPlan,
+    assistant_calls,
+    native_tools,
+    parse_tools,
+    tool_spec,
+    with_tools,
+)
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
 MAX_STOP_CHARS = 256
@@ -43,6 +54,11 @@ class ParsedRequest:
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None  # None: none; k: the sampled token's and k alternatives
+    # the output constraint (response_format, guided_*, or the tools' format) and the field
+    # it came from (a compile error's ``param``); tools: the tool plan (chat only)
+    structured: StructuredSpec | None = None
+    structured_param: str | None = None
+    tools: ToolPlan | None = None
 
 
 def _typed(body: dict[str, Any], name: str, types: tuple[type, ...], default: Any = None) -> Any:
@@ -236,29 +252,76 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def _constraint(body: dict[str, Any], tools: ToolPlan | None,
+                max_grammar_bytes: int) -> dict[str, Any]:
+    found = parse_structured(body, max_grammar_bytes)
+    spec = tool_spec(tools) if tools is not None else None
+    if spec is not None:
+        if found is not None:
+            raise bad_request(f"'{found[1]}' cannot be combined with tools that may be "
+                              f"called; use tool_choice 'none'", param=found[1])
+        return {"structured": spec, "structured_param": "tools", "tools": tools}
+    if found is not None:
+        return {"structured": found[0], "structured_param": found[1], "tools": tools}
+    return {"tools": tools}
+
+
+def _chat_message(m: dict[str, Any], i: int, native: bool) -> dict[str, Any]:
+    content = _content_text(m.get("content"), i)
+    calls = m.get("tool_calls")
+    if m["role"] != "assistant" or not calls:
+        return {"role": m["role"], "content": content}
+    if not native:
+        return {"role": "assistant", "content": content + assistant_calls(calls, i)}
+    assistant_calls(calls, i)  # the same checks
+    return {"role": "assistant", "content": content, "tool_calls": [
+        {"type": "function", "function": {"name": c["function"]["name"],
+                                          "arguments": _json_or_text(c["function"])}}
+        for c in calls]}
+
+
+def _json_or_text(fn: dict[str, Any]) -> Any:
+    try:
+        return json.loads(fn.get("arguments") or "{}")
+    except ValueError:
+        return fn.get("arguments")
+
+
 def parse_chat(body: dict[str, Any], tokenizer: Any, served_model: str,
-               vocab_size: int, max_n: int = 1) -> ParsedRequest:
+               vocab_size: int, max_n: int = 1,
+               max_grammar_bytes: int = 32768) -> ParsedRequest:
     common = _common(body, served_model, vocab_size, max_n)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", param="messages")
+    tools = parse_tools(body)
+    native = native_tools(tokenizer)
     clean = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise bad_request(f"messages[{i}] needs a 'role' in {ROLES}", param=f"messages[{i}]")
-        clean.append({"role": m["role"], "content": _content_text(m.get("content"), i)})
+        clean.append(_chat_message(m, i, native))
+    extra: dict[str, Any] = {}
+    if native and tools is not None and tools.constrains:
+        extra["tools"] = [{"type": "function", "function": {
+            "name": t.name, "description": t.description, "parameters": t.parameters}}
+            for t in tools.tools]
+    elif not native:
+        clean = with_tools(clean, tools)
     try:
-        text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(clean, tokenize=False, add_generation_prompt=True,
+                                             **extra)
     except Exception as exc:  # template errors are the caller's input (e.g. role order)
         raise bad_request(f"messages do not fit the model's chat template: {exc}",
                           param="messages") from exc
     ids = encode_text(tokenizer, text)
     return ParsedRequest(kind="chat", prompt_token_ids=ids, logprobs=_chat_logprobs(body),
-                         **common)
+                         **common, **_constraint(body, tools, max_grammar_bytes))
 
 
 def parse_completion(body: dict[str, Any], tokenizer: Any, served_model: str,
-                     vocab_size: int, max_n: int = 1) -> ParsedRequest:
+                     vocab_size: int, max_n: int = 1,
+                     max_grammar_bytes: int = 32768) -> ParsedRequest:
     common = _common(body, served_model, vocab_size, max_n)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -278,4 +341,5 @@ def parse_completion(body: dict[str, Any], tokenizer: Any, served_model: str,
     if not ids:
         raise bad_request("'prompt' must not be empty", param="prompt")
     return ParsedRequest(kind="completion", prompt_token_ids=ids,
-                         logprobs=_completion_logprobs(body), **common)
+                         logprobs=_completion_logprobs(body), **common,
+                         **_constraint(body, None, max_grammar_bytes))

@@ -55,6 +55,19 @@ def test_the_resumed_request_continues_after_the_delivered_tokens() -> None:
                           [7]) is None
 
 
+def test_a_constrained_request_resumes_with_its_grammar_replaying_what_was_delivered() -> None:
+    msg = SubmitMsg("r", "t", "interactive", 0, [1, 2], max_tokens=10,
+                    structured_kind="json_object")
+    once = resumed_submit(msg, [5, 6])
+    assert once is not None and once.structured_prefix == [5, 6]
+    twice = resumed_submit(once, [7])  # its second worker died too
+    assert twice is not None and twice.structured_prefix == [5, 6, 7]
+    spec = twice.sampling_params().structured
+    assert spec is not None and spec.prefix == (5, 6, 7) and spec.kind == "json_object"
+    assert resumed_submit(SubmitMsg("r", "t", "interactive", 0, [1], max_tokens=5),
+                          [7]).structured_prefix == []  # type: ignore[union-attr]
+
+
 def status(ts: float) -> bytes:
     return json.dumps({"ts": ts}).encode()
 

@@ -1,7 +1,7 @@
 """Top-level request fields through the official ``openai`` client: unknown ones are ignored
 (OpenAI's behaviour) unless the server runs with ``strict_api`` (400 naming the field);
 fields Carpool knows but cannot honour are a 400 naming the field unless their value asks for
-nothing; ``stop_token_ids`` is honoured; ``usage.prompt_tokens_details.cached_tokens``
+nothing (structured outputs and tools are honoured: ``test_structured.py``); ``stop_token_ids`` is honoured; ``usage.prompt_tokens_details.cached_tokens``
 counts the prompt tokens the prefix cache served."""
 
 from __future__ import annotations
@@ -87,11 +87,10 @@ def _call(client: openai.OpenAI, model: str, kind: str, extra: dict[str, Any]) -
 
 
 UNHONOURABLE = [
-    ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
-    ("chat", {"tool_choice": "required"}, "tool_choice"),
+    ("chat", {"functions": [{"name": "f"}]}, "functions"),
+    ("chat", {"tool_choice": "required"}, "tool_choice"),  # without tools
     ("chat", {"reasoning_effort": "high"}, "reasoning_effort"),
-    ("chat", {"guided_json": {"type": "object"}}, "guided_json"),
+    ("chat", {"guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
     ("completion", {"echo": True}, "echo"),
     ("completion", {"suffix": "end"}, "suffix"),
     ("completion", {"use_beam_search": True}, "use_beam_search"),

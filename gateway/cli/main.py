@@ -37,6 +37,9 @@ def _add_serve(sub: Any) -> None:
                    help="print finished spans to stdout (OTLP: set OTEL_EXPORTER_OTLP_ENDPOINT)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="--role worker: serve /metrics on this port")
+    p.add_argument("--drain-timeout", dest="drain_timeout_s", type=float, default=None,
+                   help="seconds a stopping process lets its requests finish (default 30; "
+                        "a worker then hands the rest to another worker)")
     p.add_argument("--access-log", action="store_const", const=True, default=None,
                    help="log a line per HTTP request (off by default)")
     p.add_argument("--strict-api", action="store_const", const=True, default=None,
@@ -68,7 +71,7 @@ ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_le
                 "quantization", "kv_cache_dtype")
 CONFIG_FLAGS = ("host", "port", "role", "engine", "model", "tenants_file", "namespace",
                 "create_demo_tenant", "echo_step_ms", "trace_console", "metrics_port",
-                "access_log", "tier_slos", "strict_api")
+                "access_log", "tier_slos", "strict_api", "drain_timeout_s")
 
 
 def _run_serve(args: argparse.Namespace) -> int:

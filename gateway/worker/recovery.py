@@ -11,6 +11,10 @@ tokens delivered before (``Inflight.offset_base``), so the relay drops any overl
 client's stream just continues; its finish reports the original prompt and every output
 token once. A greedy request therefore ends with the text an uninterrupted run produces.
 
+A worker that stops in order (``Worker.drain``) does not wait to be found dead: past its
+drain deadline it names a live worker (``handoff_target``) on the cancel channel, which takes
+its entries at once and resumes them the same way.
+
 A dead worker is known two ways: its entries went idle past the visibility timeout (every
 worker's XAUTOCLAIM), or, sooner, ``DeadWorkers``: it holds pending entries but its tier
 status (``tier_status.py``, republished every second) has not changed for ``STALE_AFTER_S``
@@ -29,6 +33,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import orjson
+
+from gateway.bus.client import text
 from gateway.bus.messages import MessageError, SubmitMsg, TokenMsg, decode
 from gateway.worker.liveness import StatusAges
 from gateway.worker.tier_status import STALE_AFTER_S
@@ -67,6 +74,26 @@ def resumed_submit(msg: SubmitMsg, delivered: list[int]) -> SubmitMsg | None:
         max_tokens=msg.max_tokens - k, min_tokens=max(0, msg.min_tokens - k))
 
 
+def handoff_target(statuses: dict[Any, Any], live: set[str], me: str) -> str | None:
+    """The worker a draining worker hands its requests to: a live one (``live``, judged on
+    the drainer's clock) other than ``me`` whose status does not say it drains too, the one
+    running the fewest requests (then by id); None when there is none."""
+    best: tuple[int, str] | None = None
+    for key, raw in statuses.items():
+        name = text(key)
+        if name == me or name not in live:
+            continue
+        try:
+            status = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(status, dict) or status.get("draining"):
+            continue
+        running = status.get("running")
+        rank = (running if isinstance(running, int) else 0, name)
+        best = rank if best is None or rank < best else best
+    return None if best is None else best[1]
+
 
 class DeadWorkers:
     """Which consumers holding pending entries are dead: their status unchanged (or absent)
@@ -79,6 +106,14 @@ class DeadWorkers:
         self.me = me
         self._ages = StatusAges()
         self._suspects: set[str] = set()
+
+    def observe(self, statuses: dict[Any, Any], now: float) -> None:
+        """Record the status hash as read now, without judging anyone."""
+        self._ages.observe(statuses, now)
+
+    def live(self, now: float) -> set[str]:
+        """The workers whose status changed within ``STALE_AFTER_S``."""
+        return self._ages.fresh(now, STALE_AFTER_S)
 
     def update(self, statuses: dict[Any, Any], holders: set[str], now: float) -> set[str]:
         """``statuses``: the tier status hash (worker id -> its JSON status) as read now;

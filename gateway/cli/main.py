@@ -85,8 +85,10 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _add_bench(sub: Any) -> None:
-    p = sub.add_parser("bench", help="benchmarks: engine, kernels, gateway, sla, serve, gpu")
-    p.add_argument("target", choices=("engine", "kernels", "gateway", "sla", "serve", "gpu"))
+    p = sub.add_parser("bench",
+                       help="benchmarks: engine, kernels, gateway, sla, serve, gpu, rolling")
+    p.add_argument("target", choices=("engine", "kernels", "gateway", "sla", "serve", "gpu",
+                                      "rolling"))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for that benchmark")
     p.set_defaults(func=_run_bench)
 
@@ -98,7 +100,8 @@ def _run_bench(args: argparse.Namespace) -> int:
                                       "gateway": "gateway.bench.gateway",
                                       "sla": "gateway.bench.sla",
                                       "serve": "gateway.bench.serve",
-                                      "gpu": "engine.bench.gpu"}[args.target])
+                                      "gpu": "engine.bench.gpu",
+                                      "rolling": "gateway.bench.rolling"}[args.target])
     return int(module.main(list(args.rest)) or 0)
 
 

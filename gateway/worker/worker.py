@@ -144,7 +144,8 @@ class Worker:
         while self.inflight and loop.time() < end and not (now is not None and now.is_set()):
             await asyncio.sleep(0.02)
         if self.inflight:
-            await self._end_inflight(hand_off=True)
+            target = await self._handoff_target()  # they run on while it is looked for
+            await self._end_inflight(hand_off=True, target=target)
 
     async def stop(self) -> None:
         writer = [t for t in self._tasks if t.get_name() == "worker-writer"]
@@ -165,21 +166,21 @@ class Worker:
             with contextlib.suppress(Exception):
                 await self._listen_redis.aclose()
 
-    async def _end_inflight(self, hand_off: bool = False) -> None:
+    async def _end_inflight(self, hand_off: bool = False, target: str | None = None) -> None:
         """Abort every request this worker runs; the engine's abort outputs are not waited
         for (``inflight`` is cleared, ``_on_step`` drops them), so each is ended here by
         what Redis says of it, read in one round trip once what was produced is written:
           cancelled  (a cancel mark, or a cancel seen here) finished as an abort, as the
                      engine's abort output would have been: counted aborted, acked
           sent       (its reader has output) cannot run again from the start: with
-                     ``hand_off`` and another live worker, handed to it (below); else
+                     ``hand_off`` to a live worker (``target``), handed to it (below); else
                      finished with a worker-lost error now, as a worker reclaiming it would
                      after the visibility timeout, so its relay ends at once
           neither    left pending in its queue, as a dead worker's: with ``hand_off``, the
                      worker handed to runs it now; else the next worker to reclaim it runs
                      it from the start. Its client sees only the delay.
-        The hand-off (``drain``): one live worker that is not draining (``handoff_target``)
-        is told on the cancel channel to take every entry we hold, at once, and resumes
+        The hand-off (``drain``): ``target``, a live worker that is not draining, is told
+        on the cancel channel to take every entry we hold, at once, and resumes
         each from the tokens its reader has (``recovery.py``), as it would a dead worker's
         but without waiting to find us dead. We wait for it to have claimed them; if it
         does not, they are ours still, and taken over as a dead worker's once we are gone."""
@@ -190,7 +191,6 @@ class Worker:
         if not recs or not self._tasks:
             return
         try:
-            target = await self._handoff_target() if hand_off else None
             error = STOPPED_ERROR if not hand_off else DRAINED_ERROR
             async with asyncio.timeout(STOP_TIMEOUT_S):
                 await self._writer_idle()  # outputs already produced are in: 'sent' is exact
@@ -211,9 +211,24 @@ class Worker:
             log.warning("could not end the requests in flight at stop: %r", exc)
 
     async def _handoff_target(self) -> str | None:
-        statuses = await self.redis.hgetall(self.keys.tier_status)
-        self.dead_workers.observe(statuses, time.monotonic())
-        return handoff_target(statuses, self.dead_workers.live(time.monotonic()), self.consumer)
+        """The worker to hand our requests to (``recovery.handoff_target``), looked for up to
+        ``HANDOFF_WAIT_S``: a worker that has just started publishes its first status a
+        second later (a rolling update stops us as soon as our successor is up). None when
+        none shows, or when our requests all finished meanwhile."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + HANDOFF_WAIT_S
+        while True:
+            try:
+                statuses = await self.redis.hgetall(self.keys.tier_status)
+            except (RedisError, OSError, TimeoutError) as exc:
+                log.warning("could not read the workers' statuses to hand off: %r", exc)
+                return None
+            self.dead_workers.observe(statuses, time.monotonic())
+            target = handoff_target(statuses, self.dead_workers.live(time.monotonic()),
+                                    self.consumer)
+            if target is not None or not self.inflight or loop.time() >= end:
+                return target
+            await asyncio.sleep(0.2)
 
     async def _hand_to(self, target: str, n: int) -> None:
         log.warning("handing %d request(s) to worker %s", n, target)

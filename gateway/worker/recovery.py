@@ -12,7 +12,7 @@ client's stream just continues; its finish reports the original prompt and every
 token once. A greedy request therefore ends with the text an uninterrupted run produces.
 
 A worker that stops in order (``Worker.drain``) does not wait to be found dead: past its
-drain deadline it names a live worker (``handoff_target``) on the cancel channel, which takes
+drain deadline it names a live worker (``handoff.py``) on the cancel channel, which takes
 its entries at once and resumes them the same way.
 
 A dead worker is known two ways: its entries went idle past the visibility timeout (every
@@ -33,9 +33,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import orjson
-
-from gateway.bus.client import text
 from gateway.bus.messages import MessageError, SubmitMsg, TokenMsg, decode
 from gateway.worker.liveness import StatusAges
 from gateway.worker.tier_status import STALE_AFTER_S
@@ -72,27 +69,6 @@ def resumed_submit(msg: SubmitMsg, delivered: list[int]) -> SubmitMsg | None:
     return dataclasses.replace(
         msg, prompt_token_ids=[*msg.prompt_token_ids, *delivered],
         max_tokens=msg.max_tokens - k, min_tokens=max(0, msg.min_tokens - k))
-
-
-def handoff_target(statuses: dict[Any, Any], live: set[str], me: str) -> str | None:
-    """The worker a draining worker hands its requests to: a live one (``live``, judged on
-    the drainer's clock) other than ``me`` whose status does not say it drains too, the one
-    running the fewest requests (then by id); None when there is none."""
-    best: tuple[int, str] | None = None
-    for key, raw in statuses.items():
-        name = text(key)
-        if name == me or name not in live:
-            continue
-        try:
-            status = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            continue
-        if not isinstance(status, dict) or status.get("draining"):
-            continue
-        running = status.get("running")
-        rank = (running if isinstance(running, int) else 0, name)
-        best = rank if best is None or rank < best else best
-    return None if best is None else best[1]
 
 
 class DeadWorkers:

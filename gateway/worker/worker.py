@@ -34,24 +34,13 @@ from engine.protocol import EngineClient
 from gateway.bus.backoff import run_forever, stop_tasks
 from gateway.bus.client import blocking_client
 from gateway.bus.keys import RedisKeys
-from gateway.bus.messages import (
-    CancelMsg,
-    HandoffMsg,
-    MessageError,
-    SubmitMsg,
-    decode_payload,
-    encode_payload,
-)
+from gateway.bus.messages import CancelMsg, HandoffMsg, MessageError, SubmitMsg, decode_payload
 from gateway.bus.queues import Envelope, TierQueues
 from gateway.config import GatewayConfig
 from gateway.telemetry.events import GatewayEvents
 from gateway.worker.drainer import Drainer
-from gateway.worker.recovery import (
-    DeadWorkers,
-    delivered_tokens,
-    handoff_target,
-    resumed_submit,
-)
+from gateway.worker.handoff import find_target, hand_to
+from gateway.worker.recovery import DeadWorkers, delivered_tokens, resumed_submit
 from gateway.worker.step_budget import StepBudget
 from gateway.worker.tier_status import STALE_AFTER_S, TierStatusPublisher
 from gateway.worker.writer import Inflight, OutputWriter
@@ -63,7 +52,6 @@ LOST_ERROR = "worker lost mid-generation; partial output was already streamed"
 STOPPED_ERROR = "worker lost: it shut down mid-generation; partial output was already streamed"
 DRAINED_ERROR = ("worker lost: it stopped at its drain deadline and no other worker was alive "
                  "to take over; partial output was already streamed")
-HANDOFF_WAIT_S = 5.0  # for the worker handed to to claim our entries before we exit anyway
 STOP_TIMEOUT_S = 5.0  # for the ends of the requests in flight to be written at stop
 DEAD_CHECK_S = 2.0  # how often a worker looks for dead workers' requests to take over
 
@@ -211,40 +199,12 @@ class Worker:
             log.warning("could not end the requests in flight at stop: %r", exc)
 
     async def _handoff_target(self) -> str | None:
-        """The worker to hand our requests to (``recovery.handoff_target``), looked for up to
-        ``HANDOFF_WAIT_S``: a worker that has just started publishes its first status a
-        second later (a rolling update stops us as soon as our successor is up). None when
-        none shows, or when our requests all finished meanwhile."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + HANDOFF_WAIT_S
-        while True:
-            try:
-                statuses = await self.redis.hgetall(self.keys.tier_status)
-            except (RedisError, OSError, TimeoutError) as exc:
-                log.warning("could not read the workers' statuses to hand off: %r", exc)
-                return None
-            self.dead_workers.observe(statuses, time.monotonic())
-            target = handoff_target(statuses, self.dead_workers.live(time.monotonic()),
-                                    self.consumer)
-            if target is not None or not self.inflight or loop.time() >= end:
-                return target
-            await asyncio.sleep(0.2)
+        return await find_target(self.redis, self.keys, self.dead_workers, self.consumer,
+                                 busy=lambda: bool(self.inflight))
 
     async def _hand_to(self, target: str, n: int) -> None:
         log.warning("handing %d request(s) to worker %s", n, target)
-        await self.redis.publish(self.keys.cancel_channel,
-                                 encode_payload(HandoffMsg(self.consumer, target)))
-        loop = asyncio.get_running_loop()
-        end = loop.time() + HANDOFF_WAIT_S
-        while loop.time() < end:
-            holders: set[str] = set()
-            for tier in self.queues.tiers:
-                holders |= await self.queues.pending_consumers(tier)
-            if self.consumer not in holders:
-                return
-            await asyncio.sleep(0.05)
-        log.warning("worker %s did not take our requests within %.0f s: they are taken over "
-                    "as a dead worker's", target, HANDOFF_WAIT_S)
+        await hand_to(self.redis, self.keys, self.queues, self.consumer, target)
 
     async def _take_over(self, source: str) -> None:
         """Run every entry ``source`` holds (its ``HandoffMsg``): as a dead worker's."""

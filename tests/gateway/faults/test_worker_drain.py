@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from gateway.process import free_port
-from gateway.worker.worker import HANDOFF_WAIT_S
+from gateway.worker.handoff import HANDOFF_WAIT_S
 from tests.gateway.cancel_helpers import leftovers, wait_clean
 from tests.gateway.faults.stack import StreamReader
 from tests.gateway.faults.table import FaultRow

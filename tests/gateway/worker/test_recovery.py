@@ -9,12 +9,8 @@ import time
 from typing import Any
 
 from gateway.bus.messages import FinishMsg, SubmitMsg, TokenMsg, encode
-from gateway.worker.recovery import (
-    DeadWorkers,
-    delivered_tokens,
-    handoff_target,
-    resumed_submit,
-)
+from gateway.worker.handoff import handoff_target
+from gateway.worker.recovery import DeadWorkers, delivered_tokens, resumed_submit
 
 
 def entries(*msgs: Any) -> list[Any]:

@@ -4,7 +4,8 @@ One worker per engine (per GPU). Tasks on the event loop:
   drainer      tier choice by WRR, tenant by fair queuing, pull when the engine has room
                (``drainer.py``)
   writer       one pipelined write per engine step (``writer.py``)
-  cancels      CancelMsg from any gateway -> ``engine.abort(id)`` (KV freed at the next step)
+  cancels      CancelMsg from any gateway -> ``engine.abort(id)`` (KV freed at the next step);
+               a HandoffMsg naming us -> take a stopping worker's entries (``handoff.py``)
   maintenance  heartbeat our pending entries; XAUTOCLAIM entries of dead workers
   dead check   take over the entries of a worker that stopped publishing its status, sooner
                than the visibility timeout (``recovery.py``)

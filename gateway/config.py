@@ -64,6 +64,9 @@ class GatewayConfig:
     header_timeout_s: float = 10.0
     max_connections: int = 4096  # open HTTP connections per process; more get a 503 at once
     visibility_timeout_s: float = 30.0  # pending entries of a silent worker are reclaimed
+    # on SIGTERM: how long a worker lets its requests finish before it hands the rest to
+    # another worker (0: at once), and how long a gateway lets its open streams finish
+    drain_timeout_s: float = 30.0
     stream_ttl_s: int = 300  # out:{id} streams expire after this even if nobody reads them
     auth_cache_s: float = 0.5  # key->tenant cache; revocation is visible within this
     # the usage ledger (``tenancy/ledger.py``): hourly rows per tenant, kept this many days
@@ -130,6 +133,8 @@ class GatewayConfig:
             raise ValueError("usage_retention_days must be in 1..3660")
         if self.max_grammar_bytes < 1 or self.grammar_compile_timeout_s <= 0:
             raise ValueError("max_grammar_bytes must be >= 1, grammar_compile_timeout_s > 0")
+        if not 0 <= self.drain_timeout_s <= 3600:
+            raise ValueError(f"drain_timeout_s must be in [0, 3600], got {self.drain_timeout_s}")
         if not self.namespace or ":" in self.namespace:
             raise ValueError("namespace must be non-empty and contain no ':'")
 

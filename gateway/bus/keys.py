@@ -8,7 +8,7 @@
     {ns}:wake:{tier}         list    a token per admission, for an idle drainer's BLPOP
     {ns}:out:{request}       stream  TokenMsg... FinishMsg; expires; deleted by its reader
     {ns}:req:{request}       hash    owner tenant, tier, state, queue entry id (BOLA checks)
-    {ns}:cancel              channel CancelMsg to every worker
+    {ns}:cancel              channel CancelMsg, HandoffMsg to every worker
     {ns}:tenants             set     tenant ids
     {ns}:tenant:{id}         hash    quota fields
     {ns}:apikey:{digest}     hash    tenant, digest, name, created, expires, last_used (unix s;

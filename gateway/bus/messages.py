@@ -149,12 +149,23 @@ class CancelMsg:
     reason: str = "cancelled"
 
 
-Message = SubmitMsg | TokenMsg | FinishMsg | CancelMsg
+@dataclass(frozen=True)
+class HandoffMsg:
+    """Published on the cancel channel by a worker that stops (``Worker.drain``): ``target``
+    takes over every queue entry ``source`` still holds, at once, and resumes each from the
+    tokens its reader already has, as it would a dead worker's."""
+
+    source: str
+    target: str
+
+
+Message = SubmitMsg | TokenMsg | FinishMsg | CancelMsg | HandoffMsg
 _TYPES: dict[str, type[Any]] = {
     "submit": SubmitMsg,
     "token": TokenMsg,
     "finish": FinishMsg,
     "cancel": CancelMsg,
+    "handoff": HandoffMsg,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 # Field names per type, read once: every field is a plain value or a list, so a shallow

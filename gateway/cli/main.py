@@ -37,6 +37,9 @@ def _add_serve(sub: Any) -> None:
                    help="print finished spans to stdout (OTLP: set OTEL_EXPORTER_OTLP_ENDPOINT)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="--role worker: serve /metrics on this port")
+    p.add_argument("--drain-timeout", dest="drain_timeout_s", type=float, default=None,
+                   help="seconds a stopping process lets its requests finish (default 30; "
+                        "a worker then hands the rest to another worker)")
     p.add_argument("--access-log", action="store_const", const=True, default=None,
                    help="log a line per HTTP request (off by default)")
     p.add_argument("--strict-api", action="store_const", const=True, default=None,
@@ -68,7 +71,7 @@ ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_le
                 "quantization", "kv_cache_dtype")
 CONFIG_FLAGS = ("host", "port", "role", "engine", "model", "tenants_file", "namespace",
                 "create_demo_tenant", "echo_step_ms", "trace_console", "metrics_port",
-                "access_log", "tier_slos", "strict_api")
+                "access_log", "tier_slos", "strict_api", "drain_timeout_s")
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -82,8 +85,10 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _add_bench(sub: Any) -> None:
-    p = sub.add_parser("bench", help="benchmarks: engine, kernels, gateway, sla, serve, gpu")
-    p.add_argument("target", choices=("engine", "kernels", "gateway", "sla", "serve", "gpu"))
+    p = sub.add_parser("bench",
+                       help="benchmarks: engine, kernels, gateway, sla, serve, gpu, rolling")
+    p.add_argument("target", choices=("engine", "kernels", "gateway", "sla", "serve", "gpu",
+                                      "rolling"))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for that benchmark")
     p.set_defaults(func=_run_bench)
 
@@ -96,7 +101,8 @@ def _run_bench(args: argparse.Namespace) -> int:
                                       "gateway": "gateway.bench.gateway",
                                       "sla": "gateway.bench.sla",
                                       "serve": "gateway.bench.serve",
-                                      "gpu": "engine.bench.gpu"}[args.target])
+                                      "gpu": "engine.bench.gpu",
+                                      "rolling": "gateway.bench.rolling"}[args.target])
     return int(module.main(list(args.rest)) or 0)
 
 

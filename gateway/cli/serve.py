@@ -2,14 +2,16 @@
 role: ``all`` (HTTP + worker + engine), ``gateway`` (HTTP only) or ``worker`` (no HTTP).
 
 A normal stop (Ctrl-C, SIGTERM) exits 0 with no traceback and ends every request:
-  HTTP roles  uvicorn stops accepting; the requests in flight get ``GRACEFUL_S`` to finish and
-              new ones a 503 (``http/shutdown.py``); ``END_MARGIN_S`` before uvicorn would
+  HTTP roles  uvicorn stops accepting; the requests in flight get the drain deadline
+              (``--drain-timeout``, ``CARPOOL_DRAIN_TIMEOUT_S``) to finish, and new ones
+              (``/readyz`` too) a 503 (``http/shutdown.py``); ``END_MARGIN_S`` before uvicorn would
               cancel them, the relays still open cancel their requests end to end and tell
               their clients the server is shutting down (an error event and ``[DONE]``).
-  worker      ``Worker.stop`` ends what it runs (see there: a cancelled request is finished
-              as an abort, one that streamed output with a worker-lost error, one that did
-              neither is left for another worker to reclaim and run), then the engine shuts
-              down.
+  worker      ``Worker.drain``: no new work at once; the requests in flight get the drain
+              deadline to finish, then (or at a second SIGTERM) what is left is handed to
+              another live worker, which resumes each stream from the tokens already sent;
+              with none alive, a stream that had output ends with a worker-lost error.
+              Then ``Worker.stop`` and the engine's shutdown; exit 0.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import sys
 from collections.abc import Callable
@@ -33,8 +36,6 @@ from gateway.tenancy.tenants import Tenant, TenantQuota, TenantStore
 if TYPE_CHECKING:
     import uvicorn
 
-# uvicorn's timeout_graceful_shutdown: how long requests in flight get to finish after a stop
-GRACEFUL_S = 5
 # the relays still open are ended this long before uvicorn would cancel them: time for each to
 # send its last event and to cancel and settle its request (a few Redis round trips)
 END_MARGIN_S = 1.0
@@ -188,7 +189,8 @@ def run_http(config: GatewayConfig, redis_url: str, secret: bytes,
     app = create_app(config, redis_url, secret, freeze_gc=True)
     server = gateway_server(uvicorn.Config(
         app, host=config.host, port=config.port, log_level="info",
-        access_log=config.access_log, timeout_graceful_shutdown=GRACEFUL_S,
+        access_log=config.access_log,
+        timeout_graceful_shutdown=math.ceil(max(END_MARGIN_S + 1, config.drain_timeout_s)),
         # header timeout, connection cap, small send buffers (``http/conn_limits.py``)
         **uvicorn_limits(config.header_timeout_s, config.max_connections)), on_started)
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: it re-raises the SIGINT
@@ -217,6 +219,8 @@ async def run_worker(config: GatewayConfig, redis_url: str, secret: bytes) -> No
     with startup_objects_frozen():
         try:
             await stop.wait()
+            stop.clear()  # set again by a second SIGTERM/SIGINT: hand off at once
+            await worker.drain(config.drain_timeout_s, now=stop)
         finally:
             await worker.stop()
             await events.stop()

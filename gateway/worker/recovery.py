@@ -13,6 +13,10 @@ token once. A greedy request therefore ends with the text an uninterrupted run p
 constrained request's grammar replays the delivered tokens first (``structured_prefix``), so
 its output still matches the grammar as a whole.
 
+A worker that stops in order (``Worker.drain``) does not wait to be found dead: past its
+drain deadline it names a live worker (``handoff.py``) on the cancel channel, which takes
+its entries at once and resumes them the same way.
+
 A dead worker is known two ways: its entries went idle past the visibility timeout (every
 worker's XAUTOCLAIM), or, sooner, ``DeadWorkers``: it holds pending entries but its tier
 status (``tier_status.py``, republished every second) has not changed for ``STALE_AFTER_S``
@@ -72,7 +76,6 @@ def resumed_submit(msg: SubmitMsg, delivered: list[int]) -> SubmitMsg | None:
         structured_prefix=prefix)
 
 
-
 class DeadWorkers:
     """Which consumers holding pending entries are dead: their status unchanged (or absent)
     for ``STALE_AFTER_S`` on this worker's monotonic clock, seen so in two rounds in a row
@@ -84,6 +87,14 @@ class DeadWorkers:
         self.me = me
         self._ages = StatusAges()
         self._suspects: set[str] = set()
+
+    def observe(self, statuses: dict[Any, Any], now: float) -> None:
+        """Record the status hash as read now, without judging anyone."""
+        self._ages.observe(statuses, now)
+
+    def live(self, now: float) -> set[str]:
+        """The workers whose status changed within ``STALE_AFTER_S``."""
+        return self._ages.fresh(now, STALE_AFTER_S)
 
     def update(self, statuses: dict[Any, Any], holders: set[str], now: float) -> set[str]:
         """``statuses``: the tier status hash (worker id -> its JSON status) as read now;

@@ -14,7 +14,9 @@ a JSON object::
                       "tenants": {tenant: entries waiting}}},
      "step_cost": the step budget's fitted law (``StepBudget.law``) | null,
      "step_budget": what the step budget decided last (``StepBudget.state``: row cap, TPOT
-                    target, gain, alone bias, backlogged) | null}
+                    target, gain, alone bias, backlogged) | null,
+     "running": requests the worker runs, "draining": whether it is stopping (it takes no
+                new work; ``Worker.drain``)}
 
 A reader ignores a field older than ``STALE_AFTER_S`` (a dead worker's); each publish also
 deletes the fields it has seen unchanged for ``2 * STALE_AFTER_S`` on its own monotonic clock
@@ -31,6 +33,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -69,6 +72,8 @@ class TierStatusPublisher:
         self._starts: dict[str, deque[float]] = {t: deque() for t in queues.tiers}
         self._since = time.monotonic()
         self._ages = StatusAges()  # the other workers' fields, by when they last changed
+        self.running: Callable[[], int] = lambda: 0  # set by the worker
+        self.draining: Callable[[], bool] = lambda: False
 
     def record_start(self, tier: str, now: float | None = None) -> None:
         """A request of ``tier`` was handed to the engine (called by the worker)."""
@@ -138,7 +143,8 @@ class TierStatusPublisher:
         return {"worker": self.worker_id, "ts": time.time(), "window_s": self.window_s,
                 "weights": dict(self.config.tier_weights), "tiers": tiers,
                 "step_cost": None if budget is None else budget.law,
-                "step_budget": None if budget is None else budget.state}
+                "step_budget": None if budget is None else budget.state,
+                "running": self.running(), "draining": self.draining()}
 
     def _tpot(self, tier: str) -> tuple[float | None, str | None]:
         configured = self.config.tier_slos[tier].tpot_p99_s

@@ -4,13 +4,16 @@ One worker per engine (per GPU). Tasks on the event loop:
   drainer      tier choice by WRR, tenant by fair queuing, pull when the engine has room
                (``drainer.py``)
   writer       one pipelined write per engine step (``writer.py``)
-  cancels      CancelMsg from any gateway -> ``engine.abort(id)`` (KV freed at the next step)
+  cancels      CancelMsg from any gateway -> ``engine.abort(id)`` (KV freed at the next step);
+               a HandoffMsg naming us -> take a stopping worker's entries (``handoff.py``)
   maintenance  heartbeat our pending entries; XAUTOCLAIM entries of dead workers
   dead check   take over the entries of a worker that stopped publishing its status, sooner
                than the visibility timeout (``recovery.py``)
   step budget  caps the rows of a step while interactive work runs (``step_budget.py``)
   tier status  publishes each tier's depth, service rate and targets (``tier_status.py``)
-``stop`` (SIGTERM, the app's shutdown) ends what the worker runs, see ``_end_inflight``.
+``drain`` (SIGTERM in a worker process) stops taking work, lets what runs finish within the
+drain deadline, then hands what is left to another worker; ``stop`` (then, or the app's
+shutdown) ends what the worker still runs, see ``_end_inflight``.
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from engine.protocol import EngineClient
 from gateway.bus.backoff import run_forever, stop_tasks
 from gateway.bus.client import blocking_client
 from gateway.bus.keys import RedisKeys
-from gateway.bus.messages import CancelMsg, MessageError, SubmitMsg, decode_payload
+from gateway.bus.messages import CancelMsg, HandoffMsg, MessageError, SubmitMsg, decode_payload
 from gateway.bus.queues import Envelope, TierQueues
 from gateway.config import GatewayConfig
 from gateway.telemetry.events import GatewayEvents
 from gateway.worker.drainer import Drainer
+from gateway.worker.handoff import find_target, hand_to
 from gateway.worker.recovery import DeadWorkers, delivered_tokens, resumed_submit
 from gateway.worker.step_budget import StepBudget
 from gateway.worker.tier_status import STALE_AFTER_S, TierStatusPublisher
@@ -47,6 +51,8 @@ log = logging.getLogger("carpool.worker")
 
 LOST_ERROR = "worker lost mid-generation; partial output was already streamed"
 STOPPED_ERROR = "worker lost: it shut down mid-generation; partial output was already streamed"
+DRAINED_ERROR = ("worker lost: it stopped at its drain deadline and no other worker was alive "
+                 "to take over; partial output was already streamed")
 STOP_TIMEOUT_S = 5.0  # for the ends of the requests in flight to be written at stop
 DEAD_CHECK_S = 2.0  # how often a worker looks for dead workers' requests to take over
 
@@ -83,6 +89,10 @@ class Worker:
         self.tier_status = TierStatusPublisher(redis, self.keys, self.queues, config,
                                                self.consumer, self.step_budget)
         self.dead_workers = DeadWorkers(self.consumer)
+        self.draining = False  # set by ``drain``: no new work, published in the tier status
+        self.tier_status.draining = lambda: self.draining
+        self.tier_status.running = lambda: len(self.inflight)
+        self._takeovers: set[asyncio.Task[None]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._pubsub: Any = None
         self._listen_redis: Any = None  # the cancel listener's client: no read timeout
@@ -106,9 +116,31 @@ class Worker:
             task.add_done_callback(_report_crash)
             self._tasks.append(task)
 
+    async def drain(self, deadline_s: float, now: asyncio.Event | None = None) -> None:
+        """A stop that breaks no stream: take no new work from now on (the drainer stops;
+        no reclaims, no take-overs), let the requests in flight finish for up to
+        ``deadline_s``, or until ``now`` is set (a second SIGTERM), then hand what is left
+        to another worker (``_end_inflight``). ``stop`` comes after it."""
+        self.draining = True
+        drainer = [t for t in self._tasks if t.get_name() == "worker-drainer"]
+        await stop_tasks(drainer, log)
+        self._tasks = [t for t in self._tasks if t not in drainer]
+        with contextlib.suppress(RedisError, OSError, TimeoutError):  # no hand-offs to us now
+            await self.tier_status.publish()
+        log.info("draining: %d request(s) in flight, deadline %.0f s",
+                 len(self.inflight), deadline_s)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        while self.inflight and loop.time() < end and not (now is not None and now.is_set()):
+            await asyncio.sleep(0.02)
+        if self.inflight:
+            target = await self._handoff_target()  # they run on while it is looked for
+            await self._end_inflight(hand_off=True, target=target)
+
     async def stop(self) -> None:
         writer = [t for t in self._tasks if t.get_name() == "worker-writer"]
         await stop_tasks([t for t in self._tasks if t not in writer], log)  # no new work first
+        await stop_tasks(list(self._takeovers), log)
         await self._end_inflight()  # the writer still runs: it writes their ends
         await stop_tasks(writer, log)
         self._tasks.clear()
@@ -124,17 +156,24 @@ class Worker:
             with contextlib.suppress(Exception):
                 await self._listen_redis.aclose()
 
-    async def _end_inflight(self) -> None:
+    async def _end_inflight(self, hand_off: bool = False, target: str | None = None) -> None:
         """Abort every request this worker runs; the engine's abort outputs are not waited
         for (``inflight`` is cleared, ``_on_step`` drops them), so each is ended here by
         what Redis says of it, read in one round trip once what was produced is written:
           cancelled  (a cancel mark, or a cancel seen here) finished as an abort, as the
                      engine's abort output would have been: counted aborted, acked
-          sent       (its reader has output) cannot run again: finished with a worker-lost
-                     error now, as a worker reclaiming it would after the visibility
-                     timeout, so its relay ends at once
-          neither    left pending in its queue, as a dead worker's: the next worker to
-                     reclaim it runs it from the start, its client sees only the delay."""
+          sent       (its reader has output) cannot run again from the start: with
+                     ``hand_off`` to a live worker (``target``), handed to it (below); else
+                     finished with a worker-lost error now, as a worker reclaiming it would
+                     after the visibility timeout, so its relay ends at once
+          neither    left pending in its queue, as a dead worker's: with ``hand_off``, the
+                     worker handed to runs it now; else the next worker to reclaim it runs
+                     it from the start. Its client sees only the delay.
+        The hand-off (``drain``): ``target``, a live worker that is not draining, is told
+        on the cancel channel to take every entry we hold, at once, and resumes
+        each from the tokens its reader has (``recovery.py``), as it would a dead worker's
+        but without waiting to find us dead. We wait for it to have claimed them; if it
+        does not, they are ours still, and taken over as a dead worker's once we are gone."""
         recs = [rec for rec in self.inflight.values() if rec.owned]
         self.inflight.clear()
         for rec in recs:
@@ -142,16 +181,39 @@ class Worker:
         if not recs or not self._tasks:
             return
         try:
+            error = STOPPED_ERROR if not hand_off else DRAINED_ERROR
             async with asyncio.timeout(STOP_TIMEOUT_S):
                 await self._writer_idle()  # outputs already produced are in: 'sent' is exact
                 marks = await self.queues.execute(
                     [("HMGET", self.keys.req(rec.request_id), "sent", "cancel") for rec in recs])
-                self.writer.submit([end for rec, (sent, cancel) in zip(recs, marks, strict=True)
-                                    if (end := _stop_end(rec, sent, cancel)) is not None])
+                self.writer.submit([
+                    end for rec, (sent, cancel) in zip(recs, marks, strict=True)
+                    if (end := _stop_end(rec, sent if target is None else None, cancel, error))
+                    is not None])
                 await self._writer_idle()
+            if target is not None:
+                await self._hand_to(target, len(recs))
+            elif hand_off:
+                log.warning("drain deadline passed with %d request(s) in flight and no other "
+                            "live worker: their streams end with an error", len(recs))
         except (RedisError, OSError, TimeoutError) as exc:  # the entries stay pending,
             # reclaimed as a dead worker's; one line, not a traceback, on a stop
             log.warning("could not end the requests in flight at stop: %r", exc)
+
+    async def _handoff_target(self) -> str | None:
+        return await find_target(self.redis, self.keys, self.dead_workers, self.consumer,
+                                 busy=lambda: bool(self.inflight))
+
+    async def _hand_to(self, target: str, n: int) -> None:
+        log.warning("handing %d request(s) to worker %s", n, target)
+        await hand_to(self.redis, self.keys, self.queues, self.consumer, target)
+
+    async def _take_over(self, source: str) -> None:
+        """Run every entry ``source`` holds (its ``HandoffMsg``): as a dead worker's."""
+        for tier in self.queues.tiers:
+            envs = await self.queues.claim_from(tier, source, self.consumer, 0)
+            if envs:
+                await self._start(envs, reclaim=True)
 
     async def _writer_idle(self) -> None:
         while not self.writer.idle:
@@ -271,8 +333,8 @@ class Worker:
         elif (refused := self._run(rec, msg)) is not None:
             self._finish_now(rec, msg, FinishReason.ERROR, refused)
         else:
-            log.warning("resumed %s after %d delivered tokens: its worker died",
-                     rec.request_id, rec.offset_base)
+            log.warning("resumed %s after %d delivered tokens: its worker stopped or died",
+                        rec.request_id, rec.offset_base)
 
     def _start_early(self, todo: list[Envelope], early: dict[int, Inflight]) -> None:
         """Hand fresh entries to the engine before their claim answers (it almost always says
@@ -346,6 +408,11 @@ class Worker:
             return
         if isinstance(msg, CancelMsg):
             self._cancel(msg)
+        elif isinstance(msg, HandoffMsg) and msg.target == self.consumer and not self.draining:
+            task = asyncio.create_task(self._take_over(msg.source), name="worker-take-over")
+            task.add_done_callback(_report_crash)
+            task.add_done_callback(self._takeovers.discard)
+            self._takeovers.add(task)
 
     def _cancel(self, msg: CancelMsg) -> None:
         rec = self.inflight.get(msg.request_id)
@@ -364,7 +431,7 @@ class Worker:
             by_stream.setdefault((rec.tier, rec.tenant), []).append(rec.entry_id)
         for (tier, tenant), ids in by_stream.items():
             await self.queues.heartbeat(tier, tenant, self.consumer, ids)
-        for tier in self.queues.tiers:
+        for tier in self.queues.tiers if not self.draining else ():
             reclaimed = await self.queues.autoclaim(tier, self.consumer, min_idle_ms)
             if reclaimed:
                 await self._start(reclaimed, reclaim=True)
@@ -380,7 +447,8 @@ class Worker:
         # Read every round, holders or not: liveness is judged by when each status last
         # changed as seen here, so each round's reading counts.
         statuses = await self.redis.hgetall(self.keys.tier_status)
-        for dead in self.dead_workers.update(statuses, holders, time.monotonic()):
+        dead_ones = self.dead_workers.update(statuses, holders, time.monotonic())
+        for dead in dead_ones if not self.draining else ():
             log.warning("worker %s: status unchanged for %.0f s: taking over its requests",
                         dead, STALE_AFTER_S)
             for tier in self.queues.tiers:
@@ -398,16 +466,16 @@ def _inflight(env: Envelope, msg: SubmitMsg, claim: asyncio.Future[str] | None =
                     ledger=(msg.ledger_hour, msg.ledger_prefix))
 
 
-def _stop_end(rec: Inflight, sent: Any, cancel: Any
+def _stop_end(rec: Inflight, sent: Any, cancel: Any, error: str = STOPPED_ERROR
               ) -> tuple[Inflight, RequestOutput] | None:
     """The end ``_end_inflight`` writes for ``rec`` (None: leave it pending), given its
-    'sent' and 'cancel' marks."""
+    'sent' and 'cancel' marks (``sent`` None: not to be ended with ``error``)."""
     if cancel is not None or rec.reader_gone:
         rec.reader_gone = rec.reader_gone or cancel in (b"gone", "gone")
         return rec, RequestOutput(rec.request_id, [], "", True, FinishReason.ABORT, 0, 0)
     if sent is not None:
         return rec, RequestOutput(rec.request_id, [], "", True, FinishReason.ERROR, 0, 0,
-                                  error=STOPPED_ERROR)
+                                  error=error)
     return None
 
 

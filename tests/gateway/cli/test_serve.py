@@ -148,7 +148,8 @@ def test_sigterm_ends_a_stream_in_flight_cleanly(tiny_model_dir: Path, tmp_path:
     graceful period, prints no traceback, and the client's stream ends with the shutdown
     error event and ``[DONE]`` (not a cut connection)."""
     # echo engine, 20 ms a step: 1000 tokens (the demo tenant's cap is 1024) last 20 s
-    with _serve(tiny_model_dir, tmp_path, "--engine", "echo", "--echo-step-ms", "20") as proc:
+    with _serve(tiny_model_dir, tmp_path, "--engine", "echo", "--echo-step-ms", "20",
+                "--drain-timeout", "5") as proc:
         proc.wait_for(lambda: _curl_request(list(proc.lines)) is not None)
         redis_port = int(re.findall(r"embedded Redis at redis://[^:]+:(\d+)",
                                     "".join(proc.lines))[0])

@@ -1,6 +1,7 @@
 """``carpool serve --role worker`` stopped by SIGTERM with a stream in flight (a separate
-gateway relays it): the worker exits 0 with no traceback, and the stream ends at once with a
-worker-lost error event and ``[DONE]`` instead of waiting for a reclaim or the deadline; the
+gateway relays it) and a drain deadline of 0 with no other worker to hand it to: the worker
+exits 0 with no traceback, and the stream ends at once with a worker-lost error event and
+``[DONE]`` instead of waiting for a reclaim or the request's deadline; the
 request leaves nothing behind in Redis (entry acked, lease settled, output stream gone)."""
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def test_sigterm_ends_the_streams_a_worker_runs(redis_url: str, tiny_model_dir: 
     events: list[str] = []
     with spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path) as gw, \
             spawn("worker", redis_url, ns, tiny_model_dir, tmp_path,
-                  "--echo-step-ms", "20") as worker:
+                  "--echo-step-ms", "20", "--drain-timeout", "0") as worker:
         with httpx.stream("POST", gw.url + "/v1/completions", json=body, timeout=30,
                           headers={"Authorization": f"Bearer {key}"}) as resp:
             assert resp.status_code == 200

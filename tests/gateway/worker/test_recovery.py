@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from gateway.bus.messages import FinishMsg, SubmitMsg, TokenMsg, encode
+from gateway.worker.handoff import handoff_target
 from gateway.worker.recovery import DeadWorkers, delivered_tokens, resumed_submit
 
 
@@ -110,3 +111,24 @@ def test_nobody_is_dead_while_our_own_status_is_not_changing() -> None:
     assert dead.update(stale, {"other"}, 8.0) == set()
     assert dead.update({b"me": status(9.0)}, {"other"}, 9.0) == set()  # a round first
     assert dead.update({b"me": status(11.0)}, {"other"}, 11.0) == {"other"}
+
+
+def load_status(running: int, draining: bool = False) -> bytes:
+    return json.dumps({"running": running, "draining": draining}).encode()
+
+
+def test_a_draining_worker_hands_off_to_the_least_busy_live_worker_not_draining() -> None:
+    statuses = {b"me": load_status(3), b"a": load_status(2), b"b": load_status(1), b"c": load_status(0, True),
+                b"dead": load_status(0), b"bad": b"{"}
+    live = {"me", "a", "b", "c", "bad"}
+    assert handoff_target(statuses, live, "me") == "b"
+    assert handoff_target(statuses, live - {"b"}, "me") == "a"
+    assert handoff_target(statuses, {"me", "c"}, "me") is None  # draining, or not live
+    assert handoff_target({b"me": load_status(1)}, {"me"}, "me") is None  # alone
+
+
+def test_live_is_what_changed_within_the_stale_window() -> None:
+    dead = DeadWorkers("me")
+    dead.observe({b"me": b"1", b"a": b"1"}, 0.0)
+    dead.observe({b"me": b"2", b"a": b"1"}, 100.0)
+    assert dead.live(100.0) == {"me"}

@@ -43,16 +43,14 @@ from gateway.worker.drainer import Drainer
 from gateway.worker.handoff import find_target, hand_to
 from gateway.worker.recovery import DeadWorkers, delivered_tokens, resumed_submit
 from gateway.worker.step_budget import StepBudget
+from gateway.worker.stop_ends import DRAINED_ERROR, STOPPED_ERROR, stop_end
 from gateway.worker.tier_status import STALE_AFTER_S, TierStatusPublisher
-from gateway.worker.writer import Inflight, OutputWriter
+from gateway.worker.writer import Inflight, OutputWriter, inflight_record
 from policies.tiers import INTERACTIVE, TIERS
 
 log = logging.getLogger("carpool.worker")
 
 LOST_ERROR = "worker lost mid-generation; partial output was already streamed"
-STOPPED_ERROR = "worker lost: it shut down mid-generation; partial output was already streamed"
-DRAINED_ERROR = ("worker lost: it stopped at its drain deadline and no other worker was alive "
-                 "to take over; partial output was already streamed")
 STOP_TIMEOUT_S = 5.0  # for the ends of the requests in flight to be written at stop
 DEAD_CHECK_S = 2.0  # how often a worker looks for dead workers' requests to take over
 
@@ -157,23 +155,8 @@ class Worker:
                 await self._listen_redis.aclose()
 
     async def _end_inflight(self, hand_off: bool = False, target: str | None = None) -> None:
-        """Abort every request this worker runs; the engine's abort outputs are not waited
-        for (``inflight`` is cleared, ``_on_step`` drops them), so each is ended here by
-        what Redis says of it, read in one round trip once what was produced is written:
-          cancelled  (a cancel mark, or a cancel seen here) finished as an abort, as the
-                     engine's abort output would have been: counted aborted, acked
-          sent       (its reader has output) cannot run again from the start: with
-                     ``hand_off`` to a live worker (``target``), handed to it (below); else
-                     finished with a worker-lost error now, as a worker reclaiming it would
-                     after the visibility timeout, so its relay ends at once
-          neither    left pending in its queue, as a dead worker's: with ``hand_off``, the
-                     worker handed to runs it now; else the next worker to reclaim it runs
-                     it from the start. Its client sees only the delay.
-        The hand-off (``drain``): ``target``, a live worker that is not draining, is told
-        on the cancel channel to take every entry we hold, at once, and resumes
-        each from the tokens its reader has (``recovery.py``), as it would a dead worker's
-        but without waiting to find us dead. We wait for it to have claimed them; if it
-        does not, they are ours still, and taken over as a dead worker's once we are gone."""
+        """Abort every request this worker runs and end each as Redis says of it: the three
+        cases and the hand-off are in ``stop_ends.py``."""
         recs = [rec for rec in self.inflight.values() if rec.owned]
         self.inflight.clear()
         for rec in recs:
@@ -188,7 +171,7 @@ class Worker:
                     [("HMGET", self.keys.req(rec.request_id), "sent", "cancel") for rec in recs])
                 self.writer.submit([
                     end for rec, (sent, cancel) in zip(recs, marks, strict=True)
-                    if (end := _stop_end(rec, sent if target is None else None, cancel, error))
+                    if (end := stop_end(rec, sent if target is None else None, cancel, error))
                     is not None])
                 await self._writer_idle()
             if target is not None:
@@ -277,7 +260,7 @@ class Worker:
                 # In ``inflight`` since before the claim: a cancel that comes after the claim
                 # finds it through its publish, so no mark lookup is needed for it.
                 continue
-            rec = _inflight(env, msg)
+            rec = inflight_record(env, msg)
             if status == "run" and time.time() > msg.deadline_unix > 0:
                 self._finish_now(rec, msg, FinishReason.ERROR,
                                  "deadline exceeded before the request started")
@@ -349,7 +332,7 @@ class Worker:
             assert msg is not None
             if time.time() > msg.deadline_unix > 0:
                 continue
-            rec = _inflight(env, msg, claim=loop.create_future())
+            rec = inflight_record(env, msg, claim=loop.create_future())
             if self._run(rec, msg) is None:
                 early[i] = rec
 
@@ -456,27 +439,6 @@ class Worker:
                                                     int(STALE_AFTER_S * 1000))
                 if envs:
                     await self._start(envs, reclaim=True)
-
-
-def _inflight(env: Envelope, msg: SubmitMsg, claim: asyncio.Future[str] | None = None
-              ) -> Inflight:
-    """The record of ``env``'s request (``msg``, its decoded entry) as this worker runs it."""
-    return Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream,
-                    claim=claim, tenant=env.tenant, weight=env.weight,
-                    ledger=(msg.ledger_hour, msg.ledger_prefix))
-
-
-def _stop_end(rec: Inflight, sent: Any, cancel: Any, error: str = STOPPED_ERROR
-              ) -> tuple[Inflight, RequestOutput] | None:
-    """The end ``_end_inflight`` writes for ``rec`` (None: leave it pending), given its
-    'sent' and 'cancel' marks (``sent`` None: not to be ended with ``error``)."""
-    if cancel is not None or rec.reader_gone:
-        rec.reader_gone = rec.reader_gone or cancel in (b"gone", "gone")
-        return rec, RequestOutput(rec.request_id, [], "", True, FinishReason.ABORT, 0, 0)
-    if sent is not None:
-        return rec, RequestOutput(rec.request_id, [], "", True, FinishReason.ERROR, 0, 0,
-                                  error=error)
-    return None
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

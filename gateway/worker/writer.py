@@ -27,8 +27,8 @@ from engine.core.finish import FinishReason
 from engine.core.outputs import RequestOutput
 from gateway.bus.backoff import run_forever
 from gateway.bus.keys import RedisKeys
-from gateway.bus.messages import FinishMsg, TokenMsg
-from gateway.bus.queues import QueueEntries, StepWrite
+from gateway.bus.messages import FinishMsg, SubmitMsg, TokenMsg
+from gateway.bus.queues import Envelope, QueueEntries, StepWrite
 from gateway.bus.resp import RespConnection
 
 log = logging.getLogger("carpool.worker")
@@ -275,3 +275,11 @@ def _finish(rec: Inflight, out: RequestOutput) -> FinishMsg:
                      num_preemptions=out.num_preemptions,
                      cached_tokens=min(out.num_cached_tokens,
                                        out.num_prompt_tokens - rec.offset_base))
+
+
+def inflight_record(env: Envelope, msg: SubmitMsg, claim: asyncio.Future[str] | None = None
+              ) -> Inflight:
+    """The record of ``env``'s request (``msg``, its decoded entry) as a worker runs it."""
+    return Inflight(msg.request_id, env.tier, env.entry_id, final_only=not msg.stream,
+                    claim=claim, tenant=env.tenant, weight=env.weight,
+                    ledger=(msg.ledger_hour, msg.ledger_prefix))

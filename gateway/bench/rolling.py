@@ -119,6 +119,8 @@ class Fleet:
     def replace(self, old: Member) -> int:
         """Start the successor, then stop ``old``; its exit status."""
         self.start(old.role)
+        if old.role == "worker":
+            wait_busy(old, 10.0)  # a worker with streams in flight: its drain has work to do
         if old in self.rotation:
             self.rotation.remove(old)
             time.sleep(0.5)  # connections being opened to it land first (a preStop hook)
@@ -278,6 +280,13 @@ def kv_used(member: Member) -> int:
     text = httpx.get(member.url + "/metrics", timeout=5).text
     found = re.search(r'^carpool_kv_blocks\{state="used"\} (\S+)', text, re.MULTILINE)
     return int(float(found.group(1))) if found else -1
+
+
+def wait_busy(member: Member, timeout: float) -> None:
+    """Until ``member`` holds KV blocks (a request in flight), for at most ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while kv_used(member) <= 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def settle(redis_url: str, workers: list[Member], timeout: float = 30.0

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.timeout(420)
 
 def test_a_rolling_restart_under_load_has_zero_errors(
         redis_url: str, tiny_model_dir: Path, tmp_path: Path) -> None:
-    # a worker drain of 0: each stopped worker hands its streams off mid-stream at once (6
-    # streams over 3 workers: a stopped worker holds none in about 9% of stops)
+    # a worker drain of 0: each stopped worker hands its streams off mid-stream at once (the
+    # bench stops a worker once it holds a request)
     args = parse_args(["--clients", "6", "--max-tokens", "120", "--before", "6",
                        "--after", "2", "--gateway-drain", "20", "--worker-drain", "0",
                        *(f"--serve-arg={a}" for a in ENGINE)])

@@ -18,17 +18,21 @@ stands for. On a GPU the same code profiles the GPU (the engine runs where its c
 from __future__ import annotations
 
 import contextlib
+import json
 import platform
 import random
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from engine.bench.structured_tpot import SCHEMA
 from engine.core.outputs import SchedulerOutput
 from engine.core.sampling_params import SamplingParams
+from engine.core.structured import StructuredSpec
 from engine.llm_engine import LLMEngine
 from engine.sim.cost import shape_of
 from engine.sim.profile import ModelShape, Profile, Sample
+from engine.sim.workload import constrained_at
 
 ROWS = (1, 2, 4, 8, 16, 32)
 PROMPTS = (16, 128, 512)
@@ -52,20 +56,22 @@ def measure(engine: LLMEngine, rows_grid: Sequence[int] = ROWS,
 
 def measure_mixed(engine: LLMEngine, requests: int = 32, prompts: tuple[int, int] = (8, 192),
                   outputs: tuple[int, int] = (8, 160), every: int = 3,
-                  seed: int = 1) -> list[Sample]:
+                  seed: int = 1, constrained_share: float = 0.0) -> list[Sample]:
     """One request (lengths uniform in ``prompts`` / ``outputs``) arrives every ``every``
     steps until ``requests`` have; then the run drains. Arrivals count steps, not seconds,
     so the shapes do not depend on how fast this machine is."""
     rng = random.Random(seed)
     vocab = engine.runner.args.vocab_size
-    _run(engine, [[1, 2, 3]] * 2, 3)  # warm-up, not recorded
+    spec = StructuredSpec("json_schema", json.dumps(SCHEMA))
+    _run(engine, [[1, 2, 3]] * 2, 3, spec if constrained_share > 0 else None)  # warm, unrecorded
     added = step = 0
     with _recording(engine) as samples:
         while added < requests or engine.has_unfinished_requests():
             if added < requests and step % every == 0:
                 prompt = [rng.randrange(100, vocab) for _ in range(rng.randint(*prompts))]
+                grammar = spec if constrained_at(added, constrained_share) else None
                 engine.add_request(prompt, SamplingParams(max_tokens=rng.randint(*outputs),
-                                                          ignore_eos=True))
+                                                          ignore_eos=True, structured=grammar))
                 added += 1
             engine.step()
             step += 1
@@ -79,7 +85,8 @@ def _recording(engine: LLMEngine) -> Iterator[list[Sample]]:
     def observe(out: SchedulerOutput, seconds: float) -> None:
         if out.scheduled:
             s = shape_of(out)
-            samples.append((s.rows, s.tokens, s.kv_tokens, s.prefill_rows, seconds))
+            samples.append((s.rows, s.tokens, s.kv_tokens, s.prefill_rows, s.constrained_rows,
+                            seconds))
 
     engine.step_observers.append(observe)
     try:
@@ -88,8 +95,9 @@ def _recording(engine: LLMEngine) -> Iterator[list[Sample]]:
         engine.step_observers.remove(observe)
 
 
-def _run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> None:
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+def _run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int,
+         structured: StructuredSpec | None = None) -> None:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, structured=structured)
     for prompt in prompts:
         engine.add_request(prompt, params)
     while engine.has_unfinished_requests():
@@ -114,12 +122,13 @@ def cpu_name() -> str:
 
 
 def calibrate(engine: LLMEngine, mixed_requests: int = 32, grid: bool = True,
-              **grid_kw: object) -> Profile:
+              constrained_share: float = 0.0, **grid_kw: object) -> Profile:
     """The grid's steps (unless ``grid`` is False) and a served run's of ``mixed_requests``
-    requests (none if 0), fitted together."""
+    requests (none if 0; ``constrained_share`` of them constrained), fitted together."""
     samples = measure(engine, **grid_kw) if grid else []  # type: ignore[arg-type]
     if mixed_requests:
-        samples += measure_mixed(engine, requests=mixed_requests)
+        samples += measure_mixed(engine, requests=mixed_requests,
+                                 constrained_share=constrained_share)
     return Profile.from_samples(
         samples, model=engine.model_name, shape=model_shape(engine),
         block_size=engine.runner.block_size, device=str(engine.runner.device), cpu=cpu_name(),

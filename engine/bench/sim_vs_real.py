@@ -53,14 +53,15 @@ def run_real(engine: LLMEngine, specs: list[RequestSpec]) -> tuple[RunResult, li
 
     def observe(out: SchedulerOutput, seconds: float) -> None:
         sh = shape_of(out)
-        samples.append((sh.rows, sh.tokens, sh.kv_tokens, sh.prefill_rows, seconds))
+        samples.append((sh.rows, sh.tokens, sh.kv_tokens, sh.prefill_rows, sh.constrained_rows,
+                        seconds))
 
     engine.step_observers.append(observe)
     try:
         result = _drive(engine, pending)
     finally:
         engine.step_observers.remove(observe)
-    result.steps = [StepRecord(0.0, s, r, t, kv, 0, 0, ()) for r, t, kv, _, s in samples]
+    result.steps = [StepRecord(0.0, s, r, t, kv, 0, 0, ()) for r, t, kv, _, _, s in samples]
     return result, samples
 
 
@@ -126,7 +127,7 @@ def figures(r: RunResult) -> dict[str, float]:
 
 def busy_error(cost: CostModel, steps: Sequence[Sample]) -> tuple[float, float]:
     """The cost model alone on measured steps: (predicted, measured) busy seconds."""
-    return (sum(cost.step_seconds(StepShape(r, t, kv, p)) for r, t, kv, p, _ in steps),
+    return (sum(cost.step_seconds(StepShape(r, t, kv, p, c)) for r, t, kv, p, c, _ in steps),
             sum(s for *_, s in steps))
 
 
@@ -135,7 +136,7 @@ def cost_error(cost: CostModel, steps: Sequence[Sample], window: int = 80) -> st
     typical step; the spread over windows of consecutive steps is the machine's load
     changing under the run (the same shapes, slower or faster for a minute)."""
     predicted, measured = busy_error(cost, steps)
-    ratios = [s / cost.step_seconds(StepShape(r, t, kv, p)) for r, t, kv, p, s in steps]
+    ratios = [s / cost.step_seconds(StepShape(r, t, kv, p, c)) for r, t, kv, p, c, s in steps]
     spans = [sum(x[-1] for x in steps[i:i + window])
              / busy_error(cost, steps[i:i + window])[0] for i in range(0, len(steps), window)]
     return (f"cost model on this run's {len(steps)} real steps: predicted {predicted:.1f} s "

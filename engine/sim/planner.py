@@ -12,6 +12,10 @@
    share): a TPOT miss shrinks the batch (by a fifth), a TTFT miss adds instances, until
    every tier's p99s hold, or the plan says why they cannot.
 
+A ``constrained`` share of the traffic (structured outputs, tool calls) makes each decode step
+pay the cost model's grammar-mask term for that share of its rows, in steps 2 and 5 (the mean
+share) and in the simulation of step 6 (that share of the requests carry a grammar).
+
 Targets no configuration can meet are refused before any simulation (``PlanError``): a TPOT
 below one request's decode step, a TTFT below one prompt's prefill alone, memory that holds
 no request of average length.
@@ -70,6 +74,7 @@ class PlanInputs:
     max_batch: int = 512
     max_instances: int = 1000
     seed: int = 0
+    constrained: float = 0.0  # the share of requests whose output a grammar constrains
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -80,6 +85,8 @@ class PlanInputs:
             raise PlanError(f"peak requests/s must be > 0, got {self.peak_rps!r}")
         if not (self.kv_memory_gb > 0 and math.isfinite(self.kv_memory_gb)):
             raise PlanError(f"KV cache memory must be > 0 GB, got {self.kv_memory_gb!r}")
+        if not 0.0 <= self.constrained <= 1.0:
+            raise PlanError(f"the constrained share must be in [0, 1], got {self.constrained!r}")
 
     @property
     def shares(self) -> dict[str, float]:
@@ -141,26 +148,32 @@ class Plan:
                 f"--kv-cache-memory-gb {gb:g}")
 
 
-def largest_batch(cost: CostModel, target_s: float, kv_per_row: float, limit: int) -> int:
-    """The largest row count (<= ``limit``) whose decode step stays within ``target_s``."""
-    if cost.decode_seconds(1, kv_per_row) > target_s:
+def largest_batch(cost: CostModel, target_s: float, kv_per_row: float, limit: int,
+                  constrained: float = 0.0) -> int:
+    """The largest row count (<= ``limit``) whose decode step, ``constrained`` of its rows
+    masked, stays within ``target_s``."""
+    def fits(rows: int) -> bool:
+        return cost.decode_seconds(rows, kv_per_row, rows * constrained) <= target_s
+
+    if not fits(1):
         return 0
     lo, hi = 1, limit  # decode_seconds is nondecreasing in rows (coefficients >= 0)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if cost.decode_seconds(mid, kv_per_row) <= target_s else (lo, mid - 1)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return lo
 
 
 def token_budget(cost: CostModel, batch: int, kv_per_row: float, tpot_target: float,
-                 block_size: int) -> int:
+                 block_size: int, constrained: float = 0.0) -> int:
     """Decode rows plus the largest prefill chunk whose step stays within
     ``PREFILL_STEP_FACTOR`` TPOT targets (at least one block: prefill must progress)."""
     limit = PREFILL_STEP_FACTOR * tpot_target
+    masked = math.ceil(batch * constrained)
 
     def fits(chunk: int) -> bool:
         kv = batch * kv_per_row + chunk
-        return cost.step_seconds(StepShape(batch, batch + chunk, int(kv), 1)) <= limit
+        return cost.step_seconds(StepShape(batch, batch + chunk, int(kv), 1, masked)) <= limit
 
     lo, hi = block_size, MAX_TOKEN_BUDGET - batch
     if hi <= lo or not fits(lo):
@@ -174,7 +187,7 @@ def token_budget(cost: CostModel, batch: int, kv_per_row: float, tpot_target: fl
 def check_feasible(inputs: PlanInputs, cost: CostModel) -> None:
     """Refuse targets no configuration meets (PlanError)."""
     tpot = min(t.tpot_p99_s for t in inputs.targets)
-    one = cost.decode_seconds(1, inputs.decode_context)
+    one = cost.decode_seconds(1, inputs.decode_context, 1.0 if inputs.constrained else 0.0)
     if one > tpot:
         raise PlanError(f"impossible TPOT target: {tpot:g} s per token is below one request's "
                         f"decode step alone ({one:.4f} s on the {cost.name} cost model)")
@@ -192,9 +205,11 @@ def make_plan(inputs: PlanInputs, cost: CostModel) -> Plan:
     plan = Plan(inputs, cost.name)
     kv_row = inputs.decode_context
     plan.tpot_target = min(t.tpot_p99_s for t in inputs.targets)
-    plan.tpot_batch = largest_batch(cost, plan.tpot_target, kv_row, inputs.max_batch)
+    plan.tpot_batch = largest_batch(cost, plan.tpot_target, kv_row, inputs.max_batch,
+                                    inputs.constrained)
     plan.tpot_bounded = plan.tpot_batch < inputs.max_batch
-    plan.tpot_batch_step_s = cost.decode_seconds(plan.tpot_batch, kv_row)
+    plan.tpot_batch_step_s = cost.decode_seconds(plan.tpot_batch, kv_row,
+                                                 plan.tpot_batch * inputs.constrained)
     kv = kv_capacity(inputs.kv_memory_gb, inputs.shape, inputs.block_size,
                      inputs.prompt.mean + inputs.output.mean)
     plan.kv = kv
@@ -204,7 +219,7 @@ def make_plan(inputs: PlanInputs, cost: CostModel) -> Plan:
     plan.batch = min(plan.tpot_batch, kv.concurrency)
     plan.bound = "TPOT" if plan.tpot_batch <= kv.concurrency else "KV memory"
     plan.demand_tok_s = inputs.peak_rps * inputs.output.mean
-    plan.instance_tok_s = _decode_tok_s(cost, plan.batch, kv_row)
+    plan.instance_tok_s = _decode_tok_s(cost, plan.batch, kv_row, inputs.constrained)
     plan.instances_estimate = max(1, math.ceil(plan.demand_tok_s / plan.instance_tok_s))
     _verify(plan, cost)
     if plan.feasible:
@@ -212,8 +227,8 @@ def make_plan(inputs: PlanInputs, cost: CostModel) -> Plan:
     return plan
 
 
-def _decode_tok_s(cost: CostModel, batch: int, kv_row: float) -> float:
-    return batch / cost.decode_seconds(batch, kv_row)
+def _decode_tok_s(cost: CostModel, batch: int, kv_row: float, constrained: float) -> float:
+    return batch / cost.decode_seconds(batch, kv_row, batch * constrained)
 
 
 def _verify(plan: Plan, cost: CostModel) -> None:
@@ -235,7 +250,7 @@ def _verify(plan: Plan, cost: CostModel) -> None:
                 return
             batch = max(1, batch * 4 // 5)
             need = inputs.peak_rps * inputs.output.mean / _decode_tok_s(
-                cost, batch, inputs.decode_context)
+                cost, batch, inputs.decode_context, inputs.constrained)
             instances = max(instances, math.ceil(need))
         else:
             instances += max(1, instances // 10)
@@ -247,9 +262,10 @@ def simulate_instance(plan: Plan, cost: CostModel, batch: int, instances: int,
     inputs = plan.inputs
     assert plan.kv is not None
     budget = token_budget(cost, batch, inputs.decode_context, plan.tpot_target,
-                          inputs.block_size)
+                          inputs.block_size, inputs.constrained)
     n = simulated_requests(inputs, rps)
-    specs = poisson(rps, n, inputs.prompt, inputs.output, inputs.shares, inputs.seed)
+    specs = poisson(rps, n, inputs.prompt, inputs.output, inputs.shares, inputs.seed,
+                    constrained=inputs.constrained)
     sim = Simulator(cost, SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=budget),
                     CacheConfig(block_size=inputs.block_size),
                     EngineShape(num_blocks=plan.kv.num_blocks))
@@ -259,7 +275,8 @@ def simulate_instance(plan: Plan, cost: CostModel, batch: int, instances: int,
     # A finite run can hide a slowly growing backlog in a tier with a loose target: an
     # instance offered more tokens/s than it decodes at full batch is overloaded, whatever
     # the run's p99s say.
-    offered, most = rps * inputs.output.mean, _decode_tok_s(cost, batch, inputs.decode_context)
+    offered = rps * inputs.output.mean
+    most = _decode_tok_s(cost, batch, inputs.decode_context, inputs.constrained)
     if offered > most:
         misses.append(f"overloaded: {offered:,.1f} tok/s offered > {most:,.1f} tok/s at "
                       f"{batch} rows")

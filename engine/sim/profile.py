@@ -1,13 +1,15 @@
 """The calibrated step-cost profile: measured engine steps, the fit, and its JSON file.
 
 ``carpool calibrate`` runs the real engine and hands every step it timed here as
-``(rows, tokens, kv_tokens, prefill_rows, seconds)``; ``fit`` returns the coefficients of
-``engine.sim.cost.StepLaw`` (``base + per_row*rows + per_token*tokens + per_kv_token*kv_tokens
-+ per_prefill_row*prefill_rows``, all >= 0), least squares on the *relative* error (each sample
+``(rows, tokens, kv_tokens, prefill_rows, constrained_rows, seconds)``; ``fit`` returns the
+coefficients of ``engine.sim.cost.StepLaw`` (``base + per_row*rows + per_token*tokens +
+per_kv_token*kv_tokens + per_prefill_row*prefill_rows + per_constrained_row*constrained_rows``,
+all >= 0; the last is the grammar mask's cost per constrained row), least squares on the *relative* error (each sample
 weighted by 1/seconds) so that the many short decode steps, which dominate a serving run, are
 fitted as well as the few long prefill steps. The file also records what was measured (model,
 its KV shape for the planner, device, CPU) so that a profile is never applied to a different
-model unnoticed. Version-1 files (four-field samples, no prefill-row term) still load.
+model unnoticed. Version-1 files (four-field samples, no prefill-row term) and version-2 files
+(five fields, no constrained-row term) still load: the missing counts read as 0.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import numpy as np
 from engine.sim.cost import CalibratedCost, StepLaw, StepShape
 from policies.step_cost import StepCost, nnls
 
-VERSION = 2
-Sample = tuple[int, int, int, int, float]  # rows, tokens, kv_tokens, prefill_rows, seconds
+VERSION = 3
+# rows, tokens, kv_tokens, prefill_rows, constrained_rows, seconds
+Sample = tuple[int, int, int, int, int, float]
 
 
 @dataclass(frozen=True)
@@ -52,27 +55,30 @@ SMOLLM2_135M_FP32 = ModelShape(layers=30, kv_heads=3, head_dim=64, dtype_bytes=4
 def fit(samples: Sequence[Sample], trim: float = 0.5) -> StepLaw:
     """Fit, then refit without the steps the first fit missed by more than ``trim`` (relative):
     on a shared machine a few steps stall for another process's time slice, and those
-    outliers would drag every coefficient up."""
-    if len(samples) < 5:
-        raise ValueError(f"need at least 5 measured steps to fit 5 coefficients, got {len(samples)}")
+    outliers would drag every coefficient up. A five-field sample (no constrained-row count)
+    reads as one with 0."""
+    samples = [_sample(x) for x in samples]
+    if len(samples) < 6:
+        raise ValueError(f"need at least 6 measured steps to fit 6 coefficients, got {len(samples)}")
     data = np.asarray(samples, dtype=float)
-    if np.any(data[:, 4] <= 0):
+    if np.any(data[:, 5] <= 0):
         raise ValueError("measured step times must be > 0")
     cost = _fit(data)
     kept = data[np.asarray(relative_errors(cost, samples)) <= trim]
-    return _fit(kept) if len(kept) >= max(5, len(data) // 2) else cost
+    return _fit(kept) if len(kept) >= max(6, len(data) // 2) else cost
 
 
 def _fit(data: np.ndarray) -> StepLaw:
-    x = np.column_stack([np.ones(len(data)), data[:, :4]])
-    w = 1.0 / data[:, 4]  # relative error: each row scaled so that its target is 1
+    x = np.column_stack([np.ones(len(data)), data[:, :5]])
+    w = 1.0 / data[:, 5]  # relative error: each row scaled so that its target is 1
     coef = nnls(x * w[:, None], np.ones(len(data)))
     return StepLaw(*(float(v) for v in coef))
 
 
 def relative_errors(cost: StepCost, samples: Sequence[Sample]) -> list[float]:
     law = StepLaw.of(cost)
-    return [abs(law.seconds(StepShape(r, t, kv, p)) - s) / s for r, t, kv, p, s in samples]
+    samples = [_sample(x) for x in samples]
+    return [abs(law.seconds(StepShape(r, t, kv, p, c)) - s) / s for r, t, kv, p, c, s in samples]
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ class Profile:
 
     @classmethod
     def from_samples(cls, samples: Sequence[Sample], **meta: Any) -> Profile:
-        return cls(fit(samples), samples=[tuple(s) for s in samples], **meta)  # type: ignore[misc]
+        return cls(fit(samples), samples=[_sample(s) for s in samples], **meta)  # type: ignore[misc]
 
     def cost_model(self) -> CalibratedCost:
         return CalibratedCost(self.cost)
@@ -123,7 +129,7 @@ class Profile:
             raise ValueError(f"profile {path} not found (run `carpool calibrate` first)") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"profile {path} is not JSON: {e}") from None
-        if not isinstance(doc, dict) or doc.get("version") not in (1, VERSION):
+        if not isinstance(doc, dict) or doc.get("version") not in (1, 2, VERSION):
             raise ValueError(f"profile {path}: not a version-{VERSION} carpool profile")
         try:
             return cls(StepLaw(**doc["coefficients"]), str(doc["model"]),
@@ -135,11 +141,13 @@ class Profile:
 
 
 def _sample(raw: Sequence[float]) -> Sample:
-    """A version-1 sample has no prefill-row count: 0 (the term it was fitted without)."""
-    r, t, k, *p, s = raw
-    if len(p) > 1:
-        raise ValueError(f"a sample has 4 or 5 fields, got {len(raw)}")
-    return int(r), int(t), int(k), int(p[0]) if p else 0, float(s)
+    """A version-1 sample has no prefill-row count, a version-2 one no constrained-row count:
+    0 (the terms it was fitted without)."""
+    r, t, k, *pc, s = raw
+    if len(pc) > 2:
+        raise ValueError(f"a sample has 4 to 6 fields, got {len(raw)}")
+    p, c = (list(pc) + [0, 0])[:2]
+    return int(r), int(t), int(k), int(p), int(c), float(s)
 
 
 def default_profile_path(model: str = "SmolLM2-135M-Instruct-Q4_1", device: str = "cpu") -> Path:

@@ -11,7 +11,10 @@ One simulated step is the engine's three calls with the forward pass replaced::
 
 A token is stamped at the end of the step that produced it, as in the engine. The runner
 never emits EOS, so a request produces exactly its ``output_len`` tokens (the engine with
-``ignore_eos``). With nothing to run, the clock jumps to the next event: an arrival, or the
+``ignore_eos``). A constrained request (``RequestSpec.constrained``) carries a grammar in its
+sampling params, as in the engine, so ``shape_of`` counts it among the step's constrained rows
+whenever it samples and the cost model charges its mask; no grammar is compiled or applied
+(the stand-in token is not checked against it). With nothing to run, the clock jumps to the next event: an arrival, or the
 moment dynamic batching's ``max_wait_ms`` lets a waiting batch start.
 
 ``run(..., refill=iter, keep_waiting=k, until_tokens=n)`` models a queue that never runs dry
@@ -30,6 +33,7 @@ from engine.core.outputs import ModelRunnerOutput, SchedulerOutput
 from engine.core.request import Request
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import Scheduler
+from engine.core.structured import StructuredSpec
 from engine.sim.clock import VirtualClock
 from engine.sim.cost import CostModel, shape_of
 from engine.sim.metrics import RequestRecord, RunResult, StepRecord
@@ -37,6 +41,7 @@ from engine.sim.workload import RequestSpec
 
 SIM_TOKEN = 7  # what the stand-in runner "samples"; never an EOS (requests carry none)
 _SYNTHETIC_BASE = 1 << 20  # synthetic prompts start with a per-request token: no false sharing
+SIM_GRAMMAR = StructuredSpec("json_object", "")  # marks a constrained row; never compiled here
 
 
 @dataclass(frozen=True)
@@ -147,13 +152,15 @@ class _Run:
                     self.refill = None
                     break
                 self._add(RequestSpec(spec.request_id, spec.output_len, spec.prompt_len, now,
-                                      spec.tier, spec.tenant, spec.prompt_ids))
+                                      spec.tier, spec.tenant, spec.prompt_ids,
+                                      spec.constrained))
 
     def _add(self, spec: RequestSpec) -> None:
         if spec.request_id in self.specs:
             raise ValueError(f"duplicate request id {spec.request_id!r} in the workload")
         ids = list(spec.prompt_ids) or _synthetic_prompt(len(self.specs), spec.prompt_len)
-        params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True)
+        params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True,
+                                structured=SIM_GRAMMAR if spec.constrained else None)
         self.specs[spec.request_id] = spec
         self.scheduler.add_request(Request(spec.request_id, ids, params, spec.priority,
                                            spec.arrival))

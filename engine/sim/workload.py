@@ -1,6 +1,7 @@
 """Workloads: what arrives when. A request is a ``RequestSpec``: arrival time (seconds from the
 start), prompt length (or the prompt's token ids, where prefix sharing matters), exact output
-length (the simulated runner never emits EOS), tier and tenant.
+length (the simulated runner never emits EOS), tier, tenant, and whether its output is
+constrained by a grammar (each step it samples in then pays the cost model's mask term).
 
 Builders: ``fixed`` (a named list, seed 000's A..E), ``at_once`` (N requests at t=0 cycling
 through a length mix), ``poisson`` (exponential gaps, lengths drawn from distributions, tiers
@@ -11,6 +12,7 @@ given seed.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ class RequestSpec:
     tier: str = "interactive"
     tenant: str = "default"
     prompt_ids: tuple[int, ...] = field(default=(), repr=False)  # () = synthetic, unique
+    constrained: bool = False  # response_format / guided_* / tools: a grammar masks each token
 
     def __post_init__(self) -> None:
         if self.output_len < 1 or self.prompt_len < 1:
@@ -42,6 +45,14 @@ class RequestSpec:
     @property
     def priority(self) -> int:
         return TIER_PRIORITY[self.tier]
+
+
+def constrained_at(index: int, share: float) -> bool:
+    """Whether the ``index``-th request of a stream is constrained, ``share`` of them spread
+    evenly (no random draw: a workload's other draws, hence its seed's requests, stay put)."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"a constrained share must be in [0, 1], got {share!r}")
+    return math.floor((index + 1) * share) > math.floor(index * share)
 
 
 def fixed(output_lens: Mapping[str, int], prompt_len: int = 8) -> list[RequestSpec]:
@@ -87,9 +98,10 @@ class Lengths:
 
 def poisson(rate: float, n: int, prompt: Lengths, output: Lengths,
             tier_shares: Mapping[str, float] | None = None, seed: int = 0,
-            tenants: int = 1) -> list[RequestSpec]:
+            tenants: int = 1, constrained: float = 0.0) -> list[RequestSpec]:
     """``n`` requests with exponential gaps of mean ``1/rate`` seconds; each request's tier is
-    drawn by ``tier_shares`` (default all interactive), its tenant round-robin."""
+    drawn by ``tier_shares`` (default all interactive), its tenant round-robin, and a
+    ``constrained`` share of them (spread evenly) constrained."""
     if not rate > 0 or n < 1 or tenants < 1:
         raise ValueError("need rate > 0, n >= 1 and tenants >= 1")
     shares = dict(tier_shares or {"interactive": 1.0})
@@ -102,13 +114,15 @@ def poisson(rate: float, n: int, prompt: Lengths, output: Lengths,
         t += rng.expovariate(rate)
         tier = rng.choices(names, weights)[0]
         out.append(RequestSpec(f"p{i}", output.draw(rng), prompt.draw(rng), t, tier,
-                               f"tenant{i % tenants}"))
+                               f"tenant{i % tenants}",
+                               constrained=constrained_at(i, constrained)))
     return out
 
 
 def load_trace(path: str | Path) -> list[RequestSpec]:
     """JSONL, one object a line: ``{"arrival": s, "prompt_len": n, "output_len": n,
-    "tier": ..., "tenant": ..., "id": ...}`` (tier, tenant and id optional)."""
+    "tier": ..., "tenant": ..., "id": ..., "constrained": bool}`` (all but the lengths
+    optional)."""
     out = []
     for i, line in enumerate(Path(path).read_text().splitlines()):
         if not line.strip():
@@ -117,7 +131,8 @@ def load_trace(path: str | Path) -> list[RequestSpec]:
         out.append(RequestSpec(str(row.get("id", f"t{i}")), int(row["output_len"]),
                                int(row["prompt_len"]), float(row.get("arrival", 0.0)),
                                str(row.get("tier", "interactive")),
-                               str(row.get("tenant", "default"))))
+                               str(row.get("tenant", "default")),
+                               constrained=bool(row.get("constrained", False))))
     return out
 
 

@@ -39,6 +39,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="skip grid points whose prefill is larger (keeps the run short)")
     p.add_argument("--mixed-requests", type=int, default=32,
                    help="requests in the served run (0: the grid only)")
+    p.add_argument("--constrained-share", type=float, default=0.25,
+                   help="share of the served run's requests under a JSON Schema (the mask cost)")
     p.add_argument("--max-num-seqs", type=int, default=32,
                    help="batch seats (the served run fills them; the grid's largest rows)")
 
@@ -64,13 +66,16 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--decode-steps must be >= 1")
         if args.mixed_requests < 0 or args.max_num_seqs < 1:
             raise ValueError("--mixed-requests must be >= 0 and --max-num-seqs >= 1")
+        if not 0.0 <= args.constrained_share <= 1.0:
+            raise ValueError("--constrained-share must be in [0, 1]")
         engine = LLMEngine.from_kwargs(model=args.model, device=args.device, dtype=args.dtype,
                                        max_num_seqs=args.max_num_seqs,
                                        kv_cache_dtype=args.kv_cache_dtype)
     except ValueError as e:
         sys.stderr.write(f"carpool calibrate: {e}\n")
         return 2
-    profile = calibrate(engine, mixed_requests=args.mixed_requests, rows_grid=rows,
+    profile = calibrate(engine, mixed_requests=args.mixed_requests,
+                        constrained_share=args.constrained_share, rows_grid=rows,
                         prompt_grid=prompts, decode_steps=args.decode_steps,
                         max_prefill_tokens=args.max_prefill_tokens)
     out = args.out or default_profile_path(engine.model_name, profile.device)
@@ -80,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(
         f"{len(profile.samples)} steps of {profile.model} on {profile.device} ({profile.cpu})\n"
         f"step seconds = {c.base:.5f} + {c.per_row:.3e}*rows + {c.per_token:.3e}*tokens + "
-        f"{c.per_kv_token:.3e}*kv_tokens + {c.per_prefill_row:.3e}*prefill_rows\n"
+        f"{c.per_kv_token:.3e}*kv_tokens + {c.per_prefill_row:.3e}*prefill_rows + "
+        f"{c.per_constrained_row:.3e}*constrained_rows\n"
         f"fit relative error on its samples: median {med:.1%}, p90 {p90:.1%}\n"
         f"wrote {out}\n")
     return 0

@@ -43,6 +43,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name}", type=int, default=None, help="model KV shape override")
     p.add_argument("--max-batch", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--constrained", type=float, default=0.0,
+                   help="share of requests with structured outputs or tools (0..1)")
     p.add_argument("--verify", action="store_true", help="serve one instance and load-test it")
     p.add_argument("--verify-run-time", default="45s")
     p.add_argument("--verify-out", default="plan-verify")
@@ -84,14 +86,16 @@ def build(args: argparse.Namespace) -> tuple[PlanInputs, Any, str]:
         c = profile.cost
         about = (f"calibrated ({path}: {profile.model} on {profile.device}, {profile.cpu}): step s = "
                  f"{c.base:.4f} + {c.per_row:.2e} rows + {c.per_token:.2e} tokens + "
-                 f"{c.per_kv_token:.2e} kv_tokens + {c.per_prefill_row:.2e} prefill rows")
+                 f"{c.per_kv_token:.2e} kv_tokens + {c.per_prefill_row:.2e} prefill rows + "
+                 f"{c.per_constrained_row:.2e} constrained rows")
     overrides = {k: getattr(args, k) for k in ("layers", "kv_heads", "head_dim", "dtype_bytes")
                  if getattr(args, k) is not None}
     if overrides:
         shape = dataclasses.replace(shape, **overrides)
     inputs = PlanInputs(tuple(parse_tier(t) for t in args.tier), args.peak_rps,
                         Lengths.parse(args.prompt), Lengths.parse(args.output), args.kv_memory_gb,
-                        shape, args.block_size, args.max_batch, seed=args.seed)
+                        shape, args.block_size, args.max_batch, seed=args.seed,
+                        constrained=args.constrained)
     return inputs, cost, about
 
 

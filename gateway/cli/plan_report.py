@@ -20,7 +20,9 @@ def _inputs(plan: Plan, cost_about: str) -> str:
         table(["tier", "TTFT p99 <=", "TPOT p99 <=", "share"], rows),
         (f"peak {i.peak_rps:g} req/s; prompt {i.prompt.low}..{i.prompt.high} tokens (mean "
         f"{i.prompt.mean:g}); output {i.output.low}..{i.output.high} (mean {i.output.mean:g}); "
-        f"KV memory {i.kv_memory_gb:g} GB per instance"),
+        f"KV memory {i.kv_memory_gb:g} GB per instance"
+        + (f"; {i.constrained:.0%} of requests constrained (each pays the grammar mask)"
+           if i.constrained else "")),
         f"step cost: {cost_about}"])
 
 

@@ -39,6 +39,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="output tokens: N or LOW:HIGH; at-once: a comma list cycled (20,200)")
     p.add_argument("--tiers", default="interactive=1", help="tier shares, e.g. interactive=0.7,batch=0.3")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--constrained", type=float, default=0.0,
+                   help="poisson: share of requests with structured outputs or tools (0..1)")
     add_engine_flags(p)
     p.add_argument("--plot", default=None, help="write PNG plots to this folder (matplotlib)")
 
@@ -95,7 +97,8 @@ def _simulate(args: argparse.Namespace) -> str:
 
     if args.workload == "poisson":
         specs = wl.poisson(args.rate, args.n, wl.Lengths.parse(args.prompt),
-                           wl.Lengths.parse(args.output), tier_shares(args.tiers), args.seed)
+                           wl.Lengths.parse(args.output), tier_shares(args.tiers), args.seed,
+                           constrained=args.constrained)
     elif args.workload == "at-once":
         mix = [int(x) for x in args.output.split(",")]
         specs = wl.at_once(args.n, mix, wl.Lengths.parse(args.prompt).low)

@@ -104,10 +104,10 @@ def test_version_1_profile_loads(tmp_path: Path) -> None:
     (tmp_path / "v1.json").write_text(json.dumps(doc))
     prof = Profile.load(tmp_path / "v1.json")
     assert prof.cost == StepLaw(0.05, 0.005, 0.001, 0.0, 0.0)
-    assert prof.samples == [(4, 4, 400, 0, 0.08)]
+    assert prof.samples == [(4, 4, 400, 0, 0, 0.08)]
 
 
-@pytest.mark.parametrize(("text", "message"), [("{", "is not JSON"), ("{}", "not a version-2"),
+@pytest.mark.parametrize(("text", "message"), [("{", "is not JSON"), ("{}", "not a version-3"),
                                                ('{"version": 1}', "malformed")])
 def test_bad_profile_file(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "p.json"

@@ -151,5 +151,6 @@ class _Varied:
         self.n += 1
         return 0.01 + 0.002 * shape.rows + 0.0001 * shape.tokens + 0.005 * (self.n % 3)
 
-    def decode_seconds(self, rows: int, kv_per_row: float) -> float:
+    def decode_seconds(self, rows: int, kv_per_row: float,
+                       constrained_rows: float = 0) -> float:
         return 0.01 + 0.002 * rows

@@ -19,7 +19,7 @@ def test_calibrate_writes_the_grid_profile(tiny_model_dir: Path, tmp_path: Path,
                  "--decode-steps", "4", "--mixed-requests", "0", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     prof = Profile.load(out)
-    shapes = [(r, t, kv, pre) for r, t, kv, pre, _ in prof.samples]
+    shapes = [(r, t, kv, pre) for r, t, kv, pre, _, _ in prof.samples]
     expected = []
     for p in (5, 9):
         for r in (1, 3):
@@ -40,9 +40,14 @@ def test_calibrate_served_run_mixes_prefill_into_decode(tiny_model_dir: Path, tm
     assert code == 0, capsys.readouterr().err
     samples = Profile.load(out).samples
     assert max(r for r, *_ in samples) == 4
-    assert sum(pre for _, _, _, pre, _ in samples) >= 12  # every request prefilled
-    assert any(0 < pre < r for r, _, _, pre, _ in samples)  # a prefill among decodes
-    assert "prefill_rows" in capsys.readouterr().out
+    assert sum(pre for _, _, _, pre, _, _ in samples) >= 12  # every request prefilled
+    assert any(0 < pre < r for r, _, _, pre, _, _ in samples)  # a prefill among decodes
+    # --constrained-share 0.25 (the default): 3 of the 12 under a JSON Schema, so the fit sees
+    # steps with 0, 1, 2 or 3 constrained rows, never more than the seats or the constrained
+    constrained = [c for r, _, _, _, c, _ in samples]
+    assert max(constrained) <= 3 and len(set(constrained)) >= 3
+    assert all(c <= r for r, _, _, _, c, _ in samples)
+    assert "constrained_rows" in capsys.readouterr().out
 
 
 def test_calibrate_bad_grid_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

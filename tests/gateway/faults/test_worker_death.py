@@ -2,11 +2,14 @@
 greedy streams are frozen mid-generation (SIGSTOP on both workers), the worker holding
 some of them is SIGKILLed and the other resumes. Each client's stream just continues: its
 text equals an uninterrupted run's, its usage counts every token once, and the surviving
-worker says it resumed them. A request that no worker can take ends, within its deadline,
-with a clear error."""
+worker says it resumed them. The same holds for a stream constrained by a JSON Schema: its
+grammar state is rebuilt on the other worker from the delivered tokens, and the reassembled
+output still validates. A request that no worker can take ends, within its deadline, with a
+clear error."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 
 from gateway.bus.keys import RedisKeys
@@ -30,6 +34,12 @@ ENGINE = ["--engine", "real", "--num-blocks", "256", "--block-size", "16", "--ma
           "1024", "--max-num-seqs", "8"]
 PROMPTS = ["Once upon a time", "The capital of France", "def main():", "In 1905, Einstein"]
 MAX_TOKENS = 600
+# long (120 items, some 400 tokens) yet bounded: the grammar closes it well within max_tokens
+SCHEMA = {"type": "object", "properties": {
+    "notes": {"type": "array", "items": {"enum": ["alpha", "beta", "gamma", "delta"]},
+              "minItems": 120, "maxItems": 120},
+    "n": {"type": "integer", "minimum": 0, "maximum": 9999}},
+    "required": ["notes", "n"], "additionalProperties": False}
 
 
 def body(model: str, prompt: str) -> dict[str, Any]:
@@ -71,6 +81,22 @@ def owner(redis_url: str, ns: str, request_id: str) -> str:
     return raw.decode() if raw else ""
 
 
+def kill_the_busier(redis_url: str, ns: str, workers: list[tuple[Proc, int]],
+                    streams: list[StreamReader]) -> tuple[tuple[Proc, int], int, float]:
+    """Freeze both workers mid-stream, SIGKILL the one owning more of ``streams`` and let the
+    other go on: (the survivor, the streams that were in flight on the victim, when)."""
+    for proc, _ in workers:  # freeze generation mid-stream
+        os.kill(proc.popen.pid, signal.SIGSTOP)
+    owners = [owner(redis_url, ns, s.request_id or "") for s in streams]
+    victim, survivor = sorted(workers, key=lambda w: -sum(
+        str(w[0].popen.pid) in o and not s.done for o, s in zip(owners, streams)))
+    moved = sum(str(victim[0].popen.pid) in o and not s.done for o, s in zip(owners, streams))
+    os.kill(victim[0].popen.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    os.kill(survivor[0].popen.pid, signal.SIGCONT)
+    return survivor, moved, killed
+
+
 def test_streams_of_a_killed_worker_resume_on_the_other(
         cluster: tuple[str, Proc, list[tuple[Proc, int]]], redis_url: str,
         tiny_model_dir: Path, fault_rows: list[FaultRow]) -> None:
@@ -89,15 +115,7 @@ def test_streams_of_a_killed_worker_resume_on_the_other(
     for s in streams:
         s.start()
     assert all(s.first.wait(60) for s in streams)
-    for proc, _ in workers:  # freeze generation mid-stream
-        os.kill(proc.popen.pid, signal.SIGSTOP)
-    owners = [owner(redis_url, ns, s.request_id or "") for s in streams]
-    victim, survivor = sorted(workers, key=lambda w: -sum(
-        str(w[0].popen.pid) in o for o in owners))
-    moved = sum(str(victim[0].popen.pid) in o and not s.done for o, s in zip(owners, streams))
-    os.kill(victim[0].popen.pid, signal.SIGKILL)
-    killed = time.monotonic()
-    os.kill(survivor[0].popen.pid, signal.SIGCONT)
+    survivor, moved, killed = kill_the_busier(redis_url, ns, workers, streams)
     for s in streams:
         s.join(120)
     row = FaultRow(f"worker SIGKILL mid-stream (2 workers, {len(streams)} greedy streams, "
@@ -119,6 +137,53 @@ def test_streams_of_a_killed_worker_resume_on_the_other(
         counts = ("prompt_tokens", "completion_tokens", "total_tokens")
         assert [s.usage[c] for c in counts] == [usage[c] for c in counts]  # each token once
     assert sum("resumed" in line for line in survivor[0].lines) == moved
+
+
+def test_a_constrained_stream_of_a_killed_worker_resumes_and_still_validates(
+        cluster: tuple[str, Proc, list[tuple[Proc, int]]], redis_url: str,
+        fault_rows: list[FaultRow]) -> None:
+    ns, gw, workers = cluster
+    key = make_tenant(redis_url, ns, "mig")
+    model = httpx.get(gw.url + "/v1/models", headers={"Authorization": f"Bearer {key}"},
+                      timeout=10).json()["data"][0]["id"]
+    fmt = {"type": "json_schema", "json_schema": {"name": "notes", "schema": SCHEMA,
+                                                  "strict": True}}
+    req = {"model": model, "prompt": "Notes as JSON:", "max_tokens": 900, "temperature": 0,
+           "response_format": fmt, "stream_options": {"include_usage": True}}
+    ref = StreamReader(gw.url, key, req)  # uninterrupted (greedy: the same tokens again)
+    ref.start()
+    ref.join(120)
+    assert ref.done and not ref.errors, ref.errors
+    text, usage = "".join(ref.text), ref.usage
+    jsonschema.validate(json.loads(text), SCHEMA)
+    # a second stream on each worker: whichever is killed holds a constrained one
+    streams = [StreamReader(gw.url, key, req) for _ in workers]
+    for s in streams:
+        s.start()
+    assert all(s.first.wait(60) for s in streams)
+    survivor, moved, killed = kill_the_busier(redis_url, ns, workers, streams)
+    for s in streams:
+        s.join(120)
+    row = FaultRow(f"worker SIGKILL mid-stream, json_schema streams ({moved} of "
+                   f"{len(streams)} moved)")
+    for s in streams:
+        row.record(200 if s.done and not s.errors else 503, {"error": {"code": "stream"}})
+    row.recovery_s = time.monotonic() - killed
+    row.kv_blocks_after_idle = idle_kv_used(survivor[1])
+    fault_rows.append(row)
+    received = sum(s.usage["completion_tokens"] for s in [ref, *streams] if s.usage)
+    ledger = ledger_check(redis_url, ns, "mig", f"worker SIGKILL mid-stream, json_schema "
+                          f"({moved} of {len(streams)} moved)", received, 1 + len(streams))
+    assert ledger.drift == 0, ledger
+    assert moved > 0, "no constrained stream was in flight on the killed worker"
+    for s in streams:
+        assert s.done and not s.errors, s.errors
+        assert "".join(s.text) == text  # nothing lost, nothing repeated
+        jsonschema.validate(json.loads("".join(s.text)), SCHEMA)
+        assert s.usage is not None and usage is not None
+        assert s.usage["completion_tokens"] == usage["completion_tokens"]  # each token once
+    assert sum("resumed" in line for line in survivor[0].lines) == moved
+    assert row.kv_blocks_after_idle == 0
 
 
 def test_with_no_worker_left_the_stream_ends_with_a_clear_error_at_its_deadline(

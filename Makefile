@@ -63,8 +63,9 @@ serve: serve-setup
 lock-check: setup
 	$(BIN)/python .ci/lock_check.py requirements/dev.lock --alone requirements/model.lock
 
+# --durations: the slowest tests named at the end, so CI's 15 minutes are watched
 test: lock-check
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 check: setup
 	$(BIN)/ruff check gateway engine kernels policies tests loadtests .ci

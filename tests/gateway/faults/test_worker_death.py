@@ -14,7 +14,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,25 @@ def kill_the_busier(redis_url: str, ns: str, workers: list[tuple[Proc, int]],
     return survivor, moved, killed
 
 
+def run_and_kill(redis_url: str, ns: str, workers: list[tuple[Proc, int]],
+                 streams: list[StreamReader], label: Callable[[int], str]
+                 ) -> tuple[tuple[Proc, int], int, FaultRow]:
+    """Start ``streams``, SIGKILL the busier worker once each has its first token, and wait
+    for them: (the survivor, the streams moved, the fault-table row, named by ``label``)."""
+    for s in streams:
+        s.start()
+    assert all(s.first.wait(60) for s in streams)
+    survivor, moved, killed = kill_the_busier(redis_url, ns, workers, streams)
+    for s in streams:
+        s.join(120)
+    row = FaultRow(label(moved))
+    for s in streams:
+        row.record(200 if s.done and not s.errors else 503, {"error": {"code": "stream"}})
+    row.recovery_s = time.monotonic() - killed  # until the last stream ended
+    row.kv_blocks_after_idle = idle_kv_used(survivor[1])
+    return survivor, moved, row
+
+
 def test_streams_of_a_killed_worker_resume_on_the_other(
         cluster: tuple[str, Proc, list[tuple[Proc, int]]], redis_url: str,
         tiny_model_dir: Path, fault_rows: list[FaultRow]) -> None:
@@ -112,18 +131,10 @@ def test_streams_of_a_killed_worker_resume_on_the_other(
         assert ref.done and not ref.errors, ref.errors
     expected = [("".join(ref.text), ref.usage) for ref in refs]
     streams = [StreamReader(gw.url, key, body(model, p)) for p in PROMPTS]
-    for s in streams:
-        s.start()
-    assert all(s.first.wait(60) for s in streams)
-    survivor, moved, killed = kill_the_busier(redis_url, ns, workers, streams)
-    for s in streams:
-        s.join(120)
-    row = FaultRow(f"worker SIGKILL mid-stream (2 workers, {len(streams)} greedy streams, "
-                   f"{moved} moved)")
-    for s in streams:
-        row.record(200 if s.done and not s.errors else 503, {"error": {"code": "stream"}})
-    row.recovery_s = time.monotonic() - killed  # until the last stream ended
-    row.kv_blocks_after_idle = idle_kv_used(survivor[1])
+    survivor, moved, row = run_and_kill(
+        redis_url, ns, workers, streams,
+        lambda moved: f"worker SIGKILL mid-stream (2 workers, {len(streams)} greedy streams, "
+                      f"{moved} moved)")
     fault_rows.append(row)
     received = sum(s.usage["completion_tokens"] for s in refs + streams if s.usage)
     ledger = ledger_check(redis_url, ns, "mig", f"worker SIGKILL mid-stream ({moved} of "
@@ -158,18 +169,10 @@ def test_a_constrained_stream_of_a_killed_worker_resumes_and_still_validates(
     jsonschema.validate(json.loads(text), SCHEMA)
     # a second stream on each worker: whichever is killed holds a constrained one
     streams = [StreamReader(gw.url, key, req) for _ in workers]
-    for s in streams:
-        s.start()
-    assert all(s.first.wait(60) for s in streams)
-    survivor, moved, killed = kill_the_busier(redis_url, ns, workers, streams)
-    for s in streams:
-        s.join(120)
-    row = FaultRow(f"worker SIGKILL mid-stream, json_schema streams ({moved} of "
-                   f"{len(streams)} moved)")
-    for s in streams:
-        row.record(200 if s.done and not s.errors else 503, {"error": {"code": "stream"}})
-    row.recovery_s = time.monotonic() - killed
-    row.kv_blocks_after_idle = idle_kv_used(survivor[1])
+    survivor, moved, row = run_and_kill(
+        redis_url, ns, workers, streams,
+        lambda moved: f"worker SIGKILL mid-stream, json_schema streams ({moved} of "
+                      f"{len(streams)} moved)")
     fault_rows.append(row)
     received = sum(s.usage["completion_tokens"] for s in [ref, *streams] if s.usage)
     ledger = ledger_check(redis_url, ns, "mig", f"worker SIGKILL mid-stream, json_schema "

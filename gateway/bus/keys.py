@@ -6,6 +6,7 @@
     {ns}:vtc:{tier}          hash    tenant -> virtual token counter; ":s:{tenant}" -> its service
                                      (never lifted: the pick's tie-break); ":last" -> last picked
     {ns}:wake:{tier}         list    a token per admission, for an idle drainer's BLPOP
+    {ns}:wakew:{worker}:{tier} list  a token per admission that prefers this worker (placement)
     {ns}:out:{request}       stream  TokenMsg... FinishMsg; expires; deleted by its reader
     {ns}:req:{request}       hash    owner tenant, tier, state, queue entry id (BOLA checks)
     {ns}:cancel              channel CancelMsg, HandoffMsg to every worker
@@ -61,6 +62,11 @@ class RedisKeys:
 
     def wake(self, tier: str) -> str:
         return f"{self.ns}:wake:{tier}"
+
+    def wake_worker(self, worker: str, tier: str) -> str:
+        """The wake list of the admissions that prefer ``worker`` (prefix-aware placement);
+        ends with the tier, as ``wake`` does (``TierQueues.wait`` reads it back)."""
+        return f"{self.ns}:wakew:{worker}:{tier}"
 
     def out(self, request_id: str) -> str:
         return f"{self.ns}:out:{request_id}"

@@ -18,6 +18,13 @@ over by another worker with XAUTOCLAIM, over every tenant stream of the tier.
 Each admission also pushes a token on the tier's wake list: an idle drainer BLPOPs the
 lists of its tiers (``wait``) instead of blocking on streams it cannot know in advance.
 
+Prefix-aware placement (``policies/placement.py``): an entry may name a preferred worker
+(field ``p``, from the gateway); its admission also wakes that worker on its own list. A
+pick with a placement wait (``TierQueues(placement_wait_ms=...)``) passes over a tenant whose
+next entry prefers another worker and is younger than the wait, so the preferred worker takes
+it first and anyone steals it after the wait; ``held_s`` then says how soon (the drainer's
+next wait).
+
 Adding, picking, cancelling and finishing each happen in one Lua script (``scripts.py``)
 together with the request's state change and the counters; ``QueueEntries`` builds their
 keys and arguments and runs them.
@@ -82,10 +89,15 @@ class BudgetCheck:
 
 
 class TierQueues:
-    def __init__(self, redis: Any, keys: RedisKeys, tiers: Iterable[str]) -> None:
+    def __init__(self, redis: Any, keys: RedisKeys, tiers: Iterable[str],
+                 placement_wait_ms: float = 0.0) -> None:
         self.redis = redis
         self.keys = keys
         self.tiers = tuple(tiers)
+        self.placement_wait_ms = placement_wait_ms  # 0: entries' preferences are ignored
+        # after a pick: seconds until an entry held for another worker may be stolen (None:
+        # the pick passed over none)
+        self.held_s: float | None = None
         # Lean connections (``resp.py``) for the drainer's calls, on every request's path:
         # one that blocks (BLPOP would hold up whatever is pipelined behind it) and one for
         # the rest.
@@ -111,24 +123,35 @@ class TierQueues:
         tenants in ``skip`` (their entries stay queued)."""
         k = self.keys
         res = await self._pick(keys=[k.backlogged(tier), k.vtc(tier)],
-                               args=[k.queue_prefix(tier), GROUP, consumer, count, *skip])
-        return [self._envelope(key, eid, fields) for key, eid, fields in res or []]
+                               args=[k.queue_prefix(tier), GROUP, consumer, count,
+                                     int(self.placement_wait_ms), *skip])
+        rows = list(res or [])
+        if rows and not text(rows[-1][0]):  # the last row: ms until a held entry is stealable
+            held = float(text(rows.pop()[1])) / 1000
+            self.held_s = held if self.held_s is None else min(self.held_s, held)
+        return [self._envelope(key, eid, fields) for key, eid, fields in rows]
 
     async def read_counts(self, counts: dict[str, int], consumer: str,
                           skip: Mapping[str, Iterable[str]] | None = None
                           ) -> dict[str, list[Envelope]]:
         """``counts[tier]`` entries per tier by the fair pick, pipelined (non-blocking); the
-        pick of a tier skips the tenants ``skip[tier]`` names."""
+        pick of a tier skips the tenants ``skip[tier]`` names. Sets ``held_s``."""
         skip = skip or {}
+        self.held_s = None
         got = await asyncio.gather(*(self.pick(t, consumer, n, skip.get(t, ()))
                                      for t, n in counts.items()))
         return dict(zip(counts, got))
 
-    async def wait(self, tiers: Iterable[str], timeout_s: float) -> str | None:
+    async def wait(self, tiers: Iterable[str], timeout_s: float,
+                   consumer: str | None = None) -> str | None:
         """Block until an admission to one of ``tiers`` (its wake token), up to
         ``timeout_s``; the tier woken for, or None. A token may be stale (another worker
-        took the entry): the pick that follows then finds nothing."""
+        took the entry): the pick that follows then finds nothing. With placement on, the
+        admissions that prefer ``consumer`` wake it too."""
+        tiers = tuple(tiers)
         keys = [self.keys.wake(t) for t in tiers]
+        if consumer and self.placement_wait_ms > 0:
+            keys += [self.keys.wake_worker(consumer, t) for t in tiers]
         if not keys:
             return None
         if self._block_conn is not None:
@@ -270,24 +293,24 @@ class QueueEntries:
 
     async def admit(self, msg: SubmitMsg, tenant_id: str, *, rpm: int, tpm: int, max_concurrency: int,
                     queue_max_len: int, cost: int, lease_ms: int, req_ttl_s: int,
-                    weight: float = 1.0, budget: BudgetCheck | None = None
-                    ) -> tuple[str, str, float, float]:
+                    weight: float = 1.0, budget: BudgetCheck | None = None,
+                    prefer: str = "") -> tuple[str, str, float, float]:
         """Check the tenant's limits and enqueue ``msg`` in one step: ``("ok", entry id,
         ...)``, or ``(the limit that refused it, retry-after seconds, ...)``, then the rpm and
         tpm buckets' levels after the call. ``weight``: the tenant's fair-queue weight (its
         service is counted in tokens / weight). ``budget``: the tenant's period spend to check
-        and charge."""
+        and charge. ``prefer``: the worker that should take it first (placement; '' = any)."""
         k, fields, tier = self.keys, encode(msg), msg.tier
         b = budget or BudgetCheck(k.budget(tenant_id, "-"), 0, 0, 0)
         res = await self._admit(
             keys=[k.bucket(tenant_id, "rpm"), k.bucket(tenant_id, "tpm"),
                   k.concurrency(tenant_id), k.queue(tier, tenant_id), k.req(msg.request_id),
                   k.stats, k.queue_tenants(tier), k.backlogged(tier), k.vtc(tier), k.wake(tier),
-                  b.key],
+                  b.key, *([k.wake_worker(prefer, tier)] if prefer else [])],
             args=[rpm, tpm, max_concurrency, queue_max_len, cost, msg.request_id, lease_ms,
                   fields["t"], fields["d"], tenant_id, tier, req_ttl_s, GROUP,
                   len(msg.prompt_token_ids), repr(float(weight)), k.queue_prefix(tier),
-                  b.limit, b.charge, b.reset_s],
+                  b.limit, b.charge, b.reset_s, prefer],
         )
         return text(res[0]), text(res[1]), float(text(res[2])), float(text(res[3]))
 

@@ -34,10 +34,11 @@ end
 ADMIT_LUA = _BUCKET_LUA + """
 -- KEYS: rpm, tpm, conc, queue (the tier's stream of this tenant), req, stats,
 --       tier tenants (set), backlogged (hash), vtc (hash), wake (list), budget (the period's
---       spend, ``policies/budget.py``)
+--       spend, ``policies/budget.py``) [, the preferred worker's wake list]
 -- ARGV: rpm, tpm, max_conc, queue_max, cost, request_id, lease_ms, type, data, tenant, tier,
 --       req_ttl_s, group, prompt tokens, weight, stream prefix, budget (0 = none), the
---       reservation's charge against it, seconds until the period ends
+--       reservation's charge against it, seconds until the period ends [, the preferred
+--       worker (prefix-aware placement, ``policies/placement.py``; '' = none)]
 -- Returns {'ok', entry id, rpm level, tpm level} or {limit, retry-after s, rpm level, tpm
 -- level}: a tenant whose period spend reached its budget is refused ('budget_exceeded', until
 -- the period ends); an admitted one is charged its reservation at once (the settle replaces
@@ -101,8 +102,15 @@ end
 if redis.call('EXISTS', KEYS[4]) == 0 then
   redis.call('XGROUP', 'CREATE', KEYS[4], ARGV[13], '0', 'MKSTREAM')
 end
-local id = redis.call('XADD', KEYS[4], '*', 't', ARGV[8], 'd', ARGV[9], 'n', ARGV[14],
-  'w', ARGV[15])
+local id
+if ARGV[20] and ARGV[20] ~= '' then
+  -- placement: 'p' names the worker PICK_LUA lets take the entry first
+  id = redis.call('XADD', KEYS[4], '*', 't', ARGV[8], 'd', ARGV[9], 'n', ARGV[14],
+    'w', ARGV[15], 'p', ARGV[20])
+else
+  id = redis.call('XADD', KEYS[4], '*', 't', ARGV[8], 'd', ARGV[9], 'n', ARGV[14],
+    'w', ARGV[15])
+end
 redis.call('SADD', KEYS[7], tenant)
 redis.call('HINCRBY', KEYS[8], tenant, 1)
 redis.call('HSET', KEYS[5], 'tenant', tenant, 'tier', ARGV[11], 'state', 'queued',
@@ -112,6 +120,11 @@ redis.call('HINCRBY', KEYS[6], 'admitted', 1)
 -- wake an idle drainer; the list is bounded (a stale token costs one empty pick)
 redis.call('RPUSH', KEYS[10], '1')
 redis.call('LTRIM', KEYS[10], -64, -1)
+if KEYS[12] then  -- placement: the preferred worker is woken even when another took the token
+  redis.call('RPUSH', KEYS[12], '1')
+  redis.call('LTRIM', KEYS[12], -64, -1)
+  redis.call('EXPIRE', KEYS[12], 60)
+end
 return {'ok', id, tostring(lr), tostring(lt)}
 """
 
@@ -199,8 +212,9 @@ return out
 """
 
 # KEYS: backlogged (hash), vtc (hash) of one tier
-# ARGV: stream prefix, group, consumer, count, then tenants to skip (over their seat share,
-# ``policies.tenant_seats``: their entries stay queued)
+# ARGV: stream prefix, group, consumer, count, placement wait (ms; 0 = preferences ignored),
+# then tenants to skip (over their seat share, ``policies.tenant_seats``: their entries stay
+# queued)
 # The fair pick (``policies.fair_queue``): up to ``count`` times, the backlogged tenant with
 # the least counter gives its next entry (XREADGROUP, which makes it pending for
 # ``consumer``), and is charged its prompt tokens / weight (the entry's 'n' and 'w') on its
@@ -209,16 +223,22 @@ return out
 # the first entry after it), then the smaller id. Returns {stream key, entry id, fields} per
 # entry. A tenant whose stream had nothing left to deliver (the index outlived its entries)
 # leaves the index; a stream without its group (NOGROUP) gets the group again.
+# Placement (wait > 0): a tenant whose next entry names another worker ('p', set by
+# ADMIT_LUA) and is younger than the wait (by its id's milliseconds, on Redis's clock) is
+# passed over by this pick, which takes the next tenant in fair order; the named worker takes
+# it at once, anyone after the wait. Then a last row {'', ms} says in how many milliseconds
+# the soonest such entry may be stolen (the drainer waits that long, not its idle poll).
 PICK_LUA = """
 local prefix, group, consumer = ARGV[1], ARGV[2], ARGV[3]
+local wait_ms = tonumber(ARGV[5])
 local out = {}
 local skip = {}
-for i = 5, #ARGV do skip[ARGV[i]] = true end
-local function head(t)
+for i = 6, #ARGV do skip[ARGV[i]] = true end
+local function next_entry(t)  -- the entry the group delivers next, or nil
   local key = prefix .. t
-  if redis.call('EXISTS', key) == 0 then return {math.huge, math.huge} end
+  if redis.call('EXISTS', key) == 0 then return nil end
   local groups = redis.pcall('XINFO', 'GROUPS', key)
-  if type(groups) ~= 'table' or groups.err then return {math.huge, math.huge} end
+  if type(groups) ~= 'table' or groups.err then return nil end
   local last = '0-0'
   for _, g in ipairs(groups) do
     local name, id
@@ -227,11 +247,33 @@ local function head(t)
     end
     if name == group then last = id end
   end
-  local nxt = redis.call('XRANGE', key, '(' .. last, '+', 'COUNT', 1)[1]
+  return redis.call('XRANGE', key, '(' .. last, '+', 'COUNT', 1)[1]
+end
+local function head(t)
+  local nxt = next_entry(t)
   if not nxt then return {math.huge, math.huge} end
   local ms, seq = string.match(nxt[1], '(%d+)-(%d+)')
   return {tonumber(ms), tonumber(seq)}
 end
+-- ms until another worker may take t's next entry (0: this consumer may take it now)
+local now_ms
+local function held_for(t)
+  local nxt = next_entry(t)
+  if not nxt then return 0 end
+  local f = nxt[2]
+  for j = 1, #f, 2 do
+    if f[j] == 'p' then
+      if f[j + 1] == consumer then return 0 end
+      if not now_ms then
+        local tm = redis.call('TIME')
+        now_ms = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+      end
+      return math.max(0, tonumber(string.match(nxt[1], '(%d+)-')) + wait_ms - now_ms)
+    end
+  end
+  return 0
+end
+local held_ms
 local function before(t, c, s, best, bc, bs)
   if c ~= bc then return c < bc end
   if s ~= bs then return s < bs end
@@ -252,7 +294,11 @@ while #out < tonumber(ARGV[4]) do
   if not best then break end
   local key = prefix .. best
   local got = false
-  if redis.call('EXISTS', key) == 1 then
+  local held = wait_ms > 0 and held_for(best) or 0
+  if held > 0 then
+    skip[best] = true  -- its entry waits for its worker; the next tenant in fair order
+    held_ms = math.min(held_ms or held, held)
+  elseif redis.call('EXISTS', key) == 1 then
     got = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', key, '>')
     if type(got) == 'table' and got.err then
       -- NOGROUP: the stream came back without its group (Redis restored partly): recreate it
@@ -260,7 +306,8 @@ while #out < tonumber(ARGV[4]) do
       got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', key, '>')
     end
   end
-  if not got or #got == 0 then
+  if held > 0 then  -- nothing was read: the tenant stays backlogged
+  elseif not got or #got == 0 then
     redis.call('HDEL', KEYS[1], best)
   else
     if redis.call('HINCRBY', KEYS[1], best, -1) <= 0 then redis.call('HDEL', KEYS[1], best) end
@@ -276,6 +323,7 @@ while #out < tonumber(ARGV[4]) do
     out[#out + 1] = {key, entry[1], f}
   end
 end
+if held_ms and #out < tonumber(ARGV[4]) then out[#out + 1] = {'', tostring(held_ms)} end
 return out
 """
 

@@ -67,6 +67,14 @@ class GatewayConfig:
     # on SIGTERM: how long a worker lets its requests finish before it hands the rest to
     # another worker (0: at once), and how long a gateway lets its open streams finish
     drain_timeout_s: float = 30.0
+    # prefix-aware placement (``policies/placement.py``, docs/fleet.md): a gateway tags each
+    # entry with the worker its prompt's leading KV blocks hash to; workers leave it to that
+    # worker this long before any may take it. 0 = off (every worker takes any entry).
+    placement_wait_ms: float = 0.0
+    placement_blocks: int = 16  # leading KV blocks of a prompt that choose its worker
+    # a worker past this x the mean of a gateway's recent placements is passed over for the
+    # next in the prompt's order (a hot prefix spills); 0 = no bound
+    placement_load_factor: float = 1.25
     stream_ttl_s: int = 300  # out:{id} streams expire after this even if nobody reads them
     auth_cache_s: float = 0.5  # key->tenant cache; revocation is visible within this
     # the usage ledger (``tenancy/ledger.py``): hourly rows per tenant, kept this many days
@@ -133,6 +141,10 @@ class GatewayConfig:
             raise ValueError("usage_retention_days must be in 1..3660")
         if self.max_grammar_bytes < 1 or self.grammar_compile_timeout_s <= 0:
             raise ValueError("max_grammar_bytes must be >= 1, grammar_compile_timeout_s > 0")
+        if not 0 <= self.placement_wait_ms <= 10_000 or self.placement_blocks < 1 or not (
+                self.placement_load_factor == 0 or self.placement_load_factor >= 1):
+            raise ValueError("placement_wait_ms must be in [0, 10000], placement_blocks >= 1, "
+                             "placement_load_factor 0 or >= 1")
         if not 0 <= self.drain_timeout_s <= 3600:
             raise ValueError(f"drain_timeout_s must be in [0, 3600], got {self.drain_timeout_s}")
         if not self.namespace or ":" in self.namespace:

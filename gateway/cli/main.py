@@ -40,6 +40,14 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--drain-timeout", dest="drain_timeout_s", type=float, default=None,
                    help="seconds a stopping process lets its requests finish (default 30; "
                         "a worker then hands the rest to another worker)")
+    p.add_argument("--placement-wait-ms", dest="placement_wait_ms", type=float, default=None,
+                   help="prefix-aware placement: a worker other than the one a prompt's prefix "
+                        "hashes to takes it only after this wait (default 0 = off)")
+    p.add_argument("--placement-blocks", dest="placement_blocks", type=int, default=None,
+                   help="leading KV blocks of a prompt that choose its worker (default 16)")
+    p.add_argument("--placement-load-factor", dest="placement_load_factor", type=float,
+                   default=None, help="a worker past this x the mean of recent placements is "
+                                      "passed over (default 1.25; 0 = no bound)")
     p.add_argument("--access-log", action="store_const", const=True, default=None,
                    help="log a line per HTTP request (off by default)")
     p.add_argument("--strict-api", action="store_const", const=True, default=None,
@@ -71,7 +79,8 @@ ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_le
                 "quantization", "kv_cache_dtype")
 CONFIG_FLAGS = ("host", "port", "role", "engine", "model", "tenants_file", "namespace",
                 "create_demo_tenant", "echo_step_ms", "trace_console", "metrics_port",
-                "access_log", "tier_slos", "strict_api", "drain_timeout_s")
+                "access_log", "tier_slos", "strict_api", "drain_timeout_s", "placement_wait_ms",
+                "placement_blocks", "placement_load_factor")
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -86,9 +95,10 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 def _add_bench(sub: Any) -> None:
     p = sub.add_parser("bench",
-                       help="benchmarks: engine, kernels, gateway, sla, serve, gpu, rolling")
+                       help="benchmarks: engine, kernels, gateway, sla, serve, gpu, rolling, "
+                            "placement")
     p.add_argument("target", choices=("engine", "kernels", "gateway", "sla", "serve", "gpu",
-                                      "rolling"))
+                                      "rolling", "placement"))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for that benchmark")
     p.set_defaults(func=_run_bench)
 
@@ -102,7 +112,8 @@ def _run_bench(args: argparse.Namespace) -> int:
                                       "sla": "gateway.bench.sla",
                                       "serve": "gateway.bench.serve",
                                       "gpu": "engine.bench.gpu",
-                                      "rolling": "gateway.bench.rolling"}[args.target])
+                                      "rolling": "gateway.bench.rolling",
+                                      "placement": "gateway.bench.placement"}[args.target])
     return int(module.main(list(args.rest)) or 0)
 
 

@@ -18,6 +18,7 @@ from gateway.config import GatewayConfig
 from gateway.http.auth import AuthCache
 from gateway.http.cancel import Canceller
 from gateway.http.output_mux import OutputMux
+from gateway.http.placement import Placement
 from gateway.http.shedding import TierShedder
 from gateway.http.shutdown import Shutdown
 from gateway.model_info import ModelInfo
@@ -41,6 +42,7 @@ class Services:
     events: GatewayEvents
     mux: OutputMux  # the one reader of every in-flight output stream
     shedder: TierShedder  # early shedding from the workers' published tier status
+    placement: Placement  # the preferred worker of each new request (prefix-aware placement)
     engine: EngineClient | None = None  # set when this process also runs a worker
     worker: Worker | None = None
     shutdown: Shutdown = field(default_factory=Shutdown)  # mutable inside: the frozen field
@@ -64,7 +66,7 @@ class Services:
                                 config.prices.get(model.name)),
             canceller=Canceller(redis, keys, config.stream_ttl_s),
             model=model, events=events, mux=OutputMux(redis), engine=engine,
-            shedder=TierShedder(redis, keys, config),
+            shedder=TierShedder(redis, keys, config), placement=Placement(config),
             worker=worker_type(redis, engine, config, events) if engine is not None else None,
             grammars=GrammarCompiler(model.tokenizer, _eos(model.tokenizer)),
         )

@@ -70,6 +70,9 @@ class TierShedder:
         self.config = config
         self.refresh_s = refresh_s
         self._loads: dict[str, TierLoad] = {}
+        # the live workers that take new work (not draining), as of the last read: prefix-aware
+        # placement hashes over them (``gateway/http/placement.py``)
+        self.workers: tuple[str, ...] = ()
         self._expires = 0.0
         self._refresh: asyncio.Task[None] | None = None
 
@@ -88,10 +91,13 @@ class TierShedder:
 
     async def _read(self) -> None:
         try:
-            self._loads = merge_loads(await self.statuses())
+            statuses = await self.statuses()
+            self._loads = merge_loads(statuses)
+            self.workers = tuple(sorted(str(s["worker"]) for s in statuses
+                                        if s.get("worker") and not s.get("draining")))
         except Exception as exc:  # noqa: BLE001  (no status: never shed)
             log.warning("tier status unreadable, not shedding: %r", exc)
-            self._loads = {}
+            self._loads, self.workers = {}, ()
         self._expires = time.monotonic() + self.refresh_s
 
     async def check(self, tenant_id: str, tier: str) -> APIError | None:

@@ -106,8 +106,10 @@ class QuotaEnforcer:
         self._retries.add(task)
         task.add_done_callback(self._retries.discard)
 
-    async def admit(self, tenant: Tenant, msg: SubmitMsg, cost: int) -> Admission:
-        """Check every limit and enqueue ``msg`` atomically; ``cost`` = prompt + max_tokens."""
+    async def admit(self, tenant: Tenant, msg: SubmitMsg, cost: int,
+                    prefer: str = "") -> Admission:
+        """Check every limit and enqueue ``msg`` atomically; ``cost`` = prompt + max_tokens;
+        ``prefer``: the worker that should take it first (placement; '' = any)."""
         q = tenant.quota
         budget, check = q.budget, None
         if budget.limit:
@@ -120,7 +122,7 @@ class QuotaEnforcer:
         status, detail, rpm_level, tpm_level = await self._entries.admit(
             msg, tenant.id, rpm=q.rpm, tpm=q.tpm, max_concurrency=q.max_concurrency,
             queue_max_len=self.queue_max_len, cost=cost, lease_ms=self.lease_ms,
-            req_ttl_s=self.req_ttl_s, weight=tenant.weight, budget=check)
+            req_ttl_s=self.req_ttl_s, weight=tenant.weight, budget=check, prefer=prefer)
         headers = tuple(ratelimit_headers(q.rpm, rpm_level, q.tpm, tpm_level))
         if status == "ok":
             return Admission(True, entry_id=detail, headers=headers,

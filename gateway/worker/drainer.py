@@ -29,6 +29,9 @@ engine's row cap, the non-urgent tiers may hold as many rows as the cap owes the
 find no rows to run. A request of a tenant under its share, in a tier where another tenant is
 over its share, is started with its first token urgent (``first_token_urgent``,
 ``policies.tenant_seats``): the engine caps the step that computes it as an urgent arrival's.
+With prefix-aware placement, a pick may pass over entries held for another worker
+(``TierQueues.held_s``): a round that found only those waits until the soonest may be stolen
+(or an admission comes), instead of polling the backlog or sleeping a whole idle wait.
 """
 
 from __future__ import annotations
@@ -110,9 +113,13 @@ class Drainer:
             self.quiet = False  # a backlog may build meanwhile: plan it by weight
             await self._wait_for_room()
             return
+        self.queues.held_s = None  # set again by this round's picks
         envs = await self._pull(open_tiers)
-        if not envs and self.excluded:  # the backlog may be only tenants the pick skips
-            envs = await self._wait_for_admission(open_tiers)
+        held = self.queues.held_s  # placement: entries held for other workers, stealable in
+        if not envs and (self.excluded or held is not None):
+            # the backlog may be only tenants the pick skips, or entries held for others
+            envs = await self._wait_for_admission(
+                open_tiers, CLOSED_BLOCK_S if held is None else min(CLOSED_BLOCK_S, held))
         if envs:
             self.pace.started([(e.tier, e.tenant) for e in envs if e.tier in self.single])
             # the pull may have waited long for work (an idle tier): judge the first tokens by
@@ -192,24 +199,27 @@ class Drainer:
         taken by another worker while an entry remains). While a tier is closed for want of
         room the wait is short: a step's end opens it and wakes nobody."""
         closed = len(tiers) < sum(1 for w in self.weights.values() if w > 0)
-        if await self.queues.wait(tiers, CLOSED_BLOCK_S if closed else IDLE_BLOCK_S) is None:
+        if await self.queues.wait(tiers, CLOSED_BLOCK_S if closed else IDLE_BLOCK_S,
+                                  self.consumer) is None:
             self.quiet = False
             return []
         counts = {t: min(count, self.lower_seats, 1 if t in self.single else count)
                   if _lower(t) else count for t in tiers}
         got = await self.queues.read_counts(counts, self.consumer, self.excluded)
         envs = [e for t in tiers for e in got.get(t, [])]
-        self.quiet = len(envs) <= 1
+        # an entry held for another worker means work is queued: count the backlog next
+        self.quiet = len(envs) <= 1 and self.queues.held_s is None
         return envs
 
-    async def _wait_for_admission(self, tiers: list[str]) -> list[Envelope]:
+    async def _wait_for_admission(self, tiers: list[str],
+                                  timeout_s: float = CLOSED_BLOCK_S) -> list[Envelope]:
         """While the backlog is only tenants the pick skips (over their share, paced): wait
         for an admission to ``tiers``, at most ``CLOSED_BLOCK_S`` (a step's end, which wakes
         nobody, lets them start again), and pick once from the tier woken for. Waiting for
         the step's end alone (as before) left a light tenant's request that arrived
         meanwhile queued until the next poll: one that came late in a step missed the next
         step and waited a whole step more (bench sla's heavy row, traced)."""
-        woke = await self.queues.wait(tiers, CLOSED_BLOCK_S)
+        woke = await self.queues.wait(tiers, timeout_s, self.consumer)
         self.quiet = False  # a backlog is known: count it next round
         if woke is None or woke not in tiers:
             return []

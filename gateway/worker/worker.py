@@ -68,7 +68,7 @@ class Worker:
         self.events = events or GatewayEvents()
         self.keys = RedisKeys(config.namespace)
         self.consumer = config.worker_id or default_worker_id()
-        self.queues = TierQueues(redis, self.keys, TIERS)
+        self.queues = TierQueues(redis, self.keys, TIERS, config.placement_wait_ms)
         self.writer = OutputWriter(redis, self.keys, config.stream_ttl_s,
                                    config.usage_retention_days * 86400 if config.ledger else 0)
         self.drainer = Drainer(self.queues, engine, self.consumer, config.tier_weights, self._start,

@@ -174,7 +174,9 @@ async def _completion(request: Request, kind: str) -> Response:
             parsed.stream, request.headers.get("traceparent")),
     )
     n_prompt = len(parsed.prompt_token_ids)
-    admission = await svc.quota.admit(tenant, msg, reserve(parsed, max_tokens))
+    admission = await svc.quota.admit(tenant, msg, reserve(parsed, max_tokens),
+                                      svc.placement.prefer(svc.shedder.workers,
+                                                           parsed.prompt_token_ids))
     if not admission.ok:
         svc.events.request_rejected(tenant.id, 429, admission.reason, request_id=rid)
         raise APIError(429, admission.message, code=admission.reason,

@@ -20,6 +20,7 @@ class RecordingQueues:
     the wait timed out); records every call."""
 
     tiers = TIERS
+    held_s: float | None = None  # no placement: no pick passes over an entry
 
     def __init__(self, reads: list[list[str]]) -> None:
         self.reads = list(reads)  # per wait: the tiers of the entries the pick then returns
@@ -30,7 +31,7 @@ class RecordingQueues:
         self.calls.append("backlogs")
         return {t: 0 for t in TIERS}
 
-    async def wait(self, tiers: Any, timeout_s: float) -> str | None:
+    async def wait(self, tiers: Any, timeout_s: float, consumer: str | None = None) -> str | None:
         self.calls.append("wait")
         self.timeouts.append(timeout_s)
         await asyncio.sleep(0)  # a real wait yields to the loop

@@ -154,9 +154,9 @@ async def test_a_light_admission_starts_while_only_paced_tenants_are_backlogged(
                       row_limit=lambda: BOUND, held=lambda: held)
     real_wait = queues.wait
 
-    async def wait(tiers: Any, timeout_s: float) -> str | None:
+    async def wait(tiers: Any, timeout_s: float, consumer: str | None = None) -> str | None:
         await send("light", "l0")  # arrives while the drainer waits
-        return await real_wait(tiers, timeout_s)
+        return await real_wait(tiers, timeout_s, consumer)
 
     try:
         for i in range(4):

@@ -25,6 +25,7 @@ class RequestRecord:
     output_tokens: int
     finish_reason: str | None = None
     num_preemptions: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache when admitted
 
     @property
     def ttft(self) -> float | None:

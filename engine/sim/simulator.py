@@ -37,9 +37,9 @@ from engine.core.structured import StructuredSpec
 from engine.sim.clock import VirtualClock
 from engine.sim.cost import CostModel, shape_of
 from engine.sim.metrics import RequestRecord, RunResult, StepRecord
-from engine.sim.workload import RequestSpec
+from engine.sim.workload import SIM_ANSWER, RequestSpec
 
-SIM_TOKEN = 7  # what the stand-in runner "samples"; never an EOS (requests carry none)
+SIM_TOKEN = SIM_ANSWER  # what the stand-in runner "samples"; never an EOS (none is set)
 _SYNTHETIC_BASE = 1 << 20  # synthetic prompts start with a per-request token: no false sharing
 SIM_GRAMMAR = StructuredSpec("json_object", "")  # marks a constrained row; never compiled here
 
@@ -69,6 +69,11 @@ class Simulator:
             keep_waiting: int = 0, until_tokens: int | None = None,
             max_steps: int = 5_000_000) -> RunResult:
         return _Run(self, workload, refill, keep_waiting, until_tokens).loop(max_steps)
+
+    def instance(self) -> _Run:
+        """An empty run to feed arrivals (``pending``, in arrival order) and ``advance``
+        step by step: one instance of a simulated fleet (``engine/sim/fleet.py``)."""
+        return _Run(self, (), None, 0, None)
 
 
 class _Run:
@@ -113,6 +118,27 @@ class _Run:
         self.result.end_time = self.clock.now
         self.result.preemptions = stats.preemptions_recompute + stats.preemptions_swap
         return self.result
+
+    def advance(self, until: float) -> None:
+        """Run the steps that start before ``until`` (the fleet simulation's instances, fed
+        their arrivals as they come: ``engine/sim/fleet.py``); idle, the clock stays put."""
+        sched = self.scheduler
+        while True:
+            self._admit_arrivals()
+            if not sched.has_unfinished_requests():
+                if self.next_pending >= len(self.pending) \
+                        or self.pending[self.next_pending].arrival >= until:
+                    return
+                self.clock.jump(self.pending[self.next_pending].arrival)
+                continue
+            if self.clock.now >= until:
+                return
+            out = sched.schedule()
+            if not (out.scheduled or out.swap_in or out.swap_out):
+                self._collect(sched.update_from_output(out, ModelRunnerOutput()))
+                self._idle()
+                continue
+            self._step(out)
 
     def _step(self, out: SchedulerOutput) -> None:
         shape = shape_of(out)
@@ -175,7 +201,7 @@ class _Run:
                 req.request_id, spec.tier, spec.tenant, req.arrival_time, req.times.first_token,
                 req.times.finished if req.times.finished is not None else self.clock.now,
                 req.num_output_tokens, None if reason is None else reason.value,
-                req.num_preemptions))
+                req.num_preemptions, req.num_cached_tokens))
 
 
 def _synthetic_prompt(index: int, length: int) -> list[int]:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from policies.tiers import TIER_PRIORITY, TIERS
 
+SIM_ANSWER = 7  # every token the simulator's stand-in runner "samples" (its SIM_TOKEN)
+
 
 @dataclass(frozen=True)
 class RequestSpec:
@@ -138,3 +140,30 @@ def load_trace(path: str | Path) -> list[RequestSpec]:
 
 def total_output_tokens(specs: Iterable[RequestSpec]) -> int:
     return sum(s.output_len for s in specs)
+
+
+def chat_sessions(rate: float, chats: int, prefixes: int, prefix_len: int, turns: int = 3,
+                  turn_len: int = 24, output_len: int = 16, turn_gap_s: float = 5.0,
+                  skewed: bool = False, seed: int = 0) -> list[RequestSpec]:
+    """Multi-turn chats over ``prefixes`` shared system prompts of ``prefix_len`` tokens:
+    chats start with exponential gaps (``rate`` turns/s in all), each picks a system prompt
+    (evenly, or with ``skewed`` half the chats prompt 0) and sends ``turns`` turns
+    ``turn_gap_s`` apart, each turn's prompt the previous one + its answer + ``turn_len`` new
+    tokens: what prefix-aware placement is for (``engine/sim/fleet.py``)."""
+    if not rate > 0 or min(chats, prefixes, prefix_len, turns, turn_len, output_len) < 1:
+        raise ValueError("need rate > 0 and counts, lengths >= 1")
+    rng = random.Random(seed)
+    systems = [[(p * 7919 + j * 31) % 40000 + 1000 for j in range(prefix_len)]
+               for p in range(prefixes)]
+    t, out = 0.0, []
+    for c in range(chats):
+        t += rng.expovariate(rate / turns)
+        p = (0 if c % 2 == 0 else 1 + (c // 2) % max(1, prefixes - 1)) if skewed \
+            else c % prefixes
+        ids = list(systems[p])
+        for k in range(turns):
+            ids += [50000 + (c * 131 + k * 17 + j) % 9000 for j in range(turn_len)]
+            out.append(RequestSpec(f"c{c}t{k}", output_len, len(ids), t + k * turn_gap_s,
+                                   prompt_ids=tuple(ids)))
+            ids += [SIM_ANSWER] * output_len  # the simulated runner's answer (its one token)
+    return out

@@ -45,6 +45,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--constrained", type=float, default=0.0,
                    help="share of requests with structured outputs or tools (0..1)")
+    p.add_argument("--shared-prefixes", type=int, default=0,
+                   help="simulate multi-turn chats over this many shared system prompts on the "
+                        "plan's instances, with and without prefix-aware placement (0 = off)")
+    p.add_argument("--prefix-tokens", type=int, default=500,
+                   help="tokens of each shared system prompt (--shared-prefixes)")
+    p.add_argument("--skewed", action="store_true",
+                   help="--shared-prefixes: half the chats share one system prompt")
     p.add_argument("--verify", action="store_true", help="serve one instance and load-test it")
     p.add_argument("--verify-run-time", default="45s")
     p.add_argument("--verify-out", default="plan-verify")
@@ -112,6 +119,13 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(render(plan, about) + "\n")
     if not plan.feasible:
         return 1
+    if args.shared_prefixes > 0:
+        from engine.sim.fleet import plan_placement
+        from gateway.cli.plan_report import placement_section
+
+        got = plan_placement(plan, cost, args.shared_prefixes, args.prefix_tokens, args.skewed)
+        sys.stdout.write("\n" + placement_section(got, args.shared_prefixes,
+                                                   args.prefix_tokens, args.skewed) + "\n")
     if args.verify:
         from gateway.cli.loadtest import verify
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from engine.sim.fleet import FleetResult
 from engine.sim.planner import PREFILL_STEP_FACTOR, Plan
-from engine.sim.report import table, tier_table
+from engine.sim.report import seconds, table, tier_table
 
 
 def render(plan: Plan, cost_about: str) -> str:
@@ -105,3 +106,27 @@ def _recommendation(plan: Plan) -> str:
                for t, s in zip(plan.inputs.targets, final.tiers)]
     lines.append("Predicted p99 / target:\n  " + "\n  ".join(margins))
     return "\n".join(lines)
+
+
+def placement_section(results: dict[str, FleetResult], prefixes: int, prefix_tokens: int,
+                      skewed: bool) -> str:
+    """What prefix-aware placement buys the plan's fleet (``engine.sim.fleet.plan_placement``):
+    one row per arm, the cached prompt tokens also against one instance alone's."""
+    alone = results["one instance"].cached_tokens
+    rows = [[name, str(len(r.per_instance)), f"{r.cached_tokens:,} / {r.prompt_tokens:,}",
+             f"{r.cached_tokens / alone:.2f}x" if alone else "-", seconds(r.ttft(50)),
+             seconds(r.ttft(99)), f"{r.spread:.2f}", str(r.stolen)]
+            for name, r in results.items()]
+    placed, plain = results["placement"], results["no placement"]
+    ratio = placed.ttft(50) / plain.ttft(50) if plain.ttft(50) > 0 else float("nan")
+    advice = (f"placement: TTFT p50 x{ratio:.2f} of the plain pull's; serve with "
+              "--placement-wait-ms 75 on gateways and workers")
+    if len(placed.per_instance) == 1:
+        advice = "one instance: placement has nothing to choose"
+    return "\n".join([
+        (f"Prefix-aware placement: multi-turn chats (3 turns) over {prefixes} shared system "
+         f"prompts of {prefix_tokens} tokens" + (", half the chats on one" if skewed else "")
+         + ", at the peak rate"),
+        table(["arm", "instances", "cached prompt tokens", "vs one instance", "TTFT p50",
+               "TTFT p99", "busiest / mean", "stolen"], rows),
+        advice])

@@ -30,6 +30,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 DEFAULT_MAX_BLOCKS = 16  # 256 tokens at the engine's default 16-token block
 DEFAULT_LOAD_FACTOR = 1.25
+# The load bound counts a sliding window of the latest placements, this many per worker (at
+# least MIN_WINDOW): a worker's share must be estimated over enough placements, or with many
+# workers (30 workers, a 64-placement window: about 2 each) every prefix would be spread over
+# most of them (engine/sim/fleet.py measured it: 10 workers a prompt, against 1-2).
+WINDOW_PER_WORKER = 32
+MIN_WINDOW = 64
 
 
 def prefix_key(tokens: Sequence[int], block_size: int,
@@ -66,6 +72,11 @@ def preferred_worker(tokens: Sequence[int], workers: Iterable[str], block_size: 
         return None
     ranked = rank(key, workers)
     return ranked[0] if ranked else None
+
+
+def window_size(workers: int) -> int:
+    """How many of the latest placements the load bound counts, for ``workers`` workers."""
+    return max(MIN_WINDOW, WINDOW_PER_WORKER * workers)
 
 
 def bounded_choice(ranked: Sequence[str], recent: Mapping[str, int],

@@ -8,7 +8,7 @@ routed, so routing sees every instance's load (running + waiting) at that moment
 - without placement (the plain pull: whichever worker has room takes the entry), the least
   loaded instance, ties rotating;
 - with placement, the gateway's choice: the rendezvous order of the prompt's leading KV
-  blocks, bounded by the recent placements (``bounded_choice``, the same window as
+  blocks, bounded by the recent placements (``bounded_choice`` over ``window_size``, as
   ``gateway/http/placement.py``). If that instance has no free seat and another has, the
   other steals the entry after the wait: it starts there ``wait_s`` late (its TTFT counts
   the wait).
@@ -38,9 +38,9 @@ from policies.placement import (
     bounded_choice,
     prefix_key,
     rank,
+    window_size,
 )
 
-WINDOW = 64  # recent placements the load bound counts (as the gateway's)
 PLAN_CHATS_MIN, PLAN_CHATS_MAX = 24, 96  # chats of 3 turns that ``plan_placement`` runs
 
 
@@ -79,7 +79,7 @@ class _Router:
         self.policy, self.block_size, self.seats = policy, block_size, seats
         self.names = [f"instance-{k}" for k in range(instances)]
         self.turn = 0
-        self.recent: deque[str] = deque(maxlen=WINDOW)
+        self.recent: deque[str] = deque(maxlen=window_size(instances))
         self.counts: Counter[str] = Counter()
 
     def route(self, spec: RequestSpec, loads: Sequence[int]) -> tuple[int, float]:
@@ -91,10 +91,11 @@ class _Router:
             if self.policy.placement else None
         if key is None:
             return least, 0.0
+        window = self.recent.maxlen
         chosen = bounded_choice(rank(key, self.names), self.counts, self.policy.load_factor,
-                                WINDOW)
+                                window)
         assert chosen is not None
-        if len(self.recent) == WINDOW:
+        if len(self.recent) == window:
             self.counts[self.recent[0]] -= 1
         self.recent.append(chosen)
         self.counts[chosen] += 1

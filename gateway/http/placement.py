@@ -2,8 +2,8 @@
 
 ``policies.placement`` ranks the live workers that take new work (as the shedder last read
 them from the tier status) by rendezvous hashing of the prompt's leading KV blocks; the first
-of them within the load bound over this gateway's latest ``WINDOW`` placements gets it
-(``bounded_choice``: a hot prefix spills to the next worker in its order). The queue entry
+of them within the load bound over this gateway's latest placements (``window_size``) gets
+it (``bounded_choice``: a hot prefix spills to the next worker in its order). The queue entry
 carries it (``QueueEntries.admit(prefer=...)``); the workers hold it for that worker
 ``placement_wait_ms`` before any may take it (the fair pick, ``bus/scripts.py``). See
 docs/fleet.md."""
@@ -15,9 +15,7 @@ from collections.abc import Sequence
 
 from engine.core.config import CacheConfig
 from gateway.config import GatewayConfig
-from policies.placement import bounded_choice, prefix_key, rank
-
-WINDOW = 64  # placements remembered for the load bound (per gateway)
+from policies.placement import bounded_choice, prefix_key, rank, window_size
 
 
 class Placement:
@@ -27,7 +25,7 @@ class Placement:
                               or CacheConfig().block_size)
         self.max_blocks = config.placement_blocks
         self.factor = config.placement_load_factor
-        self._recent: deque[str] = deque(maxlen=WINDOW)
+        self._recent: deque[str] = deque()
         self._counts: Counter[str] = Counter()
 
     def prefer(self, workers: Sequence[str], tokens: Sequence[int]) -> str:
@@ -38,9 +36,10 @@ class Placement:
         key = prefix_key(tokens, self.block_size, self.max_blocks)
         if key is None:
             return ""
-        chosen = bounded_choice(rank(key, workers), self._counts, self.factor, WINDOW) or ""
-        if len(self._recent) == self._recent.maxlen:
-            self._counts[self._recent[0]] -= 1
+        window = window_size(len(workers))
+        chosen = bounded_choice(rank(key, workers), self._counts, self.factor, window) or ""
+        while len(self._recent) >= window:  # (the window shrinks when workers leave)
+            self._counts[self._recent.popleft()] -= 1
         self._recent.append(chosen)
         self._counts[chosen] += 1
         return chosen

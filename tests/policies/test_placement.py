@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from policies.placement import bounded_choice, preferred_worker, prefix_key, rank
+from policies.placement import bounded_choice, preferred_worker, prefix_key, rank, window_size
 
 
 def _ref_preferred(tokens: list[int], workers: list[str], bs: int, max_blocks: int) -> str | None:
@@ -105,3 +105,26 @@ def test_a_hot_prefix_spills_within_the_bound() -> None:
             assert top <= most + 0.01
         else:
             assert top >= 1.45  # pure hashing: the hot prefix's worker takes about half
+
+
+def test_many_workers_keep_each_prefix_on_few() -> None:
+    """16 prefixes of equal traffic over 30 workers: each prefix's 6.25 % is more than a
+    worker's bound (1.25 x 1/30), so each needs two workers or more; over a window of 32
+    placements a worker they stay on about 3-4 each, where a fixed 64-placement window (about
+    2 a worker, too few to tell a share) spreads each over most of the fleet."""
+    workers = [f"w{i}" for i in range(30)]
+    keys = [prefix_key([200 + i] * 16, 16) for i in range(16)]
+    spread = {}
+    for size in (64, window_size(len(workers))):
+        window: list[str] = []
+        seen: dict[int, set[str]] = {i: set() for i in range(16)}
+        for n in range(3000):
+            key = keys[n % 16]
+            assert key is not None
+            w = bounded_choice(rank(key, workers), Counter(window), 1.25, size)
+            assert w is not None
+            window = (window + [w])[-size:]
+            if n >= size:  # once the window is full
+                seen[n % 16].add(w)
+        spread[size] = sum(len(s) for s in seen.values()) / 16
+    assert spread[window_size(30)] <= 4 < 15 <= spread[64]

@@ -24,7 +24,8 @@ def _sim(seats: int = 64) -> Simulator:
 
 
 def _chats(skewed: bool = False, rate: float = 4.0) -> list:
-    return chat_sessions(rate, 24, 6, 256, turns=3, output_len=4, skewed=skewed)
+    # 144 turns: more than the load bound's window for 3 instances (96), so it engages
+    return chat_sessions(rate, 48, 6, 256, turns=3, output_len=4, skewed=skewed)
 
 
 def test_one_instance_is_the_single_simulator() -> None:
@@ -56,7 +57,7 @@ def test_placement_reuses_more_and_skew_stays_within_the_bound() -> None:
         assert plain.cached_tokens < placed.cached_tokens <= alone.cached_tokens
         assert placed.prompt_tokens == plain.prompt_tokens == alone.prompt_tokens
         if skewed:
-            assert placed.spread <= 1.3
+            assert placed.spread <= 1.5  # the goal: no instance above 1.5x the mean
     # unbounded, the skewed prompt's worker takes about half
     hot = simulate_fleet(_sim(), _chats(True), 3, FleetPolicy(True, load_factor=0.0))
     assert hot.spread >= 1.4

@@ -30,10 +30,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gateway.bench.rolling import Fleet, make_key, percentile
-from gateway.bus.client import text as text_of
 from gateway.bench.sla import cpu_model
+from gateway.bus.client import text as text_of
 
 NAMESPACE = "benchroll"  # rolling's key and fleet helpers use this namespace
 WORDS = ["cache", "token", "prompt", "worker", "queue", "tenant", "river", "mountain", "garden", "copper", "silver", "violet", "engine", "signal", "harbor", "lantern", "meadow", "orbit", "pixel", "quartz", "ribbon", "saddle", "timber", "velvet", "walnut", "yellow", "zephyr", "anchor", "basket", "candle", "dragon", "ember", "falcon", "glacier", "hollow", "island", "jigsaw", "kettle", "ladder", "marble", "needle", "oyster", "pepper", "quiver", "rocket", "spiral", "thunder"]

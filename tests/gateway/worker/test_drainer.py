@@ -124,3 +124,29 @@ async def test_the_wait_is_short_while_a_tier_is_closed_for_room() -> None:
     await drainer._step()  # the lower tiers closed: the short one
     assert queues.timeouts == [IDLE_BLOCK_S, CLOSED_BLOCK_S]
     assert CLOSED_BLOCK_S < IDLE_BLOCK_S
+
+
+class HoldingQueues(RecordingQueues):
+    """A backlog whose every entry is held for another worker (placement): the picks return
+    nothing and say the soonest is stealable in 20 ms."""
+
+    async def backlogs(self) -> dict[str, int]:
+        self.calls.append("backlogs")
+        return {t: 1 if t == "interactive" else 0 for t in TIERS}
+
+    async def read_counts(self, counts: dict[str, int], consumer: str, skip: Any = None
+                          ) -> dict[str, list[Envelope]]:
+        self.calls.append("read")
+        self.held_s = 0.02
+        return {t: [] for t in counts}
+
+
+async def test_entries_held_for_another_worker_are_waited_for_until_stealable() -> None:
+    queues = HoldingQueues([])
+    drainer = Drainer(queues, IdleEngine(), "w1", DEFAULT_TIER_WEIGHTS,  # type: ignore[arg-type]
+                      lambda envs: asyncio.sleep(0))
+    await drainer._step()
+    # counted, picked (all held), then one wait of the 20 ms left, not the idle poll's
+    assert queues.calls == ["backlogs", "read", "wait"]
+    assert queues.timeouts == [0.02]
+    assert not drainer.quiet

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -44,13 +45,17 @@ from gateway.bench.sla_load import Prompts, Stream, calibrate, run_row, tokens_p
 from gateway.bench.sla_report import (
     COLUMNS,
     Row,
+    Target,
     frontier_lines,
+    hygiene,
     row_cells,
     shares_line,
     table,
     targets,
     targets_table,
 )
+from gateway.bench.sla_split import budget_table, gained, preemptions, tier_budget
+from gateway.bench.sla_targets import restated_targets
 from policies.tiers import BATCH, BEST_EFFORT, INTERACTIVE
 
 SECRET = "bench-sla-secret"
@@ -81,9 +86,29 @@ class Bench:
         run = await run_row(self.target, self.prompts, streams, duration, self.args.grace)
         cut_at = time.perf_counter()
         kv_used, left, after = await self.drain()
+        d = gained(before, after)
+        budgets = {t: b for t in (*STREAM_TIERS.values(),) if (b := tier_budget(d, t))}
         return Row(name, run, cut_at, kv_used, left,
                    metric_sum(after, "carpool_requests_total")
-                   - metric_sum(before, "carpool_requests_total"), await self.step_law())
+                   - metric_sum(before, "carpool_requests_total"), await self.step_law(),
+                   budgets, preemptions(d), await self.tpot_target())
+
+    async def tpot_target(self) -> float | None:
+        """Interactive's TPOT target the server's worker holds now (configured or derived)."""
+        from gateway.bus.client import redis_client
+        from gateway.bus.keys import RedisKeys
+        from gateway.http.shedding import read_statuses
+
+        client = redis_client(self.redis_url)
+        try:
+            statuses = await read_statuses(client, RedisKeys(NAMESPACE))
+        finally:
+            await client.aclose()
+        for status in statuses:
+            tpot = (status.get("tiers") or {}).get(INTERACTIVE, {}).get("tpot_p99_s")
+            if tpot:
+                return float(tpot)
+        return None
 
     async def step_law(self) -> dict[str, float] | None:
         """The server's fitted step-cost law now (its worker's tier status; None while its
@@ -342,20 +367,35 @@ def report(args: argparse.Namespace, rows: list[Row], capacity: float, took_s: f
     weights = GatewayConfig.from_env().tier_weights  # the server's: it inherits this env
     print(header(args, capacity, weights) + f"; took {took_s:.0f} s\n")
     print(table(rows) + "\n")
+    print("TTFT budget (server side, from each row's /metrics): where the time to first token "
+          "went, per tier, p50 / p99; steps: engine steps from the worker's read to the first "
+          "token, that one included\n")
+    print(budget_table([(r.name, r.budget) for r in rows]) + "\n")
     for row in rows:
         if row.name == "backlog":
             print(shares_line(row, weights) + "\n")
-    goals = targets({r.name: r for r in rows}, be_wrr_share(weights))
-    print(targets_table(goals))
+    by_name = {r.name: r for r in rows}
+    goals = restated_targets(by_name, be_wrr_share(weights)) + hygiene(rows)
+    print("targets (restated on the law, issue 39):\n")
+    print(targets_table(goals) + "\n")
+    ratios = [t for t in targets(by_name, be_wrr_share(weights)) if t not in goals]
+    print("issue 11's ratios, for reference (docs/slo.md says which cannot hold on a CPU):\n")
+    print(targets_table(ratios))
     for line in frontier_lines({r.name: r for r in rows}):
         print("\n" + line)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "capacity_rps": capacity, "columns": list(COLUMNS),
             "rows": [row_cells(r) for r in rows],
-            "targets": [{"what": t.what, "value": None if math.isnan(t.value) else t.value,
-                         "limit": t.limit, "at_most": t.at_most, "met": t.met}
-                        for t in goals]}, indent=2))
+            "targets": [_target_json(t) for t in goals],
+            "ratios": [_target_json(t) for t in ratios],
+            "ttft_budget": {r.name: {t: dataclasses.asdict(b) for t, b in r.budget.items()}
+                            for r in rows}}, indent=2))
+
+
+def _target_json(t: Target) -> dict[str, object]:
+    return {"what": t.what, "value": None if math.isnan(t.value) else t.value,
+            "limit": t.limit, "at_most": t.at_most, "met": t.met}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -140,3 +140,12 @@ def distribution(s: Samples, histogram: str, **match: str) -> list[tuple[float, 
 def rate(count: float, seconds: float) -> float | None:
     """``count`` per second over a window of ``seconds``; None without a window yet."""
     return round(count / seconds, 4) if seconds > 0 else None
+
+
+def rank_quantile(cumulative: list[tuple[float, float]], q: float) -> float | None:
+    """Nearest-rank ``q`` quantile of a histogram of whole numbers with a bucket each (engine
+    steps): the bound of the first bucket holding the rank, exact; None with no observation."""
+    if not cumulative or cumulative[-1][1] <= 0:
+        return None
+    rank = max(1.0, math.ceil(q * cumulative[-1][1]))
+    return next(bound for bound, count in cumulative if count >= rank)

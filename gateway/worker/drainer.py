@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
@@ -91,6 +92,7 @@ class Drainer:
         # empty again, so the next pull waits on them directly, without counting backlogs
         # first (one round trip per request saved at low load).
         self.quiet = False
+        self.read_at = (0.0, 0)  # (wall clock, engine steps ended) of the last entries read
 
     async def run(self) -> None:
         # Entries read before a failure stay pending for us; the worker's maintenance
@@ -114,6 +116,8 @@ class Drainer:
         if not envs and self.excluded:  # the backlog may be only tenants the pick skips
             envs = await self._wait_for_admission(open_tiers)
         if envs:
+            # when they were read, and the engine steps ended by then: the first token's marks
+            self.read_at = (time.time(), self.engine.stats().steps_done)
             self.pace.started([(e.tier, e.tenant) for e in envs if e.tier in self.single])
             # the pull may have waited long for work (an idle tier): judge the first tokens by
             # the rows held now, not by those of the round's start (a burst that just ended

@@ -363,7 +363,9 @@ class Worker:
             if isinstance(exc, ValueError):
                 return str(exc)
             raise
-        wait = max(0.0, time.time() - msg.arrival_unix) if msg.arrival_unix else 0.0
+        rec.read_unix, rec.read_steps = self.drainer.read_at  # for the first token's marks
+        rec.posted_unix = now = time.time()
+        wait = max(0.0, now - msg.arrival_unix) if msg.arrival_unix else 0.0
         rec.queue_wait_s = wait  # the FinishMsg carries it to the gateway's request span
         self.tier_status.record_start(rec.tier)
         if rec.tier == INTERACTIVE:
@@ -418,7 +420,6 @@ class Worker:
             reclaimed = await self.queues.autoclaim(tier, self.consumer, min_idle_ms)
             if reclaimed:
                 await self._start(reclaimed, reclaim=True)
-
 
     async def _claim_dead(self) -> None:
         """One check for dead workers (``recovery.DeadWorkers``) every ``DEAD_CHECK_S``: their

@@ -55,6 +55,7 @@ from gateway.bench.sla_report import (
     targets_table,
 )
 from gateway.bench.sla_split import budget_table, gained, preemptions, tier_budget
+from gateway.bench.sla_sweep import main_sweep, parse_budgets
 from gateway.bench.sla_targets import restated_targets
 from policies.tiers import BATCH, BEST_EFFORT, INTERACTIVE
 
@@ -183,14 +184,14 @@ async def make_tenants(redis_url: str, fair_tier: str) -> dict[str, str]:
     return keys
 
 
-async def run_rows(bench: Bench, small_seats: bool = False) -> list[Row]:
-    """The rows on one server (``small_seats``: only the overload row, named overload32)."""
+async def run_rows(bench: Bench, overload_as: str | None = None) -> list[Row]:
+    """The rows on one server (``overload_as``: only the overload row, by that name)."""
     a, cap = bench.args, bench.capacity
     inter = bench.stream("interactive", a.interactive_x * cap, probe=True)
     bulk = [bench.stream("batch", a.overload_x * cap / 2),
             bench.stream("best-effort", a.overload_x * cap / 2)]
-    if small_seats:
-        return [await bench.row("overload32", [inter, *bulk], a.duration)]
+    if overload_as is not None:
+        return [await bench.row(overload_as, [inter, *bulk], a.duration)]
     fcfs = [bench.stream(s.name, s.rate, s.probe, INTERACTIVE, bench.keys["fcfs"])
             for s in (inter, *bulk)]
     light = bench.stream("light", a.light_x * cap, probe=True)
@@ -275,7 +276,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], float]:
             with serving(redis.url, args, "--max-num-seqs", str(args.small_seats)) as url:
                 bench.target.port = int(url.rsplit(":", 1)[1])
                 run_loop(warm_up(bench, args.small_seats))
-                rows += run_loop(run_rows(bench, small_seats=True))
+                rows += run_loop(run_rows(bench, overload_as=SMALL_ROW))
     return rows, bench.capacity
 
 
@@ -308,6 +309,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"comma-separated rows to run, in the fixed order (default: all of "
                         f"{','.join(ROWS)}, and {SMALL_ROW} with --small-seats); naming "
                         f"{SMALL_ROW} implies --small-seats 32; the targets need their rows")
+    p.add_argument("--tpot-budgets", type=parse_budgets, default=None, metavar="X,X,...",
+                   help="instead of the rows: one server per interactive TPOT budget (x a lone "
+                        "step, e.g. 1.2,1.4,1.6,1.8,2), its overload row, bulk goodput each")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-log", action="store_true", help="show the server's stderr")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures here")
@@ -400,6 +404,8 @@ def _target_json(t: Target) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.tpot_budgets:
+        return main_sweep(args)
     t0 = time.monotonic()
     rows, capacity = run(args)
     report(args, rows, capacity, time.monotonic() - t0)

@@ -55,10 +55,12 @@ def restated_targets(rows: dict[str, Row], be_wrr_share: float) -> list[Target]:
         budget = budget_ms(alone, over)
         alone_tpot = alone.tpot_ms("interactive", 0.5)
         reach = server_reach(rows, budget / alone_tpot) if alone_tpot > 0 else None
-        if reach is not None:
-            out.append(Target("bulk goodput overload / law's reach within the TPOT budget",
-                              _ratio(over.bulk_goodput, reach.bulk_tokens_s), BULK_SHARE,
-                              False))
+        # no reach (no FCFS row, a cold law, no call that ran to its end): not measured, and
+        # said so (nan: MISSED), not left out
+        out.append(Target("bulk goodput overload / law's reach within the TPOT budget",
+                          math.nan if reach is None
+                          else _ratio(over.bulk_goodput, reach.bulk_tokens_s), BULK_SHARE,
+                          False))
     backlog = rows.get("backlog")
     if backlog is not None:
         out.append(Target("BE share / WRR share, all backlogged",

@@ -84,3 +84,19 @@ def budget_ms(alone: Row, row: Row) -> float:
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 and not math.isnan(b) else math.nan
+
+
+def reach_missing(rows: dict[str, Row]) -> str | None:
+    """Why the bulk target has no law's reach to compare with (None: it has one)."""
+    from gateway.bench.sla_report import BULK, work
+
+    over = rows.get("overload")
+    if over is None or "alone" not in rows or "fcfs" not in rows:
+        return "the alone, overload and FCFS rows are needed"
+    if over.law is None:
+        return "the server published no step law after the overload row (its model was cold)"
+    if work(over, "interactive") is None or work(over, *BULK) is None:
+        return "no interactive or no bulk call of the overload row ran to its end"
+    if server_reach(rows) is None:
+        return "the law prices no bulk token, or the FCFS row moved no bulk token"
+    return None

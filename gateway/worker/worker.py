@@ -73,7 +73,8 @@ class Worker:
                                    config.usage_retention_days * 86400 if config.ledger else 0)
         self.drainer = Drainer(self.queues, engine, self.consumer, config.tier_weights, self._start,
                                row_limit=lambda: self.step_budget.row_limit, held=self._held,
-                               owed_rows=lambda urgent: self.step_budget.owed_lower_rows(urgent))
+                               owed_rows=lambda urgent: self.step_budget.owed_lower_rows(urgent),
+                               steps_done=lambda: engine.stats().steps_done)
         self.inflight: dict[str, Inflight] = {}
         self.step_budget = StepBudget(engine, config.tier_slos[INTERACTIVE],
                                       tier_weights=config.tier_weights)

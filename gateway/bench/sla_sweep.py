@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.bench.sla_report import Row, server_reach
+from gateway.bench.sla_targets import bulk_reach
 
 SWEEP_COLUMNS = ("TPOT budget x lone step", "TPOT target ms", "int. TPOT p50 ms",
                  "int. TPOT p50 / target", "int. TTFT p99 ms", "int. TTFT p99 steps",
@@ -51,7 +52,7 @@ def sweep_cells(alone: Row, item: SweepRow, fcfs: Row | None) -> list[str]:
         alone_tpot = alone.tpot_ms("interactive", 0.5)
         got = server_reach({"alone": alone, "overload": over, "fcfs": fcfs},
                            target_ms / alone_tpot) if alone_tpot > 0 else None
-        reach = got.bulk_tokens_s if got is not None else math.nan
+        reach = bulk_reach(got.bulk_tokens_s, {"fcfs": fcfs}) if got is not None else math.nan
     return [f"{item.budget_x:g}", _f(target_ms), _f(tpot), _f(tpot / target_ms, 2),
             _f(over.ttft_ms("interactive", 0.99)), _f(over.ttft_steps_p99()),
             _f(over.bulk_goodput, 1), _f(reach, 1), _f(over.bulk_goodput / reach, 2)]

@@ -301,3 +301,24 @@ def test_the_budget_sweep_prints_a_line_per_budget(quick_run: tuple[list[Row], f
     assert sla.parse_args(["--tpot-budgets", "1.2,2"]).tpot_budgets == (1.2, 2.0)
     with pytest.raises(SystemExit):
         sla.parse_args(["--tpot-budgets", "0.5"])
+
+
+def test_the_restated_bulk_target_is_against_the_reach_within_the_budget(
+        quick_run: tuple[list[Row], float]) -> None:
+    """With a law in place of the echo engine's: the reach at the budget (here the default
+    1.2x alone, the worker's target left out), never above the FCFS row's bulk goodput."""
+    rows, _ = quick_run
+    by = {r.name: r for r in rows}
+    step = 1.2 * _tpot(by["alone"].run.of("interactive"), 0.5)
+    what = "bulk goodput overload / law's reach within the TPOT budget"
+    for scale in (1.0, 0.01):  # a law that reaches less than FCFS, and one that reaches more
+        law = {"base_s": 0.1 * step, "per_row_s": 0.01 * step * scale,
+               "per_token_s": 0.002 * step * scale, "per_kv_token_s": 1e-5 * step * scale,
+               "per_prefill_row_s": 0.005 * step * scale, "kv_per_row": 40.0,
+               "prefill_tokens": 8.0}
+        by["overload"] = dataclasses.replace(by["overload"], law=law, tpot_target_s=None)
+        reach = _law_reach(by)
+        assert reach is not None and reach > 0
+        got = {t.what: t.value for t in restated_targets(by, 0.1)}
+        want = _goodput(by["overload"]) / min(reach, _goodput(by["fcfs"]))
+        assert math.isclose(got[what], want, rel_tol=1e-9), scale

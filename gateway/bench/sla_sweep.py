@@ -71,7 +71,7 @@ def _f(x: float, digits: int = 0) -> str:
 def run_sweep(args: argparse.Namespace) -> tuple[Row, Row, list[SweepRow], float]:
     """The alone and FCFS rows on a first server (which calibrates), then the overload row on
     a server per budget: (alone, fcfs, the budgets' rows, capacity)."""
-    from gateway.bench import sla  # the bench's servers and rows (it imports this module)
+    from gateway.bench import sla_server as sla  # the bench's servers and rows
     from gateway.bench.sla_client import ChatTarget
     from gateway.bench.sla_load import Prompts
     from gateway.bus.embedded import EmbeddedRedis
@@ -99,10 +99,12 @@ def run_sweep(args: argparse.Namespace) -> tuple[Row, Row, list[SweepRow], float
 
 
 def main_sweep(args: argparse.Namespace) -> int:
-    from gateway.bench import sla
+    from gateway.bench.sla_server import cpu_model
 
     alone, fcfs, items, capacity = run_sweep(args)
-    print(sla.header(args, capacity, {}).splitlines()[0])
+    print(f"carpool bench sla --tpot-budgets: {args.engine} engine "
+          f"({args.model or 'bundled SmolLM2'}), CPU {cpu_model()}; capacity "
+          f"{capacity:.2f} completions/s, rows of {args.duration:g} s")
     print(f"interactive alone: TPOT p50 {alone.tpot_ms('interactive', 0.5):.0f} ms, TTFT p99 "
           f"{alone.ttft_ms('interactive', 0.99):.0f} ms; FCFS bulk goodput "
           f"{fcfs.bulk_goodput:.1f} tok/s; one server per budget, its overload row:\n")

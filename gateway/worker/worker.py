@@ -228,6 +228,8 @@ class Worker:
     async def _start(self, envs: list[Envelope], reclaim: bool = False) -> None:
         """Run a batch of envelopes, or drop them (cancelled, past deadline, lost) and ack
         them: one pipelined claim round trip and one for the acks and cancel checks."""
+        if reclaim:  # not the drainer's read: a reclaimed request sends no TTFT marks
+            self.drainer.read_at = (0.0, 0)
         todo: list[Envelope] = []
         taken: set[str] = set()  # request ids in todo
         cmds: list[tuple[Any, ...]] = []

@@ -8,7 +8,6 @@ are whole numbers with a bucket each, so their quantile is read as the bucket's 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -88,6 +87,6 @@ def _ms(x: float | None) -> str:
 
 
 def _n(x: float | None) -> str:
-    if x is not None and math.isinf(x):
-        return f"> {STEP_BUCKETS[-1]}"  # past the histogram's last bucket
+    if x is not None and x >= STEP_BUCKETS[-1]:
+        return f">= {STEP_BUCKETS[-1]}"  # the histogram's last bucket, or past it
     return "-" if x is None else f"{x:g}"

@@ -69,3 +69,11 @@ def test_budget_table_has_a_line_per_row_and_tier_with_the_largest_part() -> Non
     lines = text.splitlines()
     assert len(lines) == 3 and lines[2].startswith("| overload | interactive | 3 |")
     assert "prefill steps |" in lines[2] and "| 2 / 2 |" in lines[2]
+
+
+def test_steps_past_the_last_bucket_read_as_its_bound_not_infinity() -> None:
+    m = Metrics()
+    _observe(m, "batch", [500, 500, 1], {})
+    budget = tier_budget(gained({}, _scrape(m)), "batch")
+    assert budget is not None and budget.steps_p99 == 100 and budget.steps_p50 == 100
+    assert "| >= 100 / >= 100 |" in budget_table([("backlog", {"batch": budget})])

@@ -215,7 +215,9 @@ def _parse(name: str, raw: str, type_name: Any) -> Any:
 
 # Field names a tier's objective may be given by (file tables and CARPOOL_TIER_SLOS).
 _SLO_FIELDS = {"ttft": "ttft_p99_s", "ttft_p99_s": "ttft_p99_s",
-               "tpot": "tpot_p99_s", "tpot_p99_s": "tpot_p99_s", "action": "action"}
+               "tpot": "tpot_p99_s", "tpot_p99_s": "tpot_p99_s", "action": "action",
+               "tpot_budget": "tpot_budget_x", "tpot_budget_x": "tpot_budget_x"}
+_SLO_NUMBERS = ("ttft_p99_s", "tpot_p99_s", "tpot_budget_x")
 
 
 def _tier_name(name: str) -> str:
@@ -227,8 +229,9 @@ def _tier_name(name: str) -> str:
 
 def parse_tier_slos(raw: str) -> dict[str, dict[str, Any]]:
     """``"interactive=ttft:2,tpot:0.5,shed;batch=ttft:120,queue"`` -> per tier, the fields
-    given (``ttft_p99_s``, ``tpot_p99_s``, ``action``); a tier or field left out keeps its
-    value from elsewhere."""
+    given (``ttft_p99_s``, ``tpot_p99_s``, ``tpot_budget_x`` as ``tpot_budget:1.5``: the TPOT
+    budget in lone steps, ``action``); a tier or field left out keeps its value from
+    elsewhere."""
     out: dict[str, dict[str, Any]] = {}
     for item in raw.split(";"):
         if not item.strip():
@@ -241,7 +244,7 @@ def parse_tier_slos(raw: str) -> dict[str, dict[str, Any]]:
             key, sep, value = part.partition(":")
             if part in OVERLOAD_ACTIONS:
                 spec["action"] = part
-            elif sep and _SLO_FIELDS.get(key.strip()) in ("ttft_p99_s", "tpot_p99_s"):
+            elif sep and _SLO_FIELDS.get(key.strip()) in _SLO_NUMBERS:
                 spec[_SLO_FIELDS[key.strip()]] = float(value)
             elif part:
                 raise ValueError(f"tier objective {item!r}: unknown part {part!r}")

@@ -16,6 +16,10 @@ averages of the 1 s samples in it.
                                                                        seats and KV, or swap thrash
     KV not released after disconnects       kv_not_released            blocks held by an idle engine
 
+and one of the TTFT objective (seed 004 §11, distributions by queue): a tier's TTFT p99 past
+its target, naming the part of the TTFT budget (``policies.ttft_split``) that took the most
+(``ttft_over_objective``).
+
 Imports nothing from ``engine/`` or ``gateway/``.
 """
 
@@ -23,6 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from policies.ttft_split import LABELS, largest_part
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,10 @@ class TierWindow:
     tpot_p99_s: float | None = None
     queue_wait_p99_s: float | None = None
     completed: float = 0.0  # requests ended naturally (stop/length) in the window
+    ttft_target_s: float | None = None  # the tier's TTFT objective (p99), if it has one
+    # the TTFT budget: each part's p99 (``policies.ttft_split``), and steps to the first token
+    ttft_parts_p99_s: Mapping[str, float | None] = field(default_factory=dict)
+    ttft_steps_p99: float | None = None
 
 
 @dataclass(frozen=True)
@@ -227,8 +237,44 @@ def kv_not_released(s: DoctorSnapshot, t: Thresholds) -> Finding | None:
          "kv_total": e.kv_total, "aborts": e.aborts})
 
 
+# what to turn when a part of the TTFT budget is the largest (``policies.ttft_split.PARTS``)
+PART_KNOBS = {
+    "gateway_in": "the gateway's own work (auth, parsing, tokenizing): more gateway processes "
+                  "(--role gateway) or a faster tokenizer",
+    "redis_queue": "requests wait in Redis for a seat: more workers, a larger interactive share "
+                   "(CARPOOL_TIER_WEIGHTS), or shed (--tier-slos 'interactive=...,shed')",
+    "drainer_to_engine": "the worker's claim and hand-off: check Redis latency (carpool bench "
+                         "gateway) and the worker's event loop",
+    "step_wait": "the step in flight and steps sat out in the engine: shorter steps, a lower "
+                 "interactive TPOT budget (--tpot-budget) caps the rows beside interactive",
+    "prefill": "its prompt takes several steps: raise --max-num-batched-tokens or shorten prompts",
+    "first_token_out": "the way back (the worker's write, Redis, the gateway's output mux): check "
+                       "Redis latency and the gateway's event loop",
+}
+
+
+def ttft_over_objective(s: DoctorSnapshot, t: Thresholds) -> Finding | None:
+    """A tier's TTFT p99 past its objective, with the part of the TTFT budget that took most."""
+    for name, w in sorted(s.tiers.items()):
+        target, p99 = w.ttft_target_s, w.ttft_p99_s
+        if target is None or p99 is None or w.completed < t.min_requests or p99 <= target:
+            continue
+        part = largest_part(w.ttft_parts_p99_s)
+        evidence: dict[str, float | str] = {
+            "tier": name, "ttft_p99_s": _r(p99), "ttft_target_s": _r(target),
+            "largest_part": part or "n/a", "steps_p99": _r(w.ttft_steps_p99)}
+        evidence.update({f"{k}_p99_s": _r(v) for k, v in w.ttft_parts_p99_s.items()})
+        return Finding(
+            "ttft_over_objective", f"{name} TTFT over its objective",
+            f"the largest part of its TTFT p99 is {LABELS.get(part or '', 'not known')}",
+            PART_KNOBS.get(part or "", "the TTFT budget needs a worker that sends its marks"),
+            evidence)
+    return None
+
+
 RULES: tuple[Rule, ...] = (batch_wait_tail, prefill_stalls, recompute_churn,
-                           long_outputs_hold_slots, memory_free_capped, kv_not_released)
+                           long_outputs_hold_slots, memory_free_capped, kv_not_released,
+                           ttft_over_objective)
 
 
 def diagnose(s: DoctorSnapshot, t: Thresholds = DEFAULT_THRESHOLDS) -> list[Finding]:

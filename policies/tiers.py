@@ -41,12 +41,20 @@ class TierSLO:
     ttft_p99_s: float | None = None
     tpot_p99_s: float | None = None
     action: str = QUEUE
+    # With no ``tpot_p99_s``: the TPOT budget as a multiple of a lone step (the step the
+    # tier's own load runs in alone); None: DERIVED_TPOT_HEADROOM. The step budget holds the
+    # urgent tier (interactive) to it; a lower tier's is published, not enforced.
+    tpot_budget_x: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("ttft_p99_s", "tpot_p99_s"):
             value = getattr(self, name)
             if value is not None and not _positive_seconds(value):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        x = self.tpot_budget_x
+        if x is not None and not (_positive_seconds(x) and 1.0 <= x <= MAX_TPOT_BUDGET_X):
+            raise ValueError(f"tpot_budget_x must be a multiple of a lone step in "
+                             f"[1, {MAX_TPOT_BUDGET_X:g}], got {x!r}")
         if self.action not in OVERLOAD_ACTIONS:
             raise ValueError(f"action must be one of {OVERLOAD_ACTIONS}, got {self.action!r}")
 
@@ -87,9 +95,13 @@ SMALL_STEPS_KEPT = 256
 MIN_SMALL_STEPS = 16
 
 
-def derived_tpot_target(small_batch_step_s: float) -> float:
-    """Interactive's default TPOT target from the step of a small batch (SMALL_BATCH_ROWS)."""
-    return DERIVED_TPOT_HEADROOM * small_batch_step_s
+MAX_TPOT_BUDGET_X = 10.0
+
+
+def derived_tpot_target(small_batch_step_s: float, budget_x: float | None = None) -> float:
+    """Interactive's default TPOT target from the step of a small batch (SMALL_BATCH_ROWS):
+    ``budget_x`` (the tier's ``tpot_budget_x``; None: DERIVED_TPOT_HEADROOM) times it."""
+    return (DERIVED_TPOT_HEADROOM if budget_x is None else budget_x) * small_batch_step_s
 
 
 def alone_step(base_s: float, marginal_s: float, tokens_s: float, busy: float,

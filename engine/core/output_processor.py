@@ -74,6 +74,8 @@ class OutputProcessor:
             first_scheduled_time=request.times.first_scheduled,
             first_token_time=request.times.first_token,
             finish_time=request.times.finished,
+            first_scheduled_step=request.times.first_scheduled_step,
+            first_token_step=request.times.first_token_step,
             num_preemptions=request.num_preemptions,
             logprobs=logprobs,
             num_cached_tokens=request.num_cached_tokens,

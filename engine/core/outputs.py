@@ -103,6 +103,9 @@ class RequestOutput:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
+    # the engine's step numbers of its first scheduling and of its first token (None: not yet)
+    first_scheduled_step: int | None = None
+    first_token_step: int | None = None
     num_preemptions: int = 0
     # one per token of ``new_token_ids`` when the request asked for logprobs
     logprobs: list[TokenLogprob] | None = None

@@ -53,6 +53,10 @@ class RequestTimes:
     first_scheduled: float | None = None
     first_token: float | None = None
     finished: float | None = None
+    # the scheduler's step numbers (``SchedulerStats.num_steps``) of the step that first
+    # scheduled it and of the step that computed its first token: the TTFT budget counts steps
+    first_scheduled_step: int | None = None
+    first_token_step: int | None = None
 
 
 class Request:

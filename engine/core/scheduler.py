@@ -299,6 +299,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin, ForkMixin):
             self._step_cap.spend(req.priority, num_new)
         if req.times.first_scheduled is None:
             req.times.first_scheduled = self.clock()
+            req.times.first_scheduled_step = self._counts.num_steps + 1  # counted at the end
 
     def _finish(
         self, req: Request, status: RequestStatus, error: str | None = None, returned: bool = True
@@ -360,6 +361,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin, ForkMixin):
                 self._fork_children(req)  # n > 1: the prompt is computed, the others start
             if req.times.first_token is None:
                 req.times.first_token = self.clock()
+                req.times.first_token_step = self._counts.num_steps
             changed[rid] = req
             status = stop_status(req, token, max_model_len)
             if status is not None:

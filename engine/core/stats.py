@@ -66,6 +66,9 @@ class EngineStats:
 
     scheduler: SchedulerStats = SchedulerStats()
     last_step_seconds: float | None = None
+    # steps that have ended (``scheduler.num_steps`` counts the one in flight too): a request
+    # read now gets its first token ``first_token_step - steps_done`` steps later
+    steps_done: int = 0
 
 
 @dataclass

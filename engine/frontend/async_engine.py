@@ -88,7 +88,7 @@ class AsyncEngine(ThreadedEngine):
 
     def stats(self) -> EngineStats:
         seconds = self.engine.last_step_seconds if self.engine.step_count else None
-        return EngineStats(self.engine.stats, seconds)
+        return EngineStats(self.engine.stats, seconds, self.engine.step_count)
 
     # -- step thread ----------------------------------------------------------------------
 

@@ -113,7 +113,7 @@ class FakeEchoEngine(ThreadedEngine):
         return EngineStats(SchedulerStats(
             num_running=len(self._live), num_scheduled_requests=batch,
             num_scheduled_tokens=batch, device_blocks_total=_BLOCKS, device_blocks_free=_BLOCKS,
-            num_steps=steps, urgent_row_cap=self.urgent_row_cap[0]), seconds)
+            num_steps=steps, urgent_row_cap=self.urgent_row_cap[0]), seconds, steps)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         self._ahead.release()
@@ -162,6 +162,11 @@ class FakeEchoEngine(ThreadedEngine):
         """One step: a token for every active request (``seconds`` go to the observers)."""
         reqs = list(active.values())
         outputs = [self._advance(r) for r in reqs]
+        step, now = self._last_step[0] + 1, time.monotonic()
+        for out in outputs:  # a first token: its prompt took this one step, as a real engine's
+            if out.num_output_tokens == 1 and out.new_token_ids:
+                out.first_scheduled_step = out.first_token_step = step
+                out.first_scheduled_time, out.first_token_time = now - seconds, now
         for out in outputs:
             if out.finished:
                 del active[out.request_id]

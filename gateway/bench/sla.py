@@ -26,211 +26,45 @@ met or missed (``sla_report.py``).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
+import dataclasses
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
-from gateway.bench.sla_client import ChatTarget, metric_sum, parse_metrics
-from gateway.bench.sla_load import Prompts, Stream, calibrate, run_row, tokens_per_request
+from gateway.bench.sla_client import ChatTarget
+from gateway.bench.sla_load import Prompts
 from gateway.bench.sla_report import (
     COLUMNS,
     Row,
+    Target,
     frontier_lines,
+    hygiene,
     row_cells,
     shares_line,
     table,
     targets,
     targets_table,
 )
-from policies.tiers import BATCH, BEST_EFFORT, INTERACTIVE
-
-SECRET = "bench-sla-secret"
-NAMESPACE = "sla"
-# stream -> tier its tenant may use ("light" and "heavy" get --fair-tier; "fcfs" sends all)
-STREAM_TIERS = {"interactive": INTERACTIVE, "batch": BATCH, "best-effort": BEST_EFFORT}
-# the rows of one server, in the order they run (``--rows`` picks some)
-ROWS = ("alone", "overload", "fcfs", "light", "heavy", "backlog")
-SMALL_ROW = "overload32"  # the overload row on the second, small-seat server
-
-
-@dataclass
-class Bench:
-    args: argparse.Namespace
-    target: ChatTarget
-    redis_url: str
-    keys: dict[str, str]  # stream name -> API key of its tenant
-    prompts: Prompts
-    capacity: float = 0.0  # completions/s at saturation
-
-    def stream(self, name: str, rate: float, probe: bool = False, tier: str | None = None,
-               key: str | None = None) -> Stream:
-        tier = tier or STREAM_TIERS.get(name, self.args.fair_tier)
-        return Stream(name, key or self.keys[name], tier, rate, probe)
-
-    async def row(self, name: str, streams: list[Stream], duration: float) -> Row:
-        before = await self.metrics()
-        run = await run_row(self.target, self.prompts, streams, duration, self.args.grace)
-        cut_at = time.perf_counter()
-        kv_used, left, after = await self.drain()
-        return Row(name, run, cut_at, kv_used, left,
-                   metric_sum(after, "carpool_requests_total")
-                   - metric_sum(before, "carpool_requests_total"), await self.step_law())
-
-    async def step_law(self) -> dict[str, float] | None:
-        """The server's fitted step-cost law now (its worker's tier status; None while its
-        model is cold): the steps of the row just run are the last in its window."""
-        from gateway.bus.client import redis_client
-        from gateway.bus.keys import RedisKeys
-        from gateway.http.shedding import read_statuses, step_costs
-
-        client = redis_client(self.redis_url)
-        try:
-            laws = step_costs(await read_statuses(client, RedisKeys(NAMESPACE)))
-        finally:
-            await client.aclose()
-        return next(iter(laws.values()), None)
-
-    async def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
-        from gateway.bench.client import LeanClient
-
-        client = LeanClient(self.target.host, self.target.port)
-        try:
-            return parse_metrics((await client.get("/metrics")).body.decode())
-        finally:
-            await client.aclose()
-
-    async def drain(self) -> tuple[float, int, dict[str, list[tuple[dict[str, str], float]]]]:
-        """Wait (up to --drain-timeout) for an idle engine and empty queues, then one more
-        metrics sample: (KV blocks used, queue entries left, the metrics)."""
-        deadline = time.monotonic() + self.args.drain_timeout
-        while True:
-            await asyncio.sleep(1.1)  # the server samples its engine gauges every second
-            m = await self.metrics()
-            busy = metric_sum(m, "carpool_engine_requests")
-            left = await queue_entries(self.redis_url, NAMESPACE)
-            if (busy == 0 and left == 0) or time.monotonic() > deadline:
-                return metric_sum(m, "carpool_kv_blocks", state="used"), left, m
-
-
-async def queue_entries(redis_url: str, ns: str) -> int:
-    """Entries in every queue stream of namespace ``ns`` (queued + running ones)."""
-    from gateway.bus.client import redis_client
-
-    client = redis_client(redis_url)
-    try:
-        total = 0
-        async for key in client.scan_iter(match=f"{ns}:q:*", _type="stream"):
-            total += int(await client.xlen(key))
-        return total
-    finally:
-        await client.aclose()
-
-
-async def make_tenants(redis_url: str, fair_tier: str) -> dict[str, str]:
-    """One tenant per stream, each allowed only its tier; ``fcfs`` sends every stream's
-    requests of the FCFS row in one tier (interactive). Returns stream -> key."""
-    from gateway.bus.client import redis_client
-    from gateway.bus.keys import RedisKeys
-    from gateway.tenancy.tenants import Tenant, TenantQuota, TenantStore
-
-    tiers = {**STREAM_TIERS, "light": fair_tier, "heavy": fair_tier, "fcfs": INTERACTIVE,
-             "calibration": BATCH}
-    client = redis_client(redis_url)
-    store = TenantStore(client, RedisKeys(NAMESPACE), SECRET.encode())
-    keys = {}
-    try:
-        for name, tier in tiers.items():
-            tid = f"sla-{name}"
-            await store.put(Tenant(tid, f"bench sla ({name})",
-                                   TenantQuota(allowed_tiers=(tier,), default_tier=tier)))
-            keys[name], _ = await store.issue_key(tid)
-    finally:
-        await client.aclose()
-    return keys
-
-
-async def run_rows(bench: Bench, small_seats: bool = False) -> list[Row]:
-    """The rows on one server (``small_seats``: only the overload row, named overload32)."""
-    a, cap = bench.args, bench.capacity
-    inter = bench.stream("interactive", a.interactive_x * cap, probe=True)
-    bulk = [bench.stream("batch", a.overload_x * cap / 2),
-            bench.stream("best-effort", a.overload_x * cap / 2)]
-    if small_seats:
-        return [await bench.row("overload32", [inter, *bulk], a.duration)]
-    fcfs = [bench.stream(s.name, s.rate, s.probe, INTERACTIVE, bench.keys["fcfs"])
-            for s in (inter, *bulk)]
-    light = bench.stream("light", a.light_x * cap, probe=True)
-    plan = {"alone": [inter], "overload": [inter, *bulk], "fcfs": fcfs, "light": [light],
-            "heavy": [light, bench.stream("heavy", 10 * light.rate)],
-            "backlog": [bench.stream(n, a.backlog_x * cap, probe=n == "interactive")
-                        for n in STREAM_TIERS]}
-    return [await bench.row(name, streams, a.duration) for name, streams in plan.items()
-            if name in a.rows]
-
-
-async def prepare(bench: Bench) -> None:
-    """Learn the served model's name, warm the engine up, calibrate capacity, drain."""
-    from gateway.bench.client import LeanClient
-
-    client = LeanClient(bench.target.host, bench.target.port,
-                        {"Authorization": f"Bearer {bench.keys['calibration']}"})
-    try:
-        bench.target.model = (await client.get("/v1/models")).json()["data"][0]["id"]
-    finally:
-        await client.aclose()
-    key, concurrency = bench.keys["calibration"], bench.args.calib_concurrency
-    await calibrate(bench.target, bench.prompts, key, BATCH, 4, bench.args.warmup)
-    tok_s = await calibrate(bench.target, bench.prompts, key, BATCH, concurrency,
-                            bench.args.calib_duration)
-    mean, finished = tokens_per_request(bench.target.calls, bench.prompts)
-    bench.capacity = tok_s / mean
-    print(f"capacity: {tok_s:.1f} output tokens/s at concurrency {concurrency}, {mean:.1f} "
-          f"tokens a request (from {finished} finished) -> {bench.capacity:.2f} completions/s",
-          flush=True)
-    await bench.drain()
-
-
-async def warm_up(bench: Bench, seats: int) -> None:
-    """Serve the calibration tenant first as ``prepare`` does on the first server (4 streams,
-    then a closed loop on every seat, ``--warmup`` s each), then drain: the small-seat row is
-    then measured on a server that has run, like the overload row it is compared with (a
-    fresh one pays its first steps' set-up and a step-cost model still learning)."""
-    key, warmup = bench.keys["calibration"], bench.args.warmup
-    await calibrate(bench.target, bench.prompts, key, BATCH, 4, warmup)
-    await calibrate(bench.target, bench.prompts, key, BATCH, seats, warmup)
-    await bench.drain()
-
-
-@contextlib.contextmanager
-def serving(redis_url: str, args: argparse.Namespace, *extra: str) -> Iterator[str]:
-    """A ``carpool serve`` process (its own, real or echo engine) on a free port."""
-    from gateway.bench.gateway import wait_ready
-    from gateway.process import child_env, free_port, stop_children
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port), "--no-demo",
-           "--namespace", NAMESPACE, "--engine", args.engine, *extra]
-    if args.model:
-        cmd += ["--model", args.model]
-    if args.engine == "echo":
-        cmd += ["--echo-step-ms", str(args.echo_step_ms)]
-    env = child_env(REDIS_URL=redis_url, CARPOOL_SECRET=SECRET)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                            stderr=None if args.server_log else subprocess.DEVNULL)
-    try:
-        wait_ready(f"http://127.0.0.1:{port}", proc, timeout=300)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop_children([proc])
+from gateway.bench.sla_server import (
+    ROWS,
+    SMALL_ROW,
+    STREAM_TIERS,
+    Bench,
+    cpu_model,
+    make_tenants,
+    prepare,
+    run_rows,
+    serving,
+    warm_up,
+)
+from gateway.bench.sla_split import budget_table
+from gateway.bench.sla_sweep import main_sweep, parse_budgets
+from gateway.bench.sla_targets import reach_missing, restated_targets
+from policies.tiers import BATCH, BEST_EFFORT
 
 
 def run(args: argparse.Namespace) -> tuple[list[Row], float]:
@@ -250,7 +84,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], float]:
             with serving(redis.url, args, "--max-num-seqs", str(args.small_seats)) as url:
                 bench.target.port = int(url.rsplit(":", 1)[1])
                 run_loop(warm_up(bench, args.small_seats))
-                rows += run_loop(run_rows(bench, small_seats=True))
+                rows += run_loop(run_rows(bench, overload_as=SMALL_ROW))
     return rows, bench.capacity
 
 
@@ -283,6 +117,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"comma-separated rows to run, in the fixed order (default: all of "
                         f"{','.join(ROWS)}, and {SMALL_ROW} with --small-seats); naming "
                         f"{SMALL_ROW} implies --small-seats 32; the targets need their rows")
+    p.add_argument("--tpot-budgets", type=parse_budgets, default=None, metavar="X,X,...",
+                   help="instead of the rows: one server per interactive TPOT budget (x a lone "
+                        "step, e.g. 1.2,1.4,1.6,1.8,2), its overload row, bulk goodput each")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-log", action="store_true", help="show the server's stderr")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the figures here")
@@ -321,16 +158,6 @@ def header(args: argparse.Namespace, capacity: float, weights: Mapping[str, int]
             f"shed = answered at once with 429/503 and Retry-After (not in TTFT, not 5xx)")
 
 
-def cpu_model() -> str:
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5,
-                             check=False).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def be_wrr_share(weights: Mapping[str, int]) -> float:
     return weights.get(BEST_EFFORT, 0) / sum(weights.values())
 
@@ -342,24 +169,43 @@ def report(args: argparse.Namespace, rows: list[Row], capacity: float, took_s: f
     weights = GatewayConfig.from_env().tier_weights  # the server's: it inherits this env
     print(header(args, capacity, weights) + f"; took {took_s:.0f} s\n")
     print(table(rows) + "\n")
+    print("TTFT budget (server side, from each row's /metrics): where the time to first token "
+          "went, per tier, p50 / p99; steps: engine steps from the worker's read to the first "
+          "token, that one included\n")
+    print(budget_table([(r.name, r.budget) for r in rows]) + "\n")
     for row in rows:
         if row.name == "backlog":
             print(shares_line(row, weights) + "\n")
-    goals = targets({r.name: r for r in rows}, be_wrr_share(weights))
-    print(targets_table(goals))
+    by_name = {r.name: r for r in rows}
+    goals = restated_targets(by_name, be_wrr_share(weights)) + hygiene(rows)
+    print("targets (restated on the law, issue 39):\n")
+    print(targets_table(goals) + "\n")
+    if (why := reach_missing(by_name)) is not None and "overload" in by_name:
+        print(f"bulk goodput target not measured: {why}\n")
+    ratios = [t for t in targets(by_name, be_wrr_share(weights)) if t not in goals]
+    print("issue 11's ratios, for reference (docs/slo.md says which cannot hold on a CPU):\n")
+    print(targets_table(ratios))
     for line in frontier_lines({r.name: r for r in rows}):
         print("\n" + line)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "capacity_rps": capacity, "columns": list(COLUMNS),
             "rows": [row_cells(r) for r in rows],
-            "targets": [{"what": t.what, "value": None if math.isnan(t.value) else t.value,
-                         "limit": t.limit, "at_most": t.at_most, "met": t.met}
-                        for t in goals]}, indent=2))
+            "targets": [_target_json(t) for t in goals],
+            "ratios": [_target_json(t) for t in ratios],
+            "ttft_budget": {r.name: {t: dataclasses.asdict(b) for t, b in r.budget.items()}
+                            for r in rows}}, indent=2))
+
+
+def _target_json(t: Target) -> dict[str, object]:
+    return {"what": t.what, "value": None if math.isnan(t.value) else t.value,
+            "limit": t.limit, "at_most": t.at_most, "met": t.met}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.tpot_budgets:
+        return main_sweep(args)
     t0 = time.monotonic()
     rows, capacity = run(args)
     report(args, rows, capacity, time.monotonic() - t0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from gateway.bench.sla_client import Call
 from gateway.bench.sla_frontier import (
@@ -23,6 +23,7 @@ from gateway.bench.sla_frontier import (
     ttft_growth_s,
 )
 from gateway.bench.sla_load import RowRun
+from gateway.bench.sla_split import TierBudget
 from policies.tiers import DERIVED_TPOT_HEADROOM, TPOT_PROMISE
 
 BULK = ("batch", "best-effort")
@@ -57,6 +58,15 @@ class Row:
     queue_left: int  # entries left in the queue streams after the drain
     server_requests: float  # carpool_requests_total gained during the row (drain included)
     law: dict[str, float] | None = None  # the server's fitted step law after the row
+    # the row's TTFT budget per tier (``sla_split``), the preemptions the server counted in it,
+    # and interactive's TPOT target the worker held after it (seconds)
+    budget: dict[str, TierBudget] = field(default_factory=dict)
+    preemptions: float = 0.0
+    tpot_target_s: float | None = None
+
+    def ttft_steps_p99(self, tier: str = "interactive") -> float:
+        b = self.budget.get(tier)
+        return math.nan if b is None or b.steps_p99 is None else b.steps_p99
 
     def ttft_ms(self, stream: str, q: float) -> float:
         return pct(ttfts_ms(self.run.of(stream), self.cut_at), q)
@@ -98,14 +108,16 @@ class Row:
         return sum(c.status == 200 for c in self.run.calls)
 
 
-COLUMNS = ("row", "calls", "int. TTFT p50 ms", "int. TTFT p99 ms", "int. TPOT p50 ms",
+COLUMNS = ("row", "calls", "int. TTFT p50 ms", "int. TTFT p99 ms", "int. TTFT p99 steps",
+           "int. TPOT p50 ms",
            "bulk goodput tok/s", "light TTFT p99 ms", "BE share", "5xx", "shed", "errors",
            "KV used at end", "queue left")
 
 
 def row_cells(row: Row) -> list[str]:
     return [row.name, str(len(row.run.calls)), _f(row.ttft_ms("interactive", 0.5)),
-            _f(row.ttft_ms("interactive", 0.99)), _f(row.tpot_ms("interactive", 0.5)),
+            _f(row.ttft_ms("interactive", 0.99)), _f(row.ttft_steps_p99()),
+            _f(row.tpot_ms("interactive", 0.5)),
             _f(row.bulk_goodput, 1) if row.run.of(*BULK) else "-",
             _f(row.ttft_ms("light", 0.99)), _f(row.be_share, 3), str(row.count_5xx),
             str(row.shed), str(row.errors), f"{row.kv_used:.0f}", str(row.queue_left)]
@@ -196,11 +208,14 @@ def targets(rows: dict[str, Row], be_wrr_share: float) -> list[Target]:
     if backlog is not None:
         out.append(Target("BE share / WRR share, all backlogged",
                           _ratio(backlog.be_share, be_wrr_share), 0.5, False))
-    every = list(rows.values())
-    out.append(Target("5xx, all rows", sum(r.count_5xx for r in every), 0, True))
-    out.append(Target("KV blocks used after drain, max", max(r.kv_used for r in every), 0, True))
-    out.append(Target("queue entries left, max", max(r.queue_left for r in every), 0, True))
-    return out
+    return out + hygiene(list(rows.values()))
+
+
+def hygiene(every: Sequence[Row]) -> list[Target]:
+    """What every run must end with: no 5xx, no KV block held, no queue entry left."""
+    return [Target("5xx, all rows", sum(r.count_5xx for r in every), 0, True),
+            Target("KV blocks used after drain, max", max(r.kv_used for r in every), 0, True),
+            Target("queue entries left, max", max(r.queue_left for r in every), 0, True)]
 
 
 def _ratio(a: float, b: float) -> float:

@@ -33,8 +33,9 @@ class SubmitMsg:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
-    arrival_unix: float = 0.0
+    arrival_unix: float = 0.0  # handed to Redis (the admission script)
     deadline_unix: float = 0.0  # the worker drops/aborts it after this
+    received_unix: float = 0.0  # its HTTP request reached the gateway (0: not known)
     traceparent: str | None = None  # W3C trace context, so one trace spans gateway and worker
     # False: the reader wants the whole answer only (a non-streaming response): the worker
     # writes the first tokens (the gateway measures TTFT on them) and the rest with the
@@ -101,6 +102,9 @@ class TokenMsg:
     # n > 1: the choice these tokens belong to, and its finish reason once it ended
     index: int = 0
     finish_reason: str | None = None
+    # the first message of a request only: the worker's TTFT marks
+    # (``policies.ttft_split.WorkerMarks.to_list``); None on every other
+    ttft_marks: list[float] | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Any
 
+from policies.tiers import DERIVED_TPOT_HEADROOM
+
 QUOTA_FLAGS = ("rpm", "tpm", "max_concurrency", "max_prompt_tokens", "max_max_tokens")
 
 
@@ -110,7 +112,9 @@ def format_tiers(rows: list[dict[str, Any]]) -> str:
     cells = []
     for r in rows:
         st = r["status"]
-        tpot = secs(r["tpot_p99_s"]) + (" (derived)" if r["tpot_source"] == "derived" else "")
+        tpot = secs(r["tpot_p99_s"]) + (
+            f" (derived, {r.get('tpot_budget_x') or DERIVED_TPOT_HEADROOM:g}x a lone step)"
+            if r["tpot_source"] == "derived" else "")
         live = ["-", "-", "-", "-"] if st is None else [
             str(st["depth"]), f"{st['rate_rps']:.2f}", f"{st['predicted_wait_s']:.1f}",
             " ".join(f"{t}={n}" for t, n in sorted(st["tenants"].items())) or "-"]

@@ -29,6 +29,7 @@ from gateway.http.errors import APIError, error_bytes, request_lost, server_shut
 from gateway.http.openai.format import SSE_DONE, Formatter, sse
 from gateway.tenancy.ledger import LedgerEntry
 from gateway.tenancy.tenants import Tenant
+from policies.ttft_split import WorkerMarks, ttft_split
 
 if TYPE_CHECKING:  # services.py builds what the relay uses: imported for types only
     from gateway.http.services import Services
@@ -74,6 +75,10 @@ class RelayContext:
     headers: tuple[tuple[bytes, bytes], ...] = ()
     budget_key: str = ""  # the admission's budget charge, replaced at the settle
     budget_charge: int = 0
+    # wall clock: the HTTP request arrived, its envelope went to Redis (the TTFT budget's
+    # gateway marks, ``policies.ttft_split``)
+    received_unix: float = 0.0
+    enqueued_unix: float = 0.0
 
 
 class RelayResponse:
@@ -260,8 +265,12 @@ class RelayResponse:
         state = self.state
         if state.first_token_at is None and msg.token_ids:
             state.first_token_at = time.monotonic()
+            marks = WorkerMarks.of_list(msg.ttft_marks)
+            split = None if marks is None or not self.ctx.received_unix else ttft_split(
+                self.ctx.received_unix, self.ctx.enqueued_unix, marks, time.time())
             self.services.events.first_token(self.ctx.request_id, self.ctx.tier,
-                                             asyncio.get_running_loop().time() - self.ctx.started)
+                                             asyncio.get_running_loop().time() - self.ctx.started,
+                                             split=split, marks=marks)
         state.completion_tokens += len(msg.token_ids)
         if not self.ctx.stream:
             state.msgs.append(msg)

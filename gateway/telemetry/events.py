@@ -6,11 +6,12 @@ Never pass API keys here: tenants are named by id.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.core.outputs import RequestOutput
 from policies.admission import EngineLoad
+from policies.ttft_split import WorkerMarks
 
 
 class GatewayEvents:
@@ -40,8 +41,11 @@ class GatewayEvents:
                          request_id: str | None = None, tier: str | None = None) -> None:
         """``tier`` when known (a shed names it; an auth failure comes before any)."""
 
-    def first_token(self, request_id: str, tier: str, ttft_s: float) -> None:
-        pass
+    def first_token(self, request_id: str, tier: str, ttft_s: float,
+                    split: Mapping[str, float] | None = None,
+                    marks: WorkerMarks | None = None) -> None:
+        """The first token reached the relay, ``ttft_s`` after the request arrived; with the
+        worker's marks, ``split`` is the TTFT budget (``policies.ttft_split``)."""
 
     def request_finished(self, tenant_id: str, tier: str, request_id: str, finish_reason: str,
                          prompt_tokens: int, completion_tokens: int, total_s: float,

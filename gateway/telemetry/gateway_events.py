@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from engine.core.finish import FinishReason
@@ -32,6 +32,7 @@ from gateway.telemetry.step_observer import StepFact, StepObserver
 from gateway.telemetry.telemetry import Telemetry
 from gateway.telemetry.worker_trace import WorkerRequestTrace
 from policies.admission import EngineLoad
+from policies.ttft_split import WorkerMarks
 
 log = logging.getLogger("carpool.telemetry")
 
@@ -114,7 +115,9 @@ class TelemetryEvents(GatewayEvents):
         self._stats_tasks.append(asyncio.create_task(self.stats_publisher.run(),
                                                      name="metrics-publish"))
         if config.role != "worker":
-            self.stats_history = StatsHistory(redis, keys, tuple(config.tier_weights))
+            self.stats_history = StatsHistory(
+                redis, keys, tuple(config.tier_weights),
+                ttft_targets={t: slo.ttft_p99_s for t, slo in config.tier_slos.items()})
             self._stats_tasks.append(asyncio.create_task(self.stats_history.run(),
                                                          name="stats-history"))
 
@@ -208,6 +211,15 @@ class TelemetryEvents(GatewayEvents):
         rec = self._recorders.get(request_id)
         if rec is not None:
             rec.on_tokens(count)
+
+    @_safe
+    def first_token(self, request_id: str, tier: str, ttft_s: float,
+                    split: Mapping[str, float] | None = None,
+                    marks: WorkerMarks | None = None) -> None:
+        rec = self._recorders.get(request_id)
+        if rec is not None and split is not None:
+            rec.on_ttft_split(split, marks.steps if marks else None,
+                              marks.prefill_steps if marks else None)
 
     @_safe
     def request_cancelled(self, request_id: str, source: str) -> None:

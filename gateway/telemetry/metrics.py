@@ -26,6 +26,12 @@ TOKEN_LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
     1.0, 2.5,
 )
+# the TTFT budget's parts: a few ms (Redis, the drainer) up to seconds (a queue under overload)
+PART_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.125,
+    0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
+)
+STEP_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50, 100)
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -52,6 +58,17 @@ class Metrics:
             "gen_ai_server_time_per_output_token_seconds",
             "Mean time per output token after the first, per request",
             ["tier"], buckets=TOKEN_LATENCY_BUCKETS, registry=r,
+        )
+        self.ttft_part = Histogram(
+            "carpool_ttft_part_seconds",
+            "The TTFT budget: each part of the time to first token (policies/ttft_split.py)",
+            ["tier", "part"], buckets=PART_BUCKETS, registry=r,
+        )
+        self.ttft_steps = Histogram(
+            "carpool_ttft_steps",
+            "Engine steps from the worker's read of a request to its first token, that one "
+            "included (kind=all), and of them its prompt's (kind=prefill)",
+            ["tier", "kind"], buckets=STEP_BUCKETS, registry=r,
         )
         self.itl = Histogram(
             "carpool_inter_token_latency_seconds",

@@ -8,6 +8,7 @@ one through the ``traceparent`` the gateway puts in the queue envelope.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from opentelemetry import trace
@@ -101,6 +102,20 @@ class RequestRecorder:
                 itl.observe(gap)
         self._completion_tokens += count
         self._last = t
+
+    def on_ttft_split(self, split: Mapping[str, float], steps: int | None = None,
+                      prefill_steps: int | None = None) -> None:
+        """The TTFT budget of this request (``policies.ttft_split``): each part on the span
+        (ms) and in the per-tier histograms, with the engine steps it took."""
+        tier = self.info.tier
+        for part, seconds in split.items():
+            self.span.set_attribute(names.TTFT_PART_MS.format(part=part), round(seconds * 1000, 3))
+            self._metrics.ttft_part.labels(tier, part).observe(seconds)
+        for name, kind, count in ((names.TTFT_STEPS, "all", steps),
+                                  (names.TTFT_PREFILL_STEPS, "prefill", prefill_steps)):
+            if count is not None and count >= 0:
+                self.span.set_attribute(name, count)
+                self._metrics.ttft_steps.labels(tier, kind).observe(count)
 
     def set_engine_info(
         self, queue_wait_s: float | None = None, num_preemptions: int | None = None

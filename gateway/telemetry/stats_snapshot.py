@@ -13,7 +13,9 @@ little, the next second has it all.
 The JSON (``build_stats``): ``ts``, ``window_s`` (the seconds the rates and quantiles cover:
 up to ``WINDOW_S``, less on a deployment younger than that or a history shorter than that;
 0 with nothing published yet, then rates are null), ``processes`` (id -> role), ``tiers`` (per
-tier: queue depth now and its series, TTFT/TPOT/queue-wait p50/p99, admitted/rejected by
+tier: queue depth now and its series, TTFT/TPOT/queue-wait p50/p99, the TTFT budget
+(``ttft_split``: each part's p50/p99, ``policies.ttft_split``; ``ttft_steps``: engine steps to
+the first token, p50/p99; ``ttft_target_s``: its objective), admitted/rejected by
 reason/cancelled/timed-out/completed per second), ``rejected_before_tier`` (auth and such, by
 reason, per second), ``engine`` (null without a worker: state, KV blocks, batch size and
 tokens per step distributions, preemptions and swap traffic per second, tokens per second,
@@ -28,7 +30,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,15 +40,18 @@ from gateway.telemetry.stats_engine import engine_section
 from gateway.telemetry.stats_publish import Samples, read_published, watch
 from gateway.telemetry.stats_window import (
     GaugePoint,
+    buckets,
     by_label,
     delta,
     histogram_summary,
     merge,
+    rank_quantile,
     rate,
     served_by_label,
     total,
 )
 from policies.doctor import DoctorSnapshot, TierWindow, diagnose
+from policies.ttft_split import PARTS
 
 log = logging.getLogger("carpool.telemetry")
 
@@ -86,10 +91,12 @@ class StatsHistory:
 
     def __init__(self, redis: Any, keys: RedisKeys, tiers: Sequence[str],
                  window_s: float = WINDOW_S, series_s: float = SERIES_S,
-                 interval_s: float = SAMPLE_INTERVAL_S) -> None:
+                 interval_s: float = SAMPLE_INTERVAL_S,
+                 ttft_targets: Mapping[str, float | None] | None = None) -> None:
         self.redis = redis
         self.keys = keys
         self.tiers = tuple(tiers)
+        self.ttft_targets = dict(ttft_targets or {})  # tier -> TTFT objective, for the doctor
         self.window_s = window_s
         self.interval_s = interval_s
         self.points: deque[Point] = deque(maxlen=int(window_s / interval_s) + 2)
@@ -141,16 +148,20 @@ class StatsHistory:
             now = Point(time.time(), {}, {}, {})
         # ~10 ms of Python for a busy deployment: off the event loop
         return await asyncio.to_thread(build_stats, now, then, seconds, list(self.series),
-                                       self.tiers)
+                                       self.tiers, self.ttft_targets)
 
 
 def _rates(counts: dict[str, float], seconds: float) -> dict[str, float | None]:
     return {k: rate(v, seconds) for k, v in sorted(counts.items()) if v > 0}
 
 
-def _tier_section(d: Samples, tier: str, seconds: float,
-                  series: Sequence[GaugePoint], now: float) -> tuple[dict[str, Any], TierWindow]:
+def _tier_section(d: Samples, tier: str, seconds: float, series: Sequence[GaugePoint],
+                  now: float, ttft_target: float | None = None
+                  ) -> tuple[dict[str, Any], TierWindow]:
     ttft = histogram_summary(d, "gen_ai_server_time_to_first_token_seconds", tier=tier)
+    split = {part: histogram_summary(d, "carpool_ttft_part_seconds", tier=tier, part=part)
+             for part in PARTS}
+    steps = buckets(d, "carpool_ttft_steps", tier=tier, kind="all")
     tpot = histogram_summary(d, "gen_ai_server_time_per_output_token_seconds", tier=tier)
     wait = histogram_summary(d, "carpool_queue_wait_seconds", tier=tier)
     finished = served_by_label(d, "finish_reason", tier=tier)
@@ -162,6 +173,9 @@ def _tier_section(d: Samples, tier: str, seconds: float,
         "queue_depth": series[-1].values.get(key, 0.0) if series else 0.0,
         "queue_series": [[round(p.t - now, 1), p.values.get(key, 0.0)] for p in series],
         "ttft_s": ttft, "tpot_s": tpot, "queue_wait_s": wait,
+        "ttft_split": {part: {"p50": v["p50"], "p99": v["p99"]} for part, v in split.items()},
+        "ttft_steps": {"p50": rank_quantile(steps, 0.5), "p99": rank_quantile(steps, 0.99)},
+        "ttft_target_s": ttft_target,
         "admitted_per_s": rate(total(d, "carpool_admissions_total", tier=tier), seconds),
         "rejected_per_s": _rates(
             by_label(d, "carpool_request_rejections_total", "reason", tier=tier), seconds),
@@ -175,7 +189,9 @@ def _tier_section(d: Samples, tier: str, seconds: float,
     }
     window = TierWindow(ttft_p50_s=ttft["p50"], ttft_p99_s=ttft["p99"], tpot_p50_s=tpot["p50"],
                         tpot_p99_s=tpot["p99"], queue_wait_p99_s=wait["p99"],
-                        completed=completed)
+                        completed=completed, ttft_target_s=ttft_target,
+                        ttft_parts_p99_s={part: v["p99"] for part, v in split.items()},
+                        ttft_steps_p99=rank_quantile(steps, 0.99))
     return section, window
 
 
@@ -201,7 +217,8 @@ def _tenants_section(d: Samples, seconds: float) -> list[dict[str, Any]]:
 
 
 def build_stats(now: Point, then: Point | None, seconds: float,
-                series: Sequence[GaugePoint], tiers: Sequence[str]) -> dict[str, Any]:
+                series: Sequence[GaugePoint], tiers: Sequence[str],
+                ttft_targets: Mapping[str, float | None] | None = None) -> dict[str, Any]:
     """The JSON (module docstring) for the ``seconds`` up to ``now``, counted from ``then``
     (None: from each process's start). Pure."""
     d = delta(now.procs, then.procs if then is not None else None)
@@ -209,7 +226,8 @@ def build_stats(now: Point, then: Point | None, seconds: float,
     in_window = [p for p in series if p.t >= now.t - seconds]
     tier_json, tier_windows = {}, {}
     for tier in tiers:
-        tier_json[tier], tier_windows[tier] = _tier_section(d, tier, seconds, series, now.t)
+        tier_json[tier], tier_windows[tier] = _tier_section(
+            d, tier, seconds, series, now.t, (ttft_targets or {}).get(tier))
     engine_json, engine_window = engine_section(d, cur, seconds, in_window, series, now.t)
     doctor = DoctorSnapshot(window_s=seconds, tiers=tier_windows, engine=engine_window)
     findings = diagnose(doctor)

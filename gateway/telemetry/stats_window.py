@@ -140,3 +140,16 @@ def distribution(s: Samples, histogram: str, **match: str) -> list[tuple[float, 
 def rate(count: float, seconds: float) -> float | None:
     """``count`` per second over a window of ``seconds``; None without a window yet."""
     return round(count / seconds, 4) if seconds > 0 else None
+
+
+def rank_quantile(cumulative: list[tuple[float, float]], q: float) -> float | None:
+    """Nearest-rank ``q`` quantile of a histogram of whole numbers with a bucket each (engine
+    steps): the bound of the first bucket holding the rank, exact; None with no observation.
+    A rank in the +Inf bucket answers the largest finite bound, as ``quantile`` does (JSON
+    has no infinity)."""
+    if not cumulative or cumulative[-1][1] <= 0:
+        return None
+    rank = max(1.0, math.ceil(q * cumulative[-1][1]))
+    bound = next(bound for bound, count in cumulative if count >= rank)
+    return max((b for b, _ in cumulative if not math.isinf(b)), default=None) \
+        if math.isinf(bound) else bound

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
@@ -68,7 +69,8 @@ class Drainer:
                  start: Callable[[list[Envelope]], Awaitable[None]],
                  row_limit: Callable[[], int | None] = lambda: None,
                  held: Callable[[], Iterable[tuple[str, str, float]]] = tuple,
-                 owed_rows: Callable[[int], int] = lambda urgent: 0) -> None:
+                 owed_rows: Callable[[int], int] = lambda urgent: 0,
+                 steps_done: Callable[[], int] = lambda: 0) -> None:
         self.queues = queues
         self.engine = engine
         self.consumer = consumer
@@ -94,6 +96,8 @@ class Drainer:
         # empty again, so the next pull waits on them directly, without counting backlogs
         # first (one round trip per request saved at low load).
         self.quiet = False
+        self.steps_done = steps_done  # the engine's steps ended so far
+        self.read_at = (0.0, 0)  # (wall clock, engine steps ended) of the last entries read
 
     async def run(self) -> None:
         # Entries read before a failure stay pending for us; the worker's maintenance
@@ -121,6 +125,8 @@ class Drainer:
             envs = await self._wait_for_admission(
                 open_tiers, CLOSED_BLOCK_S if held is None else min(CLOSED_BLOCK_S, held))
         if envs:
+            # when they were read, and the engine steps ended by then: the first token's marks
+            self.read_at = (time.time(), self.steps_done())
             self.pace.started([(e.tier, e.tenant) for e in envs if e.tier in self.single])
             # the pull may have waited long for work (an idle tier): judge the first tokens by
             # the rows held now, not by those of the round's start (a burst that just ended

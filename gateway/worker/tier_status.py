@@ -8,6 +8,7 @@ a JSON object::
     {"worker": id, "ts": unix seconds, "window_s": W, "weights": {tier: weight},
      "tiers": {tier: {"ttft_p99_s": s|null, "tpot_p99_s": s|null (configured, or derived by
                       the step budget), "tpot_source": "configured"|"derived"|null,
+                      "tpot_budget_x": the TPOT budget in lone steps, null: the default 1.2,
                       "action": "shed"|"queue", "depth": entries waiting (not yet delivered
                       to any worker), "rate_rps": requests this worker started per second
                       over the last W s, "predicted_wait_s": depth / rate,
@@ -135,7 +136,7 @@ class TierStatusPublisher:
             tpot, source = self._tpot(tier)
             tiers[tier] = {
                 "ttft_p99_s": slo.ttft_p99_s, "tpot_p99_s": tpot, "tpot_source": source,
-                "action": slo.action, "depth": depth, "rate_rps": round(rate, 4),
+                "tpot_budget_x": slo.tpot_budget_x, "action": slo.action, "depth": depth, "rate_rps": round(rate, 4),
                 "predicted_wait_s": round(predicted_wait(depth, rate, self.window_s), 3),
                 "tenants": await self.tenant_depths(tier) if depth else {},
             }

@@ -89,7 +89,7 @@ class TpotTarget:
                 small = self.model.predict_decode(SMALL_BATCH_ROWS, self.model.mean_kv_per_row())
                 how = (f"derived from the predicted {SMALL_BATCH_ROWS}-row step, "
                        f"{small * 1000:.0f} ms")
-            target = derived_tpot_target(small)
+            target = derived_tpot_target(small, self.slo.tpot_budget_x)
             alone = self._alone_step(urgent_tokens_s, max_rows, measured, prompts_busy)
             basis = f"at its {urgent_tokens_s or 0:.0f} tokens/s"
             bias = self._alone_bias(measured) if alone is not None else None
@@ -98,8 +98,8 @@ class TpotTarget:
                 alone *= bias  # the law's figure ran short of its steps alone, measured
                 basis += (f", x{bias:.2f} as its {len(self.alone_steps)} steps alone "
                           f"measured")
-            if alone is not None and derived_tpot_target(alone) > target:
-                target = derived_tpot_target(alone)
+            if alone is not None and derived_tpot_target(alone, self.slo.tpot_budget_x) > target:
+                target = derived_tpot_target(alone, self.slo.tpot_budget_x)
                 how = f"derived from interactive's step alone, {alone * 1000:.0f} ms {basis}"
                 follows_demand = True
         self._say(target, how, follows_demand)

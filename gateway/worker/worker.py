@@ -73,7 +73,8 @@ class Worker:
                                    config.usage_retention_days * 86400 if config.ledger else 0)
         self.drainer = Drainer(self.queues, engine, self.consumer, config.tier_weights, self._start,
                                row_limit=lambda: self.step_budget.row_limit, held=self._held,
-                               owed_rows=lambda urgent: self.step_budget.owed_lower_rows(urgent))
+                               owed_rows=lambda urgent: self.step_budget.owed_lower_rows(urgent),
+                               steps_done=lambda: engine.stats().steps_done)
         self.inflight: dict[str, Inflight] = {}
         self.step_budget = StepBudget(engine, config.tier_slos[INTERACTIVE],
                                       tier_weights=config.tier_weights)
@@ -227,6 +228,8 @@ class Worker:
     async def _start(self, envs: list[Envelope], reclaim: bool = False) -> None:
         """Run a batch of envelopes, or drop them (cancelled, past deadline, lost) and ack
         them: one pipelined claim round trip and one for the acks and cancel checks."""
+        if reclaim:  # not the drainer's read: a reclaimed request sends no TTFT marks
+            self.drainer.read_at = (0.0, 0)
         todo: list[Envelope] = []
         taken: set[str] = set()  # request ids in todo
         cmds: list[tuple[Any, ...]] = []
@@ -363,7 +366,9 @@ class Worker:
             if isinstance(exc, ValueError):
                 return str(exc)
             raise
-        wait = max(0.0, time.time() - msg.arrival_unix) if msg.arrival_unix else 0.0
+        rec.read_unix, rec.read_steps = self.drainer.read_at  # for the first token's marks
+        rec.posted_unix = now = time.time()
+        wait = max(0.0, now - msg.arrival_unix) if msg.arrival_unix else 0.0
         rec.queue_wait_s = wait  # the FinishMsg carries it to the gateway's request span
         self.tier_status.record_start(rec.tier)
         if rec.tier == INTERACTIVE:
@@ -418,7 +423,6 @@ class Worker:
             reclaimed = await self.queues.autoclaim(tier, self.consumer, min_idle_ms)
             if reclaimed:
                 await self._start(reclaimed, reclaim=True)
-
 
     async def _claim_dead(self) -> None:
         """One check for dead workers (``recovery.DeadWorkers``) every ``DEAD_CHECK_S``: their

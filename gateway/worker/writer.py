@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from gateway.bus.keys import RedisKeys
 from gateway.bus.messages import FinishMsg, SubmitMsg, TokenMsg
 from gateway.bus.queues import Envelope, QueueEntries, StepWrite
 from gateway.bus.resp import RespConnection
+from policies.ttft_split import WorkerMarks
 
 log = logging.getLogger("carpool.worker")
 
@@ -56,6 +58,12 @@ class Inflight:
     # its engine counts from 0 after them)
     offset_base: int = 0
     ledger: tuple[str, str] = ("", "")  # its usage ledger row: hour, field prefix
+    # the first token's marks (``policies.ttft_split.WorkerMarks``): when the drainer read it
+    # (0: not read by the drainer) and the engine steps ended by then, when the engine got it
+    read_unix: float = 0.0
+    read_steps: int = 0
+    posted_unix: float = 0.0
+    marks_sent: bool = False
 
     @property
     def owned(self) -> bool:
@@ -92,6 +100,18 @@ class OutputWriter:
             if sent is not None:
                 self._queue.put_nowait(sent)  # the task sees its reply before anything newer
                 return
+        elif not self._retry and any(_first_token(*x) for x in items):
+            # a write is in flight: first tokens go now, on the same connection (its replies
+            # come in order), not coalesced behind it; a first token is its request's first
+            # message, so nothing of that request is queued before it
+            first = [_first_token(*x) for x in items]
+            sent = self._write_now([x for x, f in zip(items, first, strict=True) if f],
+                                   sort=False)
+            if sent is not None:
+                self._queue.put_nowait(sent)
+                items = [x for x, f in zip(items, first, strict=True) if not f]
+                if not items:
+                    return
         self._queue.put_nowait(items)
 
     async def run(self) -> None:
@@ -114,11 +134,15 @@ class OutputWriter:
             await self._confirm(first)
             return
         fresh = list(first)
-        while not self._queue.empty():  # coalesce steps produced during the last write
-            more = self._queue.get_nowait()
-            assert not isinstance(more, _Sent)  # ``submit`` sends only when nothing is queued
-            fresh.extend(more)
+        # coalesce steps produced during the last write, up to a write ``submit`` made of
+        # first tokens meanwhile: its reply is confirmed in its turn (a failed one is written
+        # again before anything newer)
+        while not self._queue.empty() and not isinstance(self._queue_head(), _Sent):
+            fresh.extend(self._queue.get_nowait())  # type: ignore[arg-type]
         await self._write_retrying(self._sort_out(fresh))
+
+    def _queue_head(self) -> list[tuple[Inflight, RequestOutput]] | _Sent:
+        return self._queue._queue[0]  # type: ignore[attr-defined]  # asyncio.Queue's deque
 
     def _sort_out(self, fresh: list[tuple[Inflight, RequestOutput]]
                   ) -> list[tuple[Inflight, RequestOutput]]:
@@ -148,12 +172,14 @@ class OutputWriter:
         outputs go out with its finish), and the task waits for more."""
         return self._queue.empty() and not self._retry and not self._parked and self._waiting
 
-    def _write_now(self, fresh: list[tuple[Inflight, RequestOutput]]) -> _Sent | None:
-        """Sort out and send ``fresh`` without waiting; None if the lean connection is not
-        up (the task then writes it). Nothing to write is a write that went through."""
+    def _write_now(self, fresh: list[tuple[Inflight, RequestOutput]], sort: bool = True
+                   ) -> _Sent | None:
+        """Sort out (unless ``sort`` is False: ``fresh`` is ready to write) and send ``fresh``
+        without waiting; None if the lean connection is not up (the task then writes it).
+        Nothing to write is a write that went through."""
         if self._conn is None or not self._conn.ready:
             return None
-        items = self._sort_out(fresh)
+        items = self._sort_out(fresh) if sort else fresh
         step = self._step_write(items)
         return _Sent(items, self._entries.send_step_now(step) if step else None)
 
@@ -211,6 +237,14 @@ class _Sent:
     reply: asyncio.Future[Any] | None
 
 
+def _first_token(rec: Inflight, out: RequestOutput) -> bool:
+    """Whether ``out`` carries the first token of a streamed request the drainer started, ready
+    to write as it is (claimed, nothing held back or parked before it)."""
+    return (not rec.marks_sent and rec.read_unix > 0 and not rec.offset_base
+            and bool(out.new_token_ids) and not rec.final_only and not rec.reader_gone
+            and (rec.claim is None or (rec.claim.done() and rec.claim.result() == "run")))
+
+
 def _hold_back(items: list[tuple[Inflight, RequestOutput]]
                ) -> list[tuple[Inflight, RequestOutput]]:
     """What to write now. A non-streaming request's outputs after its first tokens wait in
@@ -252,8 +286,27 @@ def _token_msgs(rec: Inflight, outs: list[RequestOutput]) -> list[TokenMsg]:
         lps = [[x.logprob, x.top] for o in run for x in o.logprobs or ()] or None
         offset = rec.offset_base + run[-1].num_output_tokens - len(ids)
         msgs.append(TokenMsg(ids, text, lps, offset=offset, index=run[-1].index,
-                             finish_reason=end))
+                             finish_reason=end, ttft_marks=_first_marks(rec, run[0], ids)))
     return msgs
+
+
+def _first_marks(rec: Inflight, out: RequestOutput, ids: list[int]) -> list[float] | None:
+    """The worker's TTFT marks for the message carrying ``rec``'s first token, once; None
+    for every other message (and for a request the drainer did not read: a resumed one)."""
+    if rec.marks_sent or not ids or rec.read_unix <= 0 or rec.offset_base:
+        return None
+    rec.marks_sent = True
+    now_unix, now_mono = time.time(), time.monotonic()
+    first = out.first_token_time
+    token = now_unix if first is None else now_unix - (now_mono - first)
+    sched = out.first_scheduled_time
+    step = out.first_token_step
+    return WorkerMarks(
+        rec.read_unix, rec.posted_unix,
+        token if sched is None else now_unix - (now_mono - sched), token,
+        -1 if step is None else step - rec.read_steps,
+        -1 if step is None or out.first_scheduled_step is None
+        else step - out.first_scheduled_step + 1).to_list()
 
 
 def _by_request(items: list[tuple[Inflight, RequestOutput]]

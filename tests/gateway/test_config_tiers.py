@@ -108,3 +108,19 @@ def test_serve_flag_reaches_the_config() -> None:
     args = build_parser().parse_args(["serve", "--tier-slos", "batch=ttft:30,shed"])
     config = GatewayConfig.from_env({}, **{k: getattr(args, k) for k in CONFIG_FLAGS})
     assert config.tier_slos["batch"] == TierSLO(30.0, None, "shed")
+
+
+def test_the_tpot_budget_is_a_tier_field_from_file_env_and_flag(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text("[tiers.interactive]\ntpot_budget = 1.5\n")
+    from_file = GatewayConfig.from_env({}, tenants_file=str(path))
+    assert from_file.tier_slos["interactive"].tpot_budget_x == 1.5
+    env = {"CARPOOL_TIER_SLOS": "interactive=tpot_budget:1.8"}
+    assert GatewayConfig.from_env(env).tier_slos["interactive"].tpot_budget_x == 1.8
+    flag = GatewayConfig.from_env(env, tier_slos="interactive=tpot_budget:2,ttft:1")
+    assert flag.tier_slos["interactive"] == TierSLO(1.0, None, "queue", 2.0)
+    assert GatewayConfig.from_env({}).tier_slos["interactive"].tpot_budget_x is None  # 1.2x
+    for bad in ("interactive=tpot_budget:0.9", "interactive=tpot_budget:11",
+                "interactive=tpot_budget:x"):
+        with pytest.raises(ValueError):
+            GatewayConfig.from_env({"CARPOOL_TIER_SLOS": bad})

@@ -72,7 +72,18 @@ def symptom_snapshots() -> dict[str, DoctorSnapshot]:
         # an idle engine holding KV blocks after disconnects
         "kv_not_released": snapshot(running_avg=0, idle_s=T.idle_leak_s, idle_kv_used=7,
                                     aborts=5),
+        # interactive's TTFT p99 just past its objective, its budget known
+        "ttft_over_objective": snapshot(over_objective()),
     }
+
+
+PARTS_P99 = {"gateway_in": 0.002, "redis_queue": 0.004, "drainer_to_engine": 0.001,
+             "step_wait": 0.11, "prefill": 0.07, "first_token_out": 0.003}
+
+
+def over_objective(target: float = 0.29) -> TierWindow:
+    return dataclasses.replace(healthy_tier(), ttft_target_s=target, ttft_steps_p99=3,
+                               ttft_parts_p99_s=PARTS_P99)
 
 
 def test_healthy_snapshot_has_no_symptom() -> None:
@@ -83,7 +94,7 @@ def test_no_engine_and_no_traffic_is_healthy() -> None:
     assert diagnose(DoctorSnapshot(window_s=0)) == []
 
 
-def test_six_rules_for_six_symptoms() -> None:
+def test_a_rule_for_each_symptom() -> None:
     assert {r.__name__ for r in RULES} == set(symptom_snapshots())
 
 
@@ -124,7 +135,19 @@ def _below(name: str) -> DoctorSnapshot:
         return snapshot(tier, e, kv_used_avg=e.kv_total * (1 - T.kv_room) + 1)
     if name == "memory_free_capped":
         return snapshot(tier, e, waiting_avg=T.waiting_min - 0.01)
+    if name == "ttft_over_objective":  # p99 exactly at the objective meets it
+        return snapshot(over_objective(target=healthy_tier().ttft_p99_s or 0.0), e)
     return snapshot(tier, e, idle_s=T.idle_leak_s - 0.1)
+
+
+def test_ttft_over_objective_names_the_largest_part() -> None:
+    [f] = diagnose(snapshot(over_objective()))
+    assert f.evidence["largest_part"] == max(PARTS_P99, key=lambda k: PARTS_P99[k])
+    assert "wait for the step in flight" in f.cause
+    moved = {**PARTS_P99, "redis_queue": 0.5}
+    [g] = diagnose(snapshot(dataclasses.replace(over_objective(), ttft_parts_p99_s=moved)))
+    assert g.evidence["largest_part"] == "redis_queue" and "Redis" in g.cause
+    assert diagnose(snapshot(dataclasses.replace(over_objective(), ttft_target_s=None))) == []
 
 
 @pytest.mark.parametrize("symptom", sorted(symptom_snapshots()))

@@ -132,6 +132,7 @@ def reserve(parsed: ParsedRequest, max_tokens: int) -> int:
 
 
 async def _completion(request: Request, kind: str) -> Response:
+    received = time.time()  # the TTFT budget's first mark (``policies.ttft_split``)
     svc = _services(request)
     tenant: Tenant = request.state.tenant
     body = await read_json(request, svc.config.max_body_bytes)
@@ -160,7 +161,8 @@ async def _completion(request: Request, kind: str) -> Response:
         request_id=rid, tenant_id=tenant.id, tier=tier, priority=tier_priority(tier),
         prompt_token_ids=parsed.prompt_token_ids, max_tokens=max_tokens,
         temperature=parsed.temperature, top_p=parsed.top_p, seed=parsed.seed, stop=parsed.stop,
-        arrival_unix=now, deadline_unix=now + timeout, stream=parsed.stream,
+        arrival_unix=now, deadline_unix=now + timeout, received_unix=received,
+        stream=parsed.stream,
         top_k=parsed.top_k, min_p=parsed.min_p, min_tokens=parsed.min_tokens,
         repetition_penalty=parsed.repetition_penalty, presence_penalty=parsed.presence_penalty,
         frequency_penalty=parsed.frequency_penalty, logit_bias=parsed.logit_bias,
@@ -192,7 +194,8 @@ async def _completion(request: Request, kind: str) -> Response:
         formatter=Formatter(kind, rid, svc.model.name, int(now), tier,
                             token_text(svc.model.tokenizer) if parsed.logprobs is not None
                             else None, n=parsed.n, tools=_tool_mode(parsed)),
-        started=loop_now, deadline=loop_now + timeout,
+        started=loop_now, deadline=loop_now + timeout, received_unix=received,
+        enqueued_unix=now,
     )
     return RelayResponse(svc, ctx)  # type: ignore[return-value]
 

@@ -128,6 +128,23 @@ function renderDoctor(doc, stats) {
   }
 }
 
+// The TTFT budget (policies/ttft_split.py): where the time to first token went, p50 / p99.
+const TTFT_PARTS = [["gateway_in", "gateway in"], ["redis_queue", "Redis queue"],
+  ["drainer_to_engine", "drainer to engine"], ["step_wait", "wait for the step in flight"],
+  ["prefill", "prefill steps"], ["first_token_out", "first token out"]];
+
+function ttftBudget(p, t) {
+  const split = t.ttft_split || {};
+  const steps = t.ttft_steps || {};
+  return el("table", { class: "ttft-budget" },
+    el("tr", {}, el("th", {}, "TTFT budget"), el("th", {}, "p50"), el("th", {}, "p99")),
+    ...TTFT_PARTS.map(([k, label]) => row(label,
+      metric(`${p}.ttft.${k}_p50`, ms((split[k] || {}).p50)),
+      metric(`${p}.ttft.${k}_p99`, ms((split[k] || {}).p99)))),
+    row("steps to first token", metric(`${p}.ttft.steps_p50`, fmt(steps.p50)),
+        metric(`${p}.ttft.steps_p99`, fmt(steps.p99))));
+}
+
 function renderTiers(tiers) {
   const box = $("tiers");
   box.replaceChildren();
@@ -146,7 +163,7 @@ function renderTiers(tiers) {
       row("tokens /s", metric(`${p}.tokens_per_s`, fmt(t.tokens_per_s))));
     box.append(el("div", { class: "card", "data-tier": name },
       el("h3", {}, name), lines([["depth", t.queue_series]]),
-      el("p", { class: "legend" }, "queue depth"), table));
+      el("p", { class: "legend" }, "queue depth"), table, ttftBudget(p, t)));
   }
 }
 

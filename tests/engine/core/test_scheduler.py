@@ -305,3 +305,30 @@ def test_stats_count_queued_requests_by_priority() -> None:
     assert sum(n for _, n in stats.waiting_by_priority) == stats.num_waiting == 4
     run_to_completion(sched, runner)
     assert sched.stats.waiting_by_priority == () and sched.stats.swapped_by_priority == ()
+
+
+def test_first_scheduled_and_first_token_steps_count_the_steps_that_ran_them() -> None:
+    """A request's step numbers (the TTFT budget's steps) against a count kept here: the step
+    that first scheduled it, and the one that gave its first token (a chunked prompt spans
+    several), numbered as ``SchedulerStats.num_steps`` counts them."""
+    sched = make_scheduler(max_num_batched_tokens=8, num_blocks=64)
+    runner = FakeRunner(sched)
+    (early,) = make_requests(1, prompt_len=3, max_tokens=20)
+    sched.add_request(early)
+    n = 0
+    for _ in range(3):
+        step(sched, runner)
+        n += 1
+    (late,) = make_requests(1, prompt_len=20, max_tokens=2, start_time=1.0)
+    sched.add_request(late)  # between steps: the next one, n + 1, schedules it
+    steps_with_prompt = []
+    while late.num_output_tokens == 0:
+        out, _ = step(sched, runner)
+        n += 1
+        if any(s.request_id == late.request_id for s in out.scheduled):
+            steps_with_prompt.append(n)
+    assert sched.stats.num_steps == n
+    assert early.times.first_scheduled_step == 1 and early.times.first_token_step == 1
+    assert late.times.first_scheduled_step == steps_with_prompt[0] == 4
+    assert late.times.first_token_step == steps_with_prompt[-1] == n
+    assert len(steps_with_prompt) >= 3  # 20 prompt tokens in 8-token steps beside a decode

@@ -21,6 +21,9 @@ from gateway.bench import sla
 from gateway.bench.sla_client import Call, metric_sum, parse_metrics
 from gateway.bench.sla_load import Prompts, tokens_in, tokens_per_request
 from gateway.bench.sla_report import COLUMNS, Row, table, targets
+from gateway.bench.sla_sweep import SweepRow, sweep_table
+from gateway.bench.sla_targets import restated_targets
+from policies.ttft_split import LABELS
 
 ROWS = ("alone", "overload", "fcfs", "light", "heavy", "backlog")
 
@@ -237,3 +240,85 @@ def test_parse_metrics_agrees_with_prometheus_client() -> None:
             assert (s.labels, s.value) in ours[s.name]
     assert metric_sum(ours, "carpool_kv_blocks", state="used") == 12.0
     assert metric_sum(ours, "carpool_requests_total") == 7.0
+
+
+def test_restated_targets_are_computed_from_the_rows(quick_run: tuple[list[Row], float]) -> None:
+    """Issue 39's targets recomputed here from the calls (and the steps from the server's
+    own histogram, read through ``/metrics``): the law's growth, the worker's TPOT target."""
+    rows, _ = quick_run
+    by = {r.name: r for r in rows}
+    got = {t.what: t.value for t in restated_targets(by, 0.1)}
+    inter = {n: by[n].run.of("interactive") for n in ("alone", "overload", "overload32")}
+    light = {n: by[n].run.of("light") for n in ("light", "heavy")}
+
+    def growth(base: list[Call], loaded: list[Call]) -> float:
+        return 2 * max(0.0, _tpot(loaded, 0.99) - _tpot(base, 0.5)) * 1000
+
+    want: dict[str, float] = {}
+    for name, label in (("overload", ""), ("overload32", " (--max-num-seqs row)")):
+        row = by[name]
+        budget = (row.tpot_target_s * 1000 if row.tpot_target_s
+                  else 1.2 * _tpot(inter["alone"], 0.5) * 1000)
+        want[f"int. TTFT p99 overload{label} / (alone + 2 x step growth)"] = _ttft99(
+            inter[name]) / (_ttft99(inter["alone"]) + growth(inter["alone"], inter[name]))
+        want[f"int. TTFT p99 overload{label}, engine steps from the read"] = \
+            row.budget["interactive"].steps_p99  # type: ignore[assignment]
+        want[f"int. TPOT p50 overload{label} / its TPOT budget"] = (
+            _tpot(inter[name], 0.5) * 1000 / budget)
+    want["light TTFT p99 with heavy / (alone + 2 x step growth)"] = _ttft99(light["heavy"]) / (
+        _ttft99(light["light"]) + growth(light["light"], light["heavy"]))
+    be = by["backlog"]
+    want["BE share / WRR share, all backlogged"] = be.run.window_tokens("best-effort") / (
+        be.run.window_tokens("interactive", "batch", "best-effort") * 0.1)
+    assert set(got) == {*want, "bulk goodput overload / law's reach within the TPOT budget"}
+    for what, value in want.items():
+        assert math.isclose(got[what], value, rel_tol=1e-9), what
+    # the echo engine takes one step to a first token, or two when read mid-step
+    for name in ("overload", "overload32"):
+        assert 1 <= by[name].ttft_steps_p99() <= 2
+
+
+def test_the_ttft_budget_is_in_the_report(quick_run: tuple[list[Row], float],
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    rows, capacity = quick_run
+    sla.report(sla.parse_args(["--engine", "echo", "--quick"]), rows, capacity, 1.0)
+    printed = capsys.readouterr().out
+    for row in rows:
+        if row.run.of("interactive"):  # every row interactive sends in has its budget line
+            assert f"| {row.name} | interactive |" in printed
+    for label in LABELS.values():
+        assert f"{label} p50 / p99 ms" in printed
+    assert "targets (restated on the law, issue 39)" in printed
+
+
+def test_the_budget_sweep_prints_a_line_per_budget(quick_run: tuple[list[Row], float]) -> None:
+    rows, _ = quick_run
+    by = {r.name: r for r in rows}
+    items = [SweepRow(x, by["overload"]) for x in (1.2, 1.6, 2.0)]
+    lines = sweep_table(by["alone"], items, by["fcfs"]).splitlines()
+    assert len(lines) == 2 + len(items)
+    assert [line.split("|")[1].strip() for line in lines[2:]] == ["1.2", "1.6", "2"]
+    assert sla.parse_args(["--tpot-budgets", "1.2,2"]).tpot_budgets == (1.2, 2.0)
+    with pytest.raises(SystemExit):
+        sla.parse_args(["--tpot-budgets", "0.5"])
+
+
+def test_the_restated_bulk_target_is_against_the_reach_within_the_budget(
+        quick_run: tuple[list[Row], float]) -> None:
+    """With a law in place of the echo engine's: the reach at the budget (here the default
+    1.2x alone, the worker's target left out), never above the FCFS row's bulk goodput."""
+    rows, _ = quick_run
+    by = {r.name: r for r in rows}
+    step = 1.2 * _tpot(by["alone"].run.of("interactive"), 0.5)
+    what = "bulk goodput overload / law's reach within the TPOT budget"
+    for scale in (1.0, 0.01):  # a law that reaches less than FCFS, and one that reaches more
+        law = {"base_s": 0.1 * step, "per_row_s": 0.01 * step * scale,
+               "per_token_s": 0.002 * step * scale, "per_kv_token_s": 1e-5 * step * scale,
+               "per_prefill_row_s": 0.005 * step * scale, "kv_per_row": 40.0,
+               "prefill_tokens": 8.0}
+        by["overload"] = dataclasses.replace(by["overload"], law=law, tpot_target_s=None)
+        reach = _law_reach(by)
+        assert reach is not None and reach > 0
+        got = {t.what: t.value for t in restated_targets(by, 0.1)}
+        want = _goodput(by["overload"]) / min(reach, _goodput(by["fcfs"]))
+        assert math.isclose(got[what], want, rel_tol=1e-9), scale

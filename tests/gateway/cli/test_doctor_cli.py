@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from gateway.process import free_port
+from policies.tiers import TierSLO
 from tests.gateway.harness import make_config, make_tenant, run_gateway
 
 pytestmark = pytest.mark.timeout(120)
@@ -71,3 +72,23 @@ def test_tiny_kv_pool_is_recompute_churn(redis_url: str, tiny_model_dir: Path) -
     assert res.returncode == 1, res.stdout + res.stderr
     assert "SYMPTOM recompute_churn" in res.stdout
     assert f"recompute_preemptions={float(preempted)}" in res.stdout
+
+
+def test_interactive_ttft_over_its_objective_names_the_largest_part(redis_url: str) -> None:
+    """An objective no first token can meet (a 1 ms TTFT p99 beside 30 ms echo steps): the
+    doctor says so and names the part of the TTFT budget that took the most, as the stats'
+    own split has it."""
+    config = make_config(echo_step_ms=30.0,
+                         tier_slos={"interactive": TierSLO(ttft_p99_s=0.001)})
+    with run_gateway(config, redis_url) as gw:
+        gw.call(gw.services.store.add_admin_key(ADMIN_KEY))
+        key = make_tenant(redis_url, config.namespace, "slow-co")
+        assert send(gw, key, 6, 2, "hello doctor") == [200] * 6
+        res = doctor(gw.url)
+        stats = httpx.get(gw.url + "/admin/stats", timeout=30,
+                          headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "SYMPTOM ttft_over_objective" in res.stdout
+    split = stats["tiers"]["interactive"]["ttft_split"]
+    largest = max(split, key=lambda part: split[part]["p99"] or 0.0)
+    assert f"largest_part={largest}" in res.stdout

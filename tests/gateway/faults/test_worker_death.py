@@ -1,4 +1,5 @@
-"""Request migration: a gateway and two worker processes (tiny real engine) on one Redis;
+"""Request migration: a gateway and two worker processes (tiny real engine) on one Redis
+(``real_cluster``, shared with the drain tests; a killed worker is replaced for the next);
 greedy streams are frozen mid-generation (SIGSTOP on both workers), the worker holding
 some of them is SIGKILLed and the other resumes. Each client's stream just continues: its
 text equals an uninterrupted run's, its usage counts every token once, and the surviving
@@ -14,7 +15,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +24,13 @@ import jsonschema
 import pytest
 
 from gateway.bus.keys import RedisKeys
-from gateway.process import free_port
+from tests.gateway.faults.cluster import ENGINE, Cluster
 from tests.gateway.faults.stack import StreamReader
 from tests.gateway.faults.table import FaultRow, ledger_check
 from tests.gateway.harness import make_tenant, redis_sync
-from tests.gateway.procs import Proc, spawn
+from tests.gateway.procs import Proc, spawn_all
 
 pytestmark = pytest.mark.timeout(240)
-ENGINE = ["--engine", "real", "--num-blocks", "256", "--block-size", "16", "--max-model-len",
-          "1024", "--max-num-seqs", "8"]
 PROMPTS = ["Once upon a time", "The capital of France", "def main():", "In 1905, Einstein"]
 MAX_TOKENS = 600
 # long (120 items, some 400 tokens) yet bounded: the grammar closes it well within max_tokens
@@ -51,21 +50,6 @@ def kv_used(port: int) -> float:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     found = re.search(r'^carpool_kv_blocks\{state="used"\} (\S+)', text, re.MULTILINE)
     return float(found.group(1)) if found else -1.0
-
-
-@pytest.fixture
-def cluster(redis_url: str, tiny_model_dir: Path, tmp_path: Path
-            ) -> Iterator[tuple[str, Proc, list[tuple[Proc, int]]]]:
-    ns = f"mig{os.getpid()}{time.monotonic_ns() % 100000}"
-    ports = [free_port(), free_port()]
-    # the visibility timeout is long: the dead worker is found by its missing status
-    env = {"CARPOOL_VISIBILITY_TIMEOUT_S": "60"}
-    with spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE, env=env) as gw, \
-            spawn("worker", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE,
-                  "--metrics-port", str(ports[0]), env=env) as wa, \
-            spawn("worker", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE,
-                  "--metrics-port", str(ports[1]), env=env) as wb:
-        yield ns, gw, [(wa, ports[0]), (wb, ports[1])]
 
 
 def idle_kv_used(port: int, timeout: float = 20.0) -> int:
@@ -116,10 +100,15 @@ def run_and_kill(redis_url: str, ns: str, workers: list[tuple[Proc, int]],
     return survivor, moved, row
 
 
+def resumed(proc: Proc, since: dict[int, int]) -> int:
+    """How many streams ``proc`` said it resumed after ``since`` (pid -> lines then)."""
+    return sum("resumed" in line for line in proc.lines[since[proc.popen.pid]:])
+
+
 def test_streams_of_a_killed_worker_resume_on_the_other(
-        cluster: tuple[str, Proc, list[tuple[Proc, int]]], redis_url: str,
-        tiny_model_dir: Path, fault_rows: list[FaultRow]) -> None:
-    ns, gw, workers = cluster
+        real_cluster: Cluster, redis_url: str, fault_rows: list[FaultRow]) -> None:
+    ns, gw, workers = real_cluster.ns, real_cluster.gateway, real_cluster.workers()
+    since = {proc.popen.pid: len(proc.lines) for proc, _ in workers}
     key = make_tenant(redis_url, ns, "mig")
     model = httpx.get(gw.url + "/v1/models", headers={"Authorization": f"Bearer {key}"},
                       timeout=10).json()["data"][0]["id"]
@@ -147,14 +136,14 @@ def test_streams_of_a_killed_worker_resume_on_the_other(
         assert s.usage is not None and usage is not None
         counts = ("prompt_tokens", "completion_tokens", "total_tokens")
         assert [s.usage[c] for c in counts] == [usage[c] for c in counts]  # each token once
-    assert sum("resumed" in line for line in survivor[0].lines) == moved
+    assert resumed(survivor[0], since) == moved
 
 
 def test_a_constrained_stream_of_a_killed_worker_resumes_and_still_validates(
-        cluster: tuple[str, Proc, list[tuple[Proc, int]]], redis_url: str,
-        fault_rows: list[FaultRow]) -> None:
-    ns, gw, workers = cluster
-    key = make_tenant(redis_url, ns, "mig")
+        real_cluster: Cluster, redis_url: str, fault_rows: list[FaultRow]) -> None:
+    ns, gw, workers = real_cluster.ns, real_cluster.gateway, real_cluster.workers()
+    since = {proc.popen.pid: len(proc.lines) for proc, _ in workers}
+    key = make_tenant(redis_url, ns, "mig-json")
     model = httpx.get(gw.url + "/v1/models", headers={"Authorization": f"Bearer {key}"},
                       timeout=10).json()["data"][0]["id"]
     fmt = {"type": "json_schema", "json_schema": {"name": "notes", "schema": SCHEMA,
@@ -175,7 +164,7 @@ def test_a_constrained_stream_of_a_killed_worker_resumes_and_still_validates(
                       f"{len(streams)} moved)")
     fault_rows.append(row)
     received = sum(s.usage["completion_tokens"] for s in [ref, *streams] if s.usage)
-    ledger = ledger_check(redis_url, ns, "mig", f"worker SIGKILL mid-stream, json_schema "
+    ledger = ledger_check(redis_url, ns, "mig-json", f"worker SIGKILL mid-stream, json_schema "
                           f"({moved} of {len(streams)} moved)", received, 1 + len(streams))
     assert ledger.drift == 0, ledger
     assert moved > 0, "no constrained stream was in flight on the killed worker"
@@ -185,7 +174,7 @@ def test_a_constrained_stream_of_a_killed_worker_resumes_and_still_validates(
         jsonschema.validate(json.loads("".join(s.text)), SCHEMA)
         assert s.usage is not None and usage is not None
         assert s.usage["completion_tokens"] == usage["completion_tokens"]  # each token once
-    assert sum("resumed" in line for line in survivor[0].lines) == moved
+    assert resumed(survivor[0], since) == moved
     assert row.kv_blocks_after_idle == 0
 
 
@@ -194,8 +183,8 @@ def test_with_no_worker_left_the_stream_ends_with_a_clear_error_at_its_deadline(
         fault_rows: list[FaultRow]) -> None:
     ns = f"mig0{os.getpid()}{time.monotonic_ns() % 100000}"
     env = {"CARPOOL_REQUEST_TIMEOUT_S": "6"}
-    with spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE, env=env) as gw, \
-            spawn("worker", redis_url, ns, tiny_model_dir, tmp_path, *ENGINE, env=env) as w:
+    with spawn_all(redis_url, ns, tiny_model_dir, tmp_path, ("gateway", ENGINE),
+                   ("worker", ENGINE), env=env) as (gw, w):
         key = make_tenant(redis_url, ns, "mig")
         model = httpx.get(gw.url + "/v1/models", headers={"Authorization": f"Bearer {key}"},
                           timeout=10).json()["data"][0]["id"]

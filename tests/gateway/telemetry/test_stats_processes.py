@@ -15,7 +15,7 @@ import pytest
 
 from gateway.process import free_port
 from tests.gateway.harness import make_tenant
-from tests.gateway.procs import spawn
+from tests.gateway.procs import spawn_all
 
 pytestmark = pytest.mark.timeout(120)
 ADMIN_KEY = "cp-admin-" + "m" * 32
@@ -30,12 +30,11 @@ def test_one_picture_of_a_gateway_and_two_workers(redis_url: str, tiny_model_dir
                                                   tmp_path: Path) -> None:
     ns = f"t{uuid.uuid4().hex[:10]}"
     with contextlib.ExitStack() as stack:
-        gw = stack.enter_context(spawn("gateway", redis_url, ns, tiny_model_dir, tmp_path,
-                                       env={"CARPOOL_ADMIN_KEY": ADMIN_KEY}))
         ports = [free_port(), free_port()]
-        for port in ports:
-            stack.enter_context(spawn("worker", redis_url, ns, tiny_model_dir, tmp_path,
-                                      "--metrics-port", str(port), "--echo-step-ms", "2"))
+        gw, *_ = stack.enter_context(spawn_all(
+            redis_url, ns, tiny_model_dir, tmp_path, ("gateway", []),
+            *[("worker", ["--metrics-port", str(p), "--echo-step-ms", "2"]) for p in ports],
+            env={"CARPOOL_ADMIN_KEY": ADMIN_KEY}))
         key = make_tenant(redis_url, ns, "multi-co")
         served = 0
         with httpx.Client(timeout=30) as client:

@@ -77,7 +77,7 @@ def idle_kv_used(port: int, timeout: float = 20.0) -> int:
 
 
 def owner(redis_url: str, ns: str, request_id: str) -> str:
-    raw = redis_sync(redis_url).hget(RedisKeys(ns).req(request_id), "worker")
+    raw = redis_sync(redis_url).hget(RedisKeys(ns).req(request_id, "mig"), "worker")
     return raw.decode() if raw else ""
 
 

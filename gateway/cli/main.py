@@ -30,6 +30,10 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--model", default=None, help="local HF checkpoint dir (default: SmolLM2)")
     p.add_argument("--tenants", dest="tenants_file", default=None, help="tenants TOML/YAML file")
     p.add_argument("--namespace", default=None, help="Redis key prefix (default carpool)")
+    p.add_argument("--redis-ca", default=None,
+                   help="CA file that signed the Redis server's certificate (rediss://)")
+    p.add_argument("--redis-cert", default=None, help="client certificate for Redis TLS")
+    p.add_argument("--redis-key", default=None, help="the client certificate's key file")
     p.add_argument("--no-demo", dest="create_demo_tenant", action="store_const", const=False,
                    default=None, help="do not create the demo tenant on a fresh Redis")
     p.add_argument("--echo-step-ms", type=float, default=None)
@@ -71,7 +75,8 @@ ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_le
                 "quantization", "kv_cache_dtype")
 CONFIG_FLAGS = ("host", "port", "role", "engine", "model", "tenants_file", "namespace",
                 "create_demo_tenant", "echo_step_ms", "trace_console", "metrics_port",
-                "access_log", "tier_slos", "strict_api", "drain_timeout_s")
+                "access_log", "tier_slos", "strict_api", "drain_timeout_s", "redis_ca",
+                "redis_cert", "redis_key")
 
 
 def _run_serve(args: argparse.Namespace) -> int:

@@ -19,10 +19,16 @@ ASK and routes each command (a script: by its keys) to its slot's master. The ke
 (``keys.py``) keeps every script and transaction in one slot; the lean connections of the hot
 loops are plain-server only (``RespConnection.for_client`` -> None), so on a cluster the hot
 loops run on redis-py too.
+
+Sentinel: ``redis+sentinel://[user:password@]host:port[,host:port...]/service[?db=N]`` names
+the sentinels and the monitored service; the client asks them for the current master and
+asks again after a failover (redis-py's ``Sentinel.master_for``); the password is the
+master's (the sentinels take none).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 MAX_REDIS_CONNECTIONS = 4096
@@ -55,6 +61,53 @@ def cluster_url(url: str) -> str | None:
     return urlunsplit(parts._replace(query=rest))
 
 
+@dataclass(frozen=True)
+class SentinelURL:
+    sentinels: list[tuple[str, int]]
+    service: str
+    username: str | None
+    password: str | None
+    db: int
+
+
+def sentinel_url(url: str) -> SentinelURL | None:
+    """The parts of a ``redis+sentinel://`` URL, or None for any other URL."""
+    from urllib.parse import parse_qs, unquote
+
+    prefix = "redis+sentinel://"
+    if not url.startswith(prefix):
+        return None
+    rest, _, query = url[len(prefix):].partition("?")
+    netloc, _, service = rest.partition("/")
+    creds, _, hosts = netloc.rpartition("@")
+    user, _, password = creds.partition(":")
+    nodes = []
+    for h in hosts.split(","):
+        host, _, port = h.rpartition(":")
+        nodes.append((host or "127.0.0.1", int(port or 26379)))
+    if not service.strip("/"):
+        raise ValueError("a redis+sentinel:// URL names its service: .../mymaster")
+    db = int(parse_qs(query).get("db", ["0"])[0])
+    return SentinelURL(nodes, service.strip("/"), unquote(user) or None,
+                       unquote(password) or None, db)
+
+
+def _sentinel_master(parts: SentinelURL, socket_timeout_s: float | None,
+                     sync: bool = False) -> Any:
+    if sync:
+        from redis.sentinel import Sentinel as SyncSentinel
+
+        sentinel: Any = SyncSentinel(parts.sentinels, socket_timeout=CONNECT_TIMEOUT_S)
+    else:
+        from redis.asyncio.sentinel import Sentinel
+
+        sentinel = Sentinel(parts.sentinels, socket_timeout=CONNECT_TIMEOUT_S)
+    return sentinel.master_for(parts.service, username=parts.username,
+                               password=parts.password, db=parts.db,
+                               socket_timeout=socket_timeout_s,
+                               socket_connect_timeout=CONNECT_TIMEOUT_S, socket_keepalive=True)
+
+
 def _cluster_client(url: str, socket_timeout_s: float | None) -> Any:
     from redis.asyncio.cluster import RedisCluster
 
@@ -73,6 +126,8 @@ def redis_client(url: str, socket_timeout_s: float | None = REQUEST_TIMEOUT_S) -
 
     if (plain := cluster_url(url)) is not None:
         return _cluster_client(plain, socket_timeout_s)
+    if (sentinel := sentinel_url(url)) is not None:
+        return _sentinel_master(sentinel, socket_timeout_s)
 
     # A pooled connection that Redis closed while it sat idle (a restart) fails on its next
     # use: the call is tried once more, at once, on a new connection, rather than answering
@@ -100,6 +155,11 @@ def blocking_client(redis: Any) -> Any:
                               max_connections=BLOCKING_MAX_CONNECTIONS,
                               **{k: v for k, v in kwargs.items() if k in _PLAIN_KWARGS})
     pool = redis.connection_pool
+    if hasattr(pool, "service_name"):  # Sentinel: the same service's master, no read timeout
+        return pool.sentinel_manager.master_for(
+            pool.service_name, socket_timeout=None, socket_keepalive=True,
+            **{k: v for k, v in pool.connection_kwargs.items()
+               if k in ("username", "password", "db", "socket_connect_timeout")})
     kwargs = {**pool.connection_kwargs, "socket_timeout": None}
     return aioredis.Redis(connection_pool=aioredis.ConnectionPool(
         connection_class=pool.connection_class, max_connections=BLOCKING_MAX_CONNECTIONS,
@@ -120,12 +180,20 @@ def check_redis(url: str) -> None:
     import redis as sync_redis
     from redis.cluster import RedisCluster
 
-    parts = urlsplit(url)
-    where = f"{parts.hostname}:{parts.port}" if parts.hostname else parts.path
+    sentinel = sentinel_url(url)
+    if sentinel is not None:
+        where = f"the master of {sentinel.service} (sentinels {sentinel.sentinels})"
+    else:
+        parts = urlsplit(url)
+        where = f"{parts.hostname}:{parts.port}" if parts.hostname else parts.path
     plain = cluster_url(url)
     try:
-        client = (RedisCluster.from_url(plain, **_socket_options(plain, REQUEST_TIMEOUT_S))
-                  if plain is not None else sync_redis_client(url))
+        if sentinel is not None:
+            client = _sentinel_master(sentinel, REQUEST_TIMEOUT_S, sync=True)
+        elif plain is not None:
+            client = RedisCluster.from_url(plain, **_socket_options(plain, REQUEST_TIMEOUT_S))
+        else:
+            client = sync_redis_client(url)
         try:
             client.ping()
         finally:

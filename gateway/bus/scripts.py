@@ -380,15 +380,17 @@ return st
 
 # KEYS (one shard: the writer sends a call per shard): stats, depth, then per request: req,
 #       out, queue, vtc (its tier's counters), usage (its ledger hash, ``tenancy/ledger.py``)
-# ARGV: ttl, refresh-below, group, token type, finish type, ledger retention (s), then per
+# ARGV: ttl, (unused), group, token type, finish type, ledger retention (s), then per
 #       request: finished (0/1), reader gone (0/1), token data ('' = none), finish data,
 #       entry id, outcome, tenant, charge (output tokens / weight for the fair queue; '' =
-#       none), ledger field prefix ('' = none), completion tokens computed, tier
+#       none), ledger field prefix ('' = none), completion tokens computed, tier, refresh
+#       (1: a token write sets the stream's TTL and the 'sent' mark)
 # A request's final write and its state change are one step against the cancel script
 # (``cancel.py``): a reader that left before the finish was written (its cancel mark is
-# 'gone') gets its stream deleted, not recreated until the TTL. A stream's TTL is set at its
-# first write and refreshed once it fell below ``refresh-below`` (not on every step), and set
-# afresh with the finish; a stream recreated after a reader's DEL gets one at its next write.
+# 'gone') gets its stream deleted, not recreated until the TTL. A stream's TTL is set by the
+# writes the writer marks 'refresh' (the first, then one each third of the TTL: no TTL read
+# per token), and set afresh with the finish; a stream recreated after a reader's DEL gets one
+# at its next refresh, and is deleted by the finish (its cancel mark is 'gone').
 # The first write also marks the request 'sent' (the claim script's 'lost': its reader has
 # output, even once a held-back stream has expired). A finish is written once: a retried write
 # whose first try was applied finds the request finished and only acks again. The output
@@ -397,10 +399,10 @@ return st
 # request's ledger row (its cancelled work is computed - delivered, the gateway's settle
 # writes the delivered), once, with the finish.
 STEP_LUA = """
-local ttl, low, group = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local ttl, group = tonumber(ARGV[1]), ARGV[3]
 for i = 0, (#KEYS - 2) / 5 - 1 do
   local req, out, queue = KEYS[3 + 5 * i], KEYS[4 + 5 * i], KEYS[5 + 5 * i]
-  local a = 7 + 11 * i
+  local a = 7 + 12 * i
   local gone, tok = ARGV[a + 1] == '1', ARGV[a + 2]
   local fresh = true
   if ARGV[a] == '1' then
@@ -429,7 +431,7 @@ for i = 0, (#KEYS - 2) / 5 - 1 do
     end
   elseif not gone and tok ~= '' then
     redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok)
-    if redis.call('TTL', out) < low then
+    if ARGV[a + 11] == '1' then
       redis.call('EXPIRE', out, ttl)
       redis.call('HSET', req, 'sent', '1')  -- the reader has output: a reclaim must not rerun it
     end

@@ -28,13 +28,16 @@ class StepWrite:
 
     def add(self, request_id: str, tier: str, entry_id: str, reader_gone: bool,
             tokens: TokenMsg | None, finish: FinishMsg | None, *, tenant: str = "",
-            charge: float = 0.0, ledger: tuple[str, str] = ("", "")) -> None:
+            charge: float = 0.0, ledger: tuple[str, str] = ("", ""),
+            refresh: bool = True) -> None:
         """Write ``tokens`` (None: none) to the request's stream; with ``finish`` the
         request ends: the finish is written (or the stream deleted if ``reader_gone``), its
         outcome counted, and its queue entry (in ``tenant``'s stream) acknowledged and
         deleted. ``charge`` (output tokens / weight) is added to the tenant's counter.
         ``ledger``: the request's ledger row (hour, field prefix; '' = none), where the
-        finish adds its completion tokens computed."""
+        finish adds its completion tokens computed. ``refresh``: a token write (re)sets the
+        stream's TTL and the request's 'sent' mark (the writer asks at the first write and
+        then once a third of the TTL has passed)."""
         k = self._k
         shard = k.shard_of(tenant)
         if shard not in self._shards:
@@ -48,7 +51,8 @@ class StepWrite:
                  encode(finish)["d"] if finish is not None else "",
                  entry_id, outcome(finish.finish_reason) if finish is not None else "",
                  tenant, repr(charge) if charge > 0 else "",
-                 prefix if hour else "", finish.completion_tokens if finish else 0, tier]
+                 prefix if hour else "", finish.completion_tokens if finish else 0, tier,
+                 1 if refresh else 0]
 
     def calls(self) -> list[tuple[list[str], list[Any]]]:
         """(keys, args) of each shard's script call."""

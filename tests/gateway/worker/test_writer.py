@@ -53,16 +53,21 @@ async def test_one_call_per_step_and_ttl_set_once(setup: Any) -> None:
     assert await entries(client, keys.out("a", "t")) == [TokenMsg([7], "x", offset=0)]
     assert await entries(client, keys.out("b", "t")) == [TokenMsg([8], "y", offset=0)]
     assert 0 < await client.ttl(keys.out("a", "t")) <= TTL
-    await client.expire(keys.out("a", "t"), TTL - 100)  # still high: not refreshed by a write
-    await client.expire(keys.out("b", "t"), 10)  # ran low: refreshed
+    assert await client.hget(keys.req("a", "t"), "sent") == b"1"
+    await client.expire(keys.out("a", "t"), TTL - 100)  # set recently: not set by a write
+    await client.expire(keys.out("b", "t"), 10)
+    b.ttl_at -= TTL / 3 + 1  # a third of the TTL has passed since b's was set: set again
     await writer._write([(a, tok("a", 9, "z", 2)), (b, tok("b", 9, "z", 2))])
     assert writer.writes == 2
     assert await client.ttl(keys.out("a", "t")) <= TTL - 100
     assert await client.ttl(keys.out("b", "t")) > TTL - 10
-    await client.delete(keys.out("a", "t"))  # a reader's DEL raced the write: recreated with a TTL
-    await writer._write([(a, tok("a", 5, "w", 3))])
+    await client.delete(keys.out("a", "t"))  # a reader's DEL raced the write: recreated,
+    await writer._write([(a, tok("a", 5, "w", 3))])  # with a TTL at the next refresh
+    a.ttl_at = 0.0
+    await writer._write([(a, tok("a", 6, "v", 4))])
     assert 0 < await client.ttl(keys.out("a", "t")) <= TTL
-    await client.delete(keys.out("a", "t"), keys.out("b", "t"))
+    await client.delete(keys.out("a", "t"), keys.out("b", "t"), keys.req("a", "t"),
+                        keys.req("b", "t"))
 
 
 async def test_gone_reader_gets_nothing_written(setup: Any) -> None:

@@ -274,8 +274,9 @@ class TierQueues:
         """The command that acknowledges and deletes a finished entry (and counts it out of
         its tier's depth), for ``execute``."""
         k = self.keys
-        return [("EVAL", DONE_LUA, 2, k.queue(env.tier, env.tenant),
-                 k.depth(k.shard_of(env.tenant)), GROUP, env.entry_id, env.tier)]
+        shard = k.shard_of(env.tenant)
+        return [("EVAL", DONE_LUA, 3, k.queue(env.tier, env.tenant), k.depth(shard),
+                 k.queue_tenants(env.tier, shard), GROUP, env.entry_id, env.tier, env.tenant)]
 
     async def execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Run ``commands`` in one round trip; raw replies in order (the first error raises
@@ -383,7 +384,8 @@ class QueueEntries:
         shard = k.shard_of(tenant)
         res = await self._cancel(
             keys=[k.req(request_id, tenant), k.out(request_id, tenant), k.stats(shard),
-                  k.queue(tier, tenant), k.backlogged(tier, shard), k.depth(shard)],
+                  k.queue(tier, tenant), k.backlogged(tier, shard), k.depth(shard),
+                  k.queue_tenants(tier, shard)],
             args=[1 if reader_gone else 0,
                   encode_payload(CancelMsg(request_id, reader_gone, reason)),
                   k.cancel_channel, finish["t"], finish["d"], stream_ttl_s, GROUP, tier],

@@ -321,13 +321,19 @@ end
 return {out, left}
 """
 
-# KEYS: a tenant's stream, its shard's depth hash;  ARGV: group, entry id, tier.
+# KEYS: a tenant's stream, its shard's depth hash, the tier's tenant set of that shard
+# ARGV: group, entry id, tier, tenant
 # Acknowledges and deletes an entry dropped unrun (cancelled, finished, a duplicate); a
-# delete that found the entry leaves the tier's depth.
+# delete that found the entry leaves the tier's depth. A stream left empty is deleted and its
+# tenant leaves the set (``_PRUNE``).
 DONE_LUA = """
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 then
   if redis.call('HINCRBY', KEYS[2], ARGV[3], -1) < 0 then redis.call('HSET', KEYS[2], ARGV[3], 0) end
+end
+if redis.call('XLEN', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[1])
+  redis.call('SREM', KEYS[3], ARGV[4])
 end
 return 1
 """
@@ -336,7 +342,7 @@ return 1
 # -- cancellation (``http/cancel.py``, through ``queues.py``) ---------------------------------
 
 # KEYS (the tenant's shard): req, out, stats, queue (the request's tier stream of its tenant),
-#       backlogged (that tier's), depth
+#       backlogged (that tier's), depth, the tier's tenant set
 # ARGV: reader_gone (0/1), cancel payload, channel, finish type, finish data, ttl, group, tier
 # Returns the state found: queued | running | finished | cancelled | unknown. An entry deleted
 # before any worker picked it leaves its tenant's backlog count and the tier's depth.
@@ -354,6 +360,10 @@ if st == 'queued' then
         redis.call('HDEL', KEYS[5], t)
       end
       if redis.call('HINCRBY', KEYS[6], ARGV[8], -1) < 0 then redis.call('HSET', KEYS[6], ARGV[8], 0) end
+    end
+    if redis.call('XLEN', q) == 0 then  -- an empty stream goes, and its tenant leaves the set
+      redis.call('DEL', q)
+      redis.call('SREM', KEYS[7], t)
     end
   end
   if ARGV[1] == '1' then
@@ -379,7 +389,8 @@ return st
 # -- one engine step's outputs (``worker/writer.py``, through ``queues.py``) -----------------
 
 # KEYS (one shard: the writer sends a call per shard): stats, depth, then per request: req,
-#       out, queue, vtc (its tier's counters), usage (its ledger hash, ``tenancy/ledger.py``)
+#       out, queue, vtc (its tier's counters), usage (its ledger hash, ``tenancy/ledger.py``),
+#       the tier's tenant set
 # ARGV: ttl, (unused), group, token type, finish type, ledger retention (s), then per
 #       request: finished (0/1), reader gone (0/1), token data ('' = none), finish data,
 #       entry id, outcome, tenant, charge (output tokens / weight for the fair queue; '' =
@@ -400,8 +411,8 @@ return st
 # writes the delivered), once, with the finish.
 STEP_LUA = """
 local ttl, group = tonumber(ARGV[1]), ARGV[3]
-for i = 0, (#KEYS - 2) / 5 - 1 do
-  local req, out, queue = KEYS[3 + 5 * i], KEYS[4 + 5 * i], KEYS[5 + 5 * i]
+for i = 0, (#KEYS - 2) / 6 - 1 do
+  local req, out, queue = KEYS[3 + 6 * i], KEYS[4 + 6 * i], KEYS[5 + 6 * i]
   local a = 7 + 12 * i
   local gone, tok = ARGV[a + 1] == '1', ARGV[a + 2]
   local fresh = true
@@ -418,8 +429,8 @@ for i = 0, (#KEYS - 2) / 5 - 1 do
       redis.call('HSET', req, 'state', 'finished')
       redis.call('HINCRBY', KEYS[1], ARGV[a + 5], 1)
       if ARGV[a + 8] ~= '' then
-        redis.call('HINCRBY', KEYS[7 + 5 * i], ARGV[a + 8] .. 'x', ARGV[a + 9])
-        redis.call('EXPIRE', KEYS[7 + 5 * i], tonumber(ARGV[6]))
+        redis.call('HINCRBY', KEYS[7 + 6 * i], ARGV[a + 8] .. 'x', ARGV[a + 9])
+        redis.call('EXPIRE', KEYS[7 + 6 * i], tonumber(ARGV[6]))
       end
     else
       fresh = false
@@ -429,6 +440,10 @@ for i = 0, (#KEYS - 2) / 5 - 1 do
         and redis.call('HINCRBY', KEYS[2], ARGV[a + 10], -1) < 0 then
       redis.call('HSET', KEYS[2], ARGV[a + 10], 0)
     end
+    if redis.call('XLEN', queue) == 0 then  -- an idle tenant's stream goes, and its tenant
+      redis.call('DEL', queue)              -- leaves the set: idle tenants cost no reclaim
+      redis.call('SREM', KEYS[8 + 6 * i], ARGV[a + 6])
+    end
   elseif not gone and tok ~= '' then
     redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok)
     if ARGV[a + 11] == '1' then
@@ -437,8 +452,8 @@ for i = 0, (#KEYS - 2) / 5 - 1 do
     end
   end
   if fresh and ARGV[a + 7] ~= '' then
-    redis.call('HINCRBYFLOAT', KEYS[6 + 5 * i], ARGV[a + 6], ARGV[a + 7])
-    redis.call('HINCRBYFLOAT', KEYS[6 + 5 * i], ':s:' .. ARGV[a + 6], ARGV[a + 7])
+    redis.call('HINCRBYFLOAT', KEYS[6 + 6 * i], ARGV[a + 6], ARGV[a + 7])
+    redis.call('HINCRBYFLOAT', KEYS[6 + 6 * i], ':s:' .. ARGV[a + 6], ARGV[a + 7])
   end
 end
 """

@@ -45,7 +45,8 @@ class StepWrite:
         keys, args = self._shards[shard]
         hour, prefix = ledger if self._ledger and finish is not None else ("", "")
         keys += [k.req(request_id, tenant), k.out(request_id, tenant), k.queue(tier, tenant),
-                 k.vtc(tier, shard), k.usage(tenant, hour) if prefix and hour else k.stats(shard)]
+                 k.vtc(tier, shard), k.usage(tenant, hour) if prefix and hour else k.stats(shard),
+                 k.queue_tenants(tier, shard)]
         args += [1 if finish is not None else 0, 1 if reader_gone else 0,
                  encode(tokens)["d"] if tokens is not None else "",
                  encode(finish)["d"] if finish is not None else "",

@@ -57,12 +57,12 @@ from gateway.bus.scripts import (
     ADMIT_LUA,
     BACKLOG_LUA,
     CANCEL_LUA,
-    CLAIM_LUA,
     DONE_LUA,
     PICK_LUA,
     STEP_LUA,
 )
 from gateway.bus.shard_view import BacklogView, DepthView
+from gateway.bus.state_scripts import CLAIM_LUA
 from gateway.bus.step_write import StepWrite
 
 

@@ -1,4 +1,5 @@
-"""Every Lua script Carpool runs in Redis, in one place: each is one atomic step of a protocol
+"""The Lua scripts Carpool runs in Redis (the worker's claim is in
+``state_scripts.py``): each is one atomic step of a protocol
 whose owner calls it (named in each section) through ``resp.LuaScript``. Keys and arguments
 are documented above each script; key names come from ``keys.py``.
 
@@ -155,34 +156,6 @@ return 1
 
 # -- the worker's claim, the drainer's backlog count and fair pick (``bus/queues.py``) -------
 
-# KEYS: per request: req;  ARGV: consumer, reclaim (0/1)
-# Returns one status per request: run | lost (reclaimed with output already sent: its 'sent'
-# mark, set by the step writer, outlives a held-back output stream that expired) | abort
-# (reclaimed after an explicit cancel its dead worker never answered: the live reader needs a
-# final event) | cancelled | finished | gone.  One call for a whole batch: the claim is on the
-# path of every request, and a pipeline holding a script costs redis-py an extra SCRIPT EXISTS
-# round trip per execute.
-CLAIM_LUA = """
-local out = {}
-for i = 1, #KEYS do
-  local req = KEYS[i]
-  local st = redis.call('HGET', req, 'state')
-  local c = st and redis.call('HGET', req, 'cancel')
-  local res
-  if not st then
-    res = 'gone'
-  elseif c then
-    res = (c == 'live' and st == 'running') and 'abort' or 'cancelled'
-  elseif st == 'queued' or (st == 'running' and ARGV[2] == '1') then
-    redis.call('HSET', req, 'state', 'running', 'worker', ARGV[1])
-    res = (st == 'running' and redis.call('HGET', req, 'sent')) and 'lost' or 'run'
-  else
-    res = st
-  end
-  out[#out + 1] = res
-end
-return out
-"""
 
 # KEYS (one shard): per tier, its backlogged hash and its vtc hash;  ARGV: how many
 # candidates to list per tier.  Per tier: {entries not yet picked, {tenant, counter, ...}}, the

@@ -10,7 +10,8 @@ slot. ``docs/architecture.md`` ("Redis key layout") gives the reasons.
     {ns}:{T}:q:{tier}:{tenant}   stream  queued/running SubmitMsg envelopes (group "workers")
     {ns}:{T}:qt:{tier}           set     the shard's tenants that have a stream in the tier
     {ns}:{T}:qa:{tier}           hash    tenant -> entries not yet picked (backlogged tenants)
-    {ns}:{T}:qd                  hash    tier -> the shard's queued + running entries
+    {ns}:{T}:qd                  hash    tier -> the shard's queued + running entries;
+                                         "b:{tier}" -> its entries not yet picked
     {ns}:{T}:vtc:{tier}          hash    tenant -> virtual token counter; ":s:{tenant}" -> its
                                          service (the pick's tie-break); ":last" -> last picked
     {ns}:{T}:out:{request}       stream  TokenMsg... FinishMsg; expires; deleted by its reader

@@ -55,14 +55,13 @@ from gateway.bus.messages import (
 from gateway.bus.resp import LuaScript, RespConnection
 from gateway.bus.scripts import (
     ADMIT_LUA,
-    BACKLOG_LUA,
     CANCEL_LUA,
     DONE_LUA,
     PICK_LUA,
     STEP_LUA,
 )
 from gateway.bus.shard_view import BacklogView, DepthView
-from gateway.bus.state_scripts import CLAIM_LUA
+from gateway.bus.state_scripts import BACKLOG_LUA, CLAIM_LUA
 from gateway.bus.step_write import StepWrite
 
 
@@ -116,8 +115,9 @@ class TierQueues:
         shards = list(shards)
         k = self.keys
         res = await asyncio.gather(*(self._backlogs(
-            keys=[key for t in self.tiers for key in (k.backlogged(t, s), k.vtc(t, s))],
-            args=[self.view.candidates]) for s in shards))
+            keys=[*(key for t in self.tiers for key in (k.backlogged(t, s), k.vtc(t, s))),
+                  k.depth(s)],
+            args=[self.view.candidates, *self.tiers]) for s in shards))
         for s, per_tier in zip(shards, res):
             self.view.update(s, per_tier)
         self.view.fresh = True
@@ -147,8 +147,9 @@ class TierQueues:
             s, cands, ceiling = step
             want = count - len(out)
             got, left = await self._pick(
-                keys=[k.backlogged(tier, s), k.vtc(tier, s), *(k.queue(tier, t) for t in cands)],
-                args=[GROUP, consumer, want, self.view.virtual_time(tier), ceiling, *cands])
+                keys=[k.backlogged(tier, s), k.vtc(tier, s), k.depth(s),
+                      *(k.queue(tier, t) for t in cands)],
+                args=[GROUP, consumer, want, self.view.virtual_time(tier), ceiling, tier, *cands])
             self.view.picked(tier, s, want, [text(r[3]) for r in got], left)
             out += [self._envelope(key, eid, fields) for key, eid, fields, _ in got]
         return out

@@ -1,5 +1,5 @@
-"""The Lua scripts Carpool runs in Redis (the worker's claim is in
-``state_scripts.py``): each is one atomic step of a protocol
+"""The Lua scripts Carpool runs in Redis (the worker's claim and the
+backlog read are in ``state_scripts.py``): each is one atomic step of a protocol
 whose owner calls it (named in each section) through ``resp.LuaScript``. Keys and arguments
 are documented above each script; key names come from ``keys.py``.
 
@@ -106,6 +106,7 @@ local id = redis.call('XADD', KEYS[4], '*', 't', ARGV[8], 'd', ARGV[9], 'n', ARG
 redis.call('SADD', KEYS[7], tenant)
 redis.call('HINCRBY', KEYS[8], tenant, 1)
 own = redis.call('HINCRBY', KEYS[10], tier, 1)
+redis.call('HINCRBY', KEYS[10], 'b:' .. tier, 1)
 redis.call('HSET', KEYS[5], 'tenant', tenant, 'tier', tier, 'state', 'queued', 'entry', id,
   'reserved', ARGV[5])
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[12]))
@@ -157,35 +158,9 @@ return 1
 # -- the worker's claim, the drainer's backlog count and fair pick (``bus/queues.py``) -------
 
 
-# KEYS (one shard): per tier, its backlogged hash and its vtc hash;  ARGV: how many
-# candidates to list per tier.  Per tier: {entries not yet picked, {tenant, counter, ...}}, the
-# backlogged tenants with the least counters (at most that many; counters as Redis stores them).
-BACKLOG_LUA = """
-local k = tonumber(ARGV[1])
-local out = {}
-for i = 1, #KEYS, 2 do
-  local n, rows = 0, {}
-  local h = redis.call('HGETALL', KEYS[i])
-  for j = 1, #h, 2 do
-    n = n + tonumber(h[j + 1])
-    rows[#rows + 1] = {h[j], redis.call('HGET', KEYS[i + 1], h[j]) or '0'}
-  end
-  table.sort(rows, function(x, y)
-    if tonumber(x[2]) ~= tonumber(y[2]) then return tonumber(x[2]) < tonumber(y[2]) end
-    return x[1] < y[1]
-  end)
-  local flat = {}
-  for j = 1, math.min(k, #rows) do
-    flat[#flat + 1] = rows[j][1]
-    flat[#flat + 1] = rows[j][2]
-  end
-  out[#out + 1] = {n, flat}
-end
-return out
-"""
-
-# KEYS: backlogged (hash), vtc (hash) of one tier in one shard, then the candidates' streams
-# ARGV: group, consumer, count, virtual time ('' = none), ceiling ('' = none), then the
+# KEYS: backlogged (hash), vtc (hash) of one tier in one shard, the shard's depth hash (its
+#       'b:' .. tier count of entries not yet picked), then the candidates' streams
+# ARGV: group, consumer, count, virtual time ('' = none), ceiling ('' = none), tier, then the
 # candidates (tenants, one per stream key, in order: those the caller's backlog view listed,
 # less the tenants over their seat share, ``policies.tenant_seats``, whose entries stay queued)
 # The fair pick (``policies.fair_queue``) among the candidates: a candidate's counter below the
@@ -206,7 +181,11 @@ PICK_LUA = """
 local group, consumer = ARGV[1], ARGV[2]
 local out = {}
 local cand, stream = {}, {}
-for i = 3, #KEYS do
+local waiting = 'b:' .. ARGV[6]
+local function unwait(n)
+  if redis.call('HINCRBY', KEYS[3], waiting, -n) < 0 then redis.call('HSET', KEYS[3], waiting, 0) end
+end
+for i = 4, #KEYS do
   local t = ARGV[i + 3]
   cand[#cand + 1] = t
   stream[t] = KEYS[i]
@@ -269,8 +248,10 @@ while #out < tonumber(ARGV[3]) do
     end
   end
   if not got or #got == 0 then
+    unwait(tonumber(redis.call('HGET', KEYS[1], best) or '0'))
     redis.call('HDEL', KEYS[1], best)
   else
+    unwait(1)
     if redis.call('HINCRBY', KEYS[1], best, -1) <= 0 then redis.call('HDEL', KEYS[1], best) end
     local entry = got[1][2][1]
     local f, n, w = entry[2], 0, 1
@@ -329,8 +310,11 @@ if st == 'queued' then
     local q = KEYS[4]
     local picked = redis.call('EXISTS', q) == 0 or #redis.call('XPENDING', q, ARGV[7], e, e, 1) > 0
     if redis.call('XDEL', q, e) == 1 then
-      if not picked and redis.call('HINCRBY', KEYS[5], t, -1) <= 0 then
-        redis.call('HDEL', KEYS[5], t)
+      if not picked then
+        if redis.call('HINCRBY', KEYS[5], t, -1) <= 0 then redis.call('HDEL', KEYS[5], t) end
+        if redis.call('HINCRBY', KEYS[6], 'b:' .. ARGV[8], -1) < 0 then
+          redis.call('HSET', KEYS[6], 'b:' .. ARGV[8], 0)
+        end
       end
       if redis.call('HINCRBY', KEYS[6], ARGV[8], -1) < 0 then redis.call('HSET', KEYS[6], ARGV[8], 0) end
     end

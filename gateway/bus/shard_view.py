@@ -107,7 +107,8 @@ class DepthView:
         self._depth = {}
         for s, raw in enumerate(per_shard):
             for tier, n in raw.items():
-                self._depth.setdefault(_text(tier), {})[s] = int(n)
+                if not _text(tier).startswith("b:"):  # 'b:' fields: entries not yet picked
+                    self._depth.setdefault(_text(tier), {})[s] = int(n)
         self._at = time.monotonic()
 
     def others(self, tier: str, shard: int) -> int:

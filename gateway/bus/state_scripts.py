@@ -1,5 +1,5 @@
-"""The worker's claim script, beside ``scripts.py`` (which holds the rest): one atomic step of the
-protocol named above it, called through ``resp.LuaScript``."""
+"""The worker's claim and backlog-read scripts, beside ``scripts.py`` (which holds the rest):
+each one atomic step of the protocol named above it, called through ``resp.LuaScript``."""
 
 from __future__ import annotations
 
@@ -30,6 +30,47 @@ for i = 1, #KEYS do
     res = st
   end
   out[#out + 1] = res
+end
+return out
+"""
+
+
+# -- the drainer's backlog view (``bus/queues.py``, ``bus/shard_view.py``) ------------------
+
+# KEYS (one shard): per tier, its backlogged hash and its vtc hash, then the shard's depth hash
+# ARGV: how many candidates to list per tier, then the tiers
+# Per tier: {entries not yet picked, {tenant, counter, ...}}, the backlogged tenants with the
+# least counters (at most that many; counters as Redis stores them). A tier whose count of
+# entries not yet picked ('b:' .. tier in the depth hash) is 0 is not read: an idle shard costs
+# one HMGET.
+BACKLOG_LUA = """
+local k = tonumber(ARGV[1])
+local dk = KEYS[#KEYS]
+local fields = {}
+for j = 2, #ARGV do fields[#fields + 1] = 'b:' .. ARGV[j] end
+local waiting = redis.call('HMGET', dk, unpack(fields))
+local out = {}
+for i = 1, #KEYS - 1, 2 do
+  local n, rows = 0, {}
+  local h = {}
+  if tonumber(waiting[(i + 1) / 2] or '0') > 0 then h = redis.call('HGETALL', KEYS[i]) end
+  for j = 1, #h, 2 do
+    n = n + tonumber(h[j + 1])
+    rows[#rows + 1] = {h[j], redis.call('HGET', KEYS[i + 1], h[j]) or '0'}
+  end
+  table.sort(rows, function(x, y)
+    if tonumber(x[2]) ~= tonumber(y[2]) then return tonumber(x[2]) < tonumber(y[2]) end
+    return x[1] < y[1]
+  end)
+  local flat = {}
+  for j = 1, math.min(k, #rows) do
+    flat[#flat + 1] = rows[j][1]
+    flat[#flat + 1] = rows[j][2]
+  end
+  if n == 0 and tonumber(waiting[(i + 1) / 2] or '0') > 0 then
+    redis.call('HSET', dk, fields[(i + 1) / 2], 0)  -- a count that outlived its entries
+  end
+  out[#out + 1] = {n, flat}
 end
 return out
 """

@@ -40,6 +40,7 @@ async def test_the_pick_recreates_a_missing_group(setup: Any) -> None:
     msg = SubmitMsg("r1", "acme", TIER, 0, [1, 2, 3], max_tokens=4)
     await client.xadd(key, {**encode(msg), "n": "3", "w": "1"})  # a stream without its group
     await client.hset(keys.backlogged(TIER, keys.shard_of("acme")), "acme", 1)
+    await client.hset(keys.depth(keys.shard_of("acme")), f"b:{TIER}", 1)  # the shard's count
     got = await queues.pick(TIER, "w1")
     assert [e.msg.request_id for e in got if e.msg] == ["r1"]
     assert await groups(client, key) == [GROUP]

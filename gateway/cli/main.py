@@ -91,9 +91,9 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 def _add_bench(sub: Any) -> None:
     p = sub.add_parser("bench",
-                       help="benchmarks: engine, kernels, gateway, sla, serve, gpu, rolling")
+                       help="benchmarks: engine, kernels, gateway, sla, serve, gpu, rolling, redis")
     p.add_argument("target", choices=("engine", "kernels", "gateway", "sla", "serve", "gpu",
-                                      "rolling"))
+                                      "rolling", "redis"))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for that benchmark")
     p.set_defaults(func=_run_bench)
 
@@ -107,7 +107,8 @@ def _run_bench(args: argparse.Namespace) -> int:
                                       "sla": "gateway.bench.sla",
                                       "serve": "gateway.bench.serve",
                                       "gpu": "engine.bench.gpu",
-                                      "rolling": "gateway.bench.rolling"}[args.target])
+                                      "rolling": "gateway.bench.rolling",
+                                      "redis": "gateway.bench.redis"}[args.target])
     return int(module.main(list(args.rest)) or 0)
 
 

@@ -13,8 +13,8 @@ from typing import Any, Self
 
 import redis as sync_redis
 
+from gateway.bench.redis_servers import valkey_binary
 from gateway.process import free_port
-from tests.gateway.cluster_helpers import valkey_binary
 
 DOWN_AFTER_MS = 1000
 FORM_TIMEOUT_S = 20.0

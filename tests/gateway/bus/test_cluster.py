@@ -1,5 +1,5 @@
 """A gateway and its worker (one process, the echo engine) on a real three-master Valkey
-Cluster (``cluster_helpers.py``, the embedded server's binary): admission, streaming, an
+Cluster (``gateway/bench/redis_servers.py``, the embedded server's binary): admission, streaming, an
 explicit cancel and a quota refusal end to end, through redis-py's cluster client
 (``?cluster=1``). A script that touched keys of two slots, or one it did not declare in
 another slot, would fail here with CROSSSLOT; one on the wrong master, with MOVED.
@@ -16,8 +16,8 @@ import httpx
 import pytest
 from redis.cluster import RedisCluster
 
+from gateway.bench.redis_servers import ValkeyCluster, valkey_binary
 from gateway.bus.keys import RedisKeys
-from tests.gateway.cluster_helpers import ValkeyCluster, valkey_binary
 from tests.gateway.harness import make_config, make_tenant, run_gateway
 
 pytestmark = [pytest.mark.timeout(90),

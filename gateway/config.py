@@ -45,6 +45,11 @@ class GatewayConfig:
     model: str | None = None  # HF checkpoint dir; None = bundled SmolLM2
     tenants_file: str | None = None
     redis_url: str | None = None  # None = start an embedded server
+    # TLS to Redis (a rediss:// URL): the CA that signed the server's certificate, and a client
+    # certificate and its key when the server asks for one (``redis_connection_url``)
+    redis_ca: str | None = None
+    redis_cert: str | None = None
+    redis_key: str | None = None
     namespace: str = "carpool"  # Redis key prefix (several deployments/tests on one server)
     secret: str | None = None  # HMAC key for API keys; None = <state_dir>/secret
     admin_key: str | None = None  # registered as an admin key at start when set
@@ -149,6 +154,38 @@ class GatewayConfig:
             raise ValueError(f"drain_timeout_s must be in [0, 3600], got {self.drain_timeout_s}")
         if not self.namespace or ":" in self.namespace:
             raise ValueError("namespace must be non-empty and contain no ':'")
+        self._check_tls_files()
+
+    def _check_tls_files(self) -> None:
+        files = {"redis_ca": self.redis_ca, "redis_cert": self.redis_cert,
+                 "redis_key": self.redis_key}
+        given = {k: v for k, v in files.items() if v}
+        if not given:
+            return
+        if not (self.redis_url or "").startswith("rediss://"):
+            raise ValueError(f"{', '.join(given)} need a rediss:// REDIS_URL (TLS)")
+        if bool(self.redis_cert) != bool(self.redis_key):
+            raise ValueError("redis_cert and redis_key go together")
+        for name, path in given.items():
+            if not Path(path).is_file():
+                raise ValueError(f"{name}: no such file: {path}")
+
+    @property
+    def redis_connection_url(self) -> str | None:
+        """``redis_url`` with the TLS files as its options (``ssl_ca_certs``, ``ssl_certfile``,
+        ``ssl_keyfile``), which redis-py's URL parser hands to its TLS connection; every
+        client of the process is made from this URL (``bus/client.py``)."""
+        if self.redis_url is None:
+            return None
+        from urllib.parse import urlencode
+
+        opts = [(k, v) for k, v in (("ssl_ca_certs", self.redis_ca),
+                                    ("ssl_certfile", self.redis_cert),
+                                    ("ssl_keyfile", self.redis_key)) if v]
+        if not opts:
+            return self.redis_url
+        sep = "&" if "?" in self.redis_url else "?"
+        return f"{self.redis_url}{sep}{urlencode(opts)}"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> GatewayConfig:

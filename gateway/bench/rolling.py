@@ -261,14 +261,15 @@ def leftovers(redis_url: str) -> dict[str, int]:
     keys = RedisKeys(NAMESPACE)
     r = sync_redis.Redis.from_url(redis_url)
     try:
-        leases = sum(int(r.zcard(k)) for k in r.scan_iter(f"{NAMESPACE}:conc:*"))
+        leases = sum(int(r.zcard(k)) for k in r.scan_iter(f"{NAMESPACE}:*:conc:*"))
         pending = 0
         for tier in TIERS:
-            for tenant in r.smembers(keys.queue_tenants(tier)):
+            tenants = [t for s in keys.shard_range() for t in r.smembers(keys.queue_tenants(tier, s))]
+            for tenant in tenants:
                 with contextlib.suppress(sync_redis.ResponseError):
                     pending += int(r.xpending(keys.queue(tier, text(tenant)),
                                               GROUP)["pending"])
-        outs = sum(1 for _ in r.scan_iter(f"{NAMESPACE}:out:*"))
+        outs = sum(1 for _ in r.scan_iter(f"{NAMESPACE}:*:out:*"))
     finally:
         r.close()
     return {"leases": leases, "pending": pending, "out_streams": outs}

@@ -116,7 +116,7 @@ async def queue_entries(redis_url: str, ns: str) -> int:
     client = redis_client(redis_url)
     try:
         total = 0
-        async for key in client.scan_iter(match=f"{ns}:q:*", _type="stream"):
+        async for key in client.scan_iter(match=f"{ns}:*:q:*", _type="stream"):
             total += int(await client.xlen(key))
         return total
     finally:

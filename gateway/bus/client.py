@@ -12,10 +12,23 @@ stays up, nothing answers) raises redis-py's ``TimeoutError``, which the HTTP ed
 503 like a refused connection (``http/backend.py``, ``bus/outage.py``). Calls that wait on
 purpose use a client without the read timeout (``blocking_client``: the worker's cancel
 listener) or add their own wait to it (``RespConnection.call(wait_s=...)``: BLPOP).
+
+A Redis Cluster is named by the URL option ``cluster=1`` (``redis://host:port/?cluster=1``,
+any node will do): the client is then redis-py's ``RedisCluster``, which follows MOVED and
+ASK and routes each command (a script: by its keys) to its slot's master. The key layout
+(``keys.py``) keeps every script and transaction in one slot; the lean connections of the hot
+loops are plain-server only (``RespConnection.for_client`` -> None), so on a cluster the hot
+loops run on redis-py too.
+
+Sentinel: ``redis+sentinel://[user:password@]host:port[,host:port...]/service[?db=N]`` names
+the sentinels and the monitored service; the client asks them for the current master and
+asks again after a failover (redis-py's ``Sentinel.master_for``); the password is the
+master's (the sentinels take none).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 MAX_REDIS_CONNECTIONS = 4096
@@ -35,13 +48,86 @@ def _socket_options(url: str, socket_timeout_s: float | None) -> dict[str, Any]:
     return opts
 
 
+def cluster_url(url: str) -> str | None:
+    """``url`` without its ``cluster=1`` option if it names a cluster, else None."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    flags = [v for k, v in query if k == "cluster"]
+    if not flags or flags[-1].lower() not in ("1", "true", "yes"):
+        return None
+    rest = urlencode([(k, v) for k, v in query if k != "cluster"])
+    return urlunsplit(parts._replace(query=rest))
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    sentinels: list[tuple[str, int]]
+    service: str
+    username: str | None
+    password: str | None
+    db: int
+
+
+def sentinel_url(url: str) -> SentinelURL | None:
+    """The parts of a ``redis+sentinel://`` URL, or None for any other URL."""
+    from urllib.parse import parse_qs, unquote
+
+    prefix = "redis+sentinel://"
+    if not url.startswith(prefix):
+        return None
+    rest, _, query = url[len(prefix):].partition("?")
+    netloc, _, service = rest.partition("/")
+    creds, _, hosts = netloc.rpartition("@")
+    user, _, password = creds.partition(":")
+    nodes = []
+    for h in hosts.split(","):
+        host, _, port = h.rpartition(":")
+        nodes.append((host or "127.0.0.1", int(port or 26379)))
+    if not service.strip("/"):
+        raise ValueError("a redis+sentinel:// URL names its service: .../mymaster")
+    db = int(parse_qs(query).get("db", ["0"])[0])
+    return SentinelURL(nodes, service.strip("/"), unquote(user) or None,
+                       unquote(password) or None, db)
+
+
+def _sentinel_master(parts: SentinelURL, socket_timeout_s: float | None,
+                     sync: bool = False) -> Any:
+    if sync:
+        from redis.sentinel import Sentinel as SyncSentinel
+
+        sentinel: Any = SyncSentinel(parts.sentinels, socket_timeout=CONNECT_TIMEOUT_S)
+    else:
+        from redis.asyncio.sentinel import Sentinel
+
+        sentinel = Sentinel(parts.sentinels, socket_timeout=CONNECT_TIMEOUT_S)
+    return sentinel.master_for(parts.service, username=parts.username,
+                               password=parts.password, db=parts.db,
+                               socket_timeout=socket_timeout_s,
+                               socket_connect_timeout=CONNECT_TIMEOUT_S, socket_keepalive=True)
+
+
+def _cluster_client(url: str, socket_timeout_s: float | None) -> Any:
+    from redis.asyncio.cluster import RedisCluster
+
+    return RedisCluster.from_url(url, max_connections=MAX_REDIS_CONNECTIONS,
+                                 **_socket_options(url, socket_timeout_s))
+
+
 def redis_client(url: str, socket_timeout_s: float | None = REQUEST_TIMEOUT_S) -> Any:
-    """A ``redis.asyncio.Redis`` for ``url`` (``redis://``, ``rediss://``, ``unix://``);
-    each reply is waited for at most ``socket_timeout_s`` (None: forever)."""
+    """A ``redis.asyncio.Redis`` for ``url`` (``redis://``, ``rediss://``, ``unix://``), or a
+    ``RedisCluster`` for a URL with ``cluster=1``; each reply is waited for at most
+    ``socket_timeout_s`` (None: forever)."""
     import redis.asyncio as aioredis
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
+
+    if (plain := cluster_url(url)) is not None:
+        return _cluster_client(plain, socket_timeout_s)
+    if (sentinel := sentinel_url(url)) is not None:
+        return _sentinel_master(sentinel, socket_timeout_s)
 
     # A pooled connection that Redis closed while it sat idle (a restart) fails on its next
     # use: the call is tried once more, at once, on a new connection, rather than answering
@@ -60,11 +146,63 @@ def blocking_client(redis: Any) -> Any:
     it takes); a small pool of its own. Close it after use."""
     import redis.asyncio as aioredis
 
+    if not hasattr(redis, "connection_pool"):  # a cluster: PUBLISH reaches every node, so a
+        # subscriber on any one of them hears it; its first startup node
+        node = (redis.get_nodes() or list(redis.nodes_manager.startup_nodes.values()))[0]
+        kwargs = {**redis.get_connection_kwargs(), "socket_timeout": None}
+        kwargs.pop("connection_class", None)
+        return aioredis.Redis(host=node.host, port=node.port,
+                              max_connections=BLOCKING_MAX_CONNECTIONS,
+                              **{k: v for k, v in kwargs.items() if k in _PLAIN_KWARGS})
     pool = redis.connection_pool
+    if hasattr(pool, "service_name"):  # Sentinel: the same service's master, no read timeout
+        return pool.sentinel_manager.master_for(
+            pool.service_name, socket_timeout=None, socket_keepalive=True,
+            **{k: v for k, v in pool.connection_kwargs.items()
+               if k in ("username", "password", "db", "socket_connect_timeout")})
     kwargs = {**pool.connection_kwargs, "socket_timeout": None}
     return aioredis.Redis(connection_pool=aioredis.ConnectionPool(
         connection_class=pool.connection_class, max_connections=BLOCKING_MAX_CONNECTIONS,
         **kwargs))
+
+
+# the connection settings a plain client takes from a cluster client's
+_PLAIN_KWARGS = ("username", "password", "socket_connect_timeout", "socket_keepalive", "ssl",
+                 "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
+                 "ssl_check_hostname", "socket_timeout")
+
+
+def check_redis(url: str) -> None:
+    """PING the server ``url`` names; if that fails (refused, a TLS certificate that does not
+    verify, a wrong user or password) exit with one line that says where and why."""
+    from urllib.parse import urlsplit
+
+    import redis as sync_redis
+    from redis.cluster import RedisCluster
+
+    sentinel = sentinel_url(url)
+    if sentinel is not None:
+        where = f"the master of {sentinel.service} (sentinels {sentinel.sentinels})"
+    else:
+        parts = urlsplit(url)
+        where = f"{parts.hostname}:{parts.port}" if parts.hostname else parts.path
+    plain = cluster_url(url)
+    try:
+        if sentinel is not None:
+            client = _sentinel_master(sentinel, REQUEST_TIMEOUT_S, sync=True)
+        elif plain is not None:
+            client = RedisCluster.from_url(plain, **_socket_options(plain, REQUEST_TIMEOUT_S))
+        else:
+            client = sync_redis_client(url)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except sync_redis.AuthenticationError as exc:
+        raise SystemExit(f"carpool: Redis at {where} refused the user or password: {exc}") \
+            from None
+    except (sync_redis.RedisError, OSError) as exc:
+        raise SystemExit(f"carpool: cannot use Redis at {where}: {exc}") from None
 
 
 def sync_redis_client(url: str) -> Any:

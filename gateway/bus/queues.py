@@ -15,8 +15,15 @@ tier's summed ``XLEN`` is always queued + running. A cancel while queued XDELs i
 XCLAIM heartbeat; entries of a worker that went silent for the visibility timeout are taken
 over by another worker with XAUTOCLAIM, over every tenant stream of the tier.
 
-Each admission also pushes a token on the tier's wake list: an idle drainer BLPOPs the
+Each admission also pushes its shard on the tier's wake list: an idle drainer BLPOPs the
 lists of its tiers (``wait``) instead of blocking on streams it cannot know in advance.
+
+The streams and the fair queue's state are split into shards (``keys.py``), each in one hash
+slot. A worker reads every shard's backlog in one script call per shard (``backlogs``: the
+entries waiting and the least-counter tenants of each tier), then picks from the shards whose
+least counter is lowest (``pick``), so the fair queue spans the shards; a pick also lifts a
+candidate whose counter fell behind the worker's virtual time (the counter it last picked
+at), so a shard that sat idle banks no credit. Each script call touches one shard.
 
 Prefix-aware placement (``policies/placement.py``): an entry may name a preferred worker
 (field ``p``, from the gateway); its admission also wakes that worker on its own list. A
@@ -48,24 +55,15 @@ from gateway.bus.messages import (
     FinishMsg,
     MessageError,
     SubmitMsg,
-    TokenMsg,
     decode,
     encode,
     encode_payload,
-    outcome,
 )
 from gateway.bus.resp import LuaScript, RespConnection
-from gateway.bus.scripts import (
-    ADMIT_LUA,
-    BACKLOG_LUA,
-    CANCEL_LUA,
-    CLAIM_LUA,
-    PICK_LUA,
-    STEP_LUA,
-)
-
-TOKEN_TYPE = encode(TokenMsg([], ""))["t"]
-FINISH_TYPE = encode(FinishMsg(FinishReason.STOP, 0, 0))["t"]
+from gateway.bus.scripts import ADMIT_LUA, CANCEL_LUA, PICK_LUA, STEP_LUA
+from gateway.bus.shard_view import BacklogView, DepthView
+from gateway.bus.state_scripts import BACKLOG_LUA, CLAIM_LUA, DONE_LUA
+from gateway.bus.step_write import StepWrite
 
 
 @dataclass(frozen=True)
@@ -96,7 +94,7 @@ class TierQueues:
         self.tiers = tuple(tiers)
         self.placement_wait_ms = placement_wait_ms  # 0: entries' preferences are ignored
         # after a pick: seconds until an entry held for another worker may be stolen (None:
-        # the pick passed over none)
+        # the picks passed over none)
         self.held_s: float | None = None
         # Lean connections (``resp.py``) for the drainer's calls, on every request's path:
         # one that blocks (BLPOP would hold up whatever is pipelined behind it) and one for
@@ -106,6 +104,7 @@ class TierQueues:
         self._claim = LuaScript(redis, self._conn, CLAIM_LUA)
         self._backlogs = LuaScript(redis, self._conn, BACKLOG_LUA)
         self._pick = LuaScript(redis, self._conn, PICK_LUA)
+        self.view = BacklogView(self.tiers, keys.shards)
 
     async def close(self) -> None:
         for conn in (self._block_conn, self._conn):
@@ -113,23 +112,57 @@ class TierQueues:
                 await conn.close()
 
     async def backlogs(self) -> dict[str, int]:
-        """Entries not yet delivered to any worker, per tier."""
-        res = await self._backlogs(keys=[self.keys.backlogged(t) for t in self.tiers], args=[])
-        return {tier: int(n) for tier, n in zip(self.tiers, res)}
+        """Entries not yet delivered to any worker, per tier (every shard read, one script
+        call per shard; the view ``pick`` plans with)."""
+        await self._read_shards(self.keys.shard_range())
+        return self.view.totals()
+
+    async def _read_shards(self, shards: Iterable[int]) -> None:
+        shards = list(shards)
+        k = self.keys
+        res = await asyncio.gather(*(self._backlogs(
+            keys=[*(key for t in self.tiers for key in (k.backlogged(t, s), k.vtc(t, s))),
+                  k.depth(s)],
+            args=[self.view.candidates, *self.tiers]) for s in shards))
+        for s, per_tier in zip(shards, res):
+            self.view.update(s, per_tier)
+        self.view.fresh = True
 
     async def pick(self, tier: str, consumer: str, count: int = 1,
                    skip: Iterable[str] = ()) -> list[Envelope]:
         """Up to ``count`` entries of ``tier`` by the fair pick (non-blocking), none of the
-        tenants in ``skip`` (their entries stay queued)."""
+        tenants in ``skip`` (their entries stay queued): from the shards whose least
+        counter is lowest in the backlog view (read first unless ``backlogs`` or ``wait``
+        just read it)."""
+        got = await self._pick_tier(tier, consumer, count, frozenset(skip))
+        self.view.fresh = False
+        return got
+
+    async def _pick_tier(self, tier: str, consumer: str, count: int,
+                         skip: frozenset[str]) -> list[Envelope]:
+        if not self.view.fresh:
+            await self.backlogs()
         k = self.keys
-        res = await self._pick(keys=[k.backlogged(tier), k.vtc(tier)],
-                               args=[k.queue_prefix(tier), GROUP, consumer, count,
-                                     int(self.placement_wait_ms), *skip])
-        rows = list(res or [])
-        if rows and not text(rows[-1][0]):  # the last row: ms until a held entry is stealable
-            held = float(text(rows.pop()[1])) / 1000
-            self.held_s = held if self.held_s is None else min(self.held_s, held)
-        return [self._envelope(key, eid, fields) for key, eid, fields in rows]
+        out: list[Envelope] = []
+        # the shard with the least counter gives entries until its least passes the next
+        # shard's (the ceiling); then that one: the fair queue's order across shards
+        for _ in range(count + self.keys.shards):
+            step = self.view.next_shard(tier, skip)
+            if step is None or len(out) >= count:
+                break
+            s, cands, ceiling = step
+            want = count - len(out)
+            got, left, held = await self._pick(
+                keys=[k.backlogged(tier, s), k.vtc(tier, s), k.depth(s),
+                      *(k.queue(tier, t) for t in cands)],
+                args=[GROUP, consumer, want, self.view.virtual_time(tier), ceiling, tier,
+                      int(self.placement_wait_ms), *cands])
+            if text(held):  # ms until an entry held for another worker is stealable
+                held_s = float(text(held)) / 1000
+                self.held_s = held_s if self.held_s is None else min(self.held_s, held_s)
+            self.view.picked(tier, s, want, [text(r[3]) for r in got], left)
+            out += [self._envelope(key, eid, fields) for key, eid, fields, _ in got]
+        return out
 
     async def read_counts(self, counts: dict[str, int], consumer: str,
                           skip: Mapping[str, Iterable[str]] | None = None
@@ -138,16 +171,21 @@ class TierQueues:
         pick of a tier skips the tenants ``skip[tier]`` names. Sets ``held_s``."""
         skip = skip or {}
         self.held_s = None
-        got = await asyncio.gather(*(self.pick(t, consumer, n, skip.get(t, ()))
+        if not self.view.fresh:
+            await self.backlogs()
+        got = await asyncio.gather(*(self._pick_tier(t, consumer, n, frozenset(skip.get(t, ())))
                                      for t, n in counts.items()))
+        self.view.fresh = False
         return dict(zip(counts, got))
 
     async def wait(self, tiers: Iterable[str], timeout_s: float,
                    consumer: str | None = None) -> str | None:
         """Block until an admission to one of ``tiers`` (its wake token), up to
-        ``timeout_s``; the tier woken for, or None. A token may be stale (another worker
-        took the entry): the pick that follows then finds nothing. With placement on, the
-        admissions that prefer ``consumer`` wake it too."""
+        ``timeout_s``; the tier woken for, or None. Every shard's backlog is then read for
+        the pick that follows (the token names its shard, but an older token may come first:
+        one pipelined round trip). A token may be stale (another worker took the entry):
+        that pick then finds nothing. With placement on, the admissions that prefer
+        ``consumer`` wake it too."""
         tiers = tuple(tiers)
         keys = [self.keys.wake(t) for t in tiers]
         if consumer and self.placement_wait_ms > 0:
@@ -160,15 +198,26 @@ class TierQueues:
             res = await self.redis.blpop(keys, timeout=timeout_s)
         if not res:
             return None
+        await self.backlogs()
         return text(res[0]).rsplit(":", 1)[1]
 
-    async def claim_many(self, request_ids: list[str], consumer: str, reclaim: bool) -> list[str]:
-        """Claim each request (queued -> running) in one script call."""
-        if not request_ids:
+    async def claim_many(self, requests: list[tuple[str, str]], consumer: str,
+                         reclaim: bool) -> list[str]:
+        """Claim each (request id, tenant) (queued -> running): one script call per shard."""
+        if not requests:
             return []
-        keys = [self.keys.req(rid) for rid in request_ids]
-        res = await self._claim(keys=keys, args=[consumer, 1 if reclaim else 0])
-        return [text(r) for r in res]
+        by_shard: dict[int, list[int]] = {}
+        for i, (_, tenant) in enumerate(requests):
+            by_shard.setdefault(self.keys.shard_of(tenant), []).append(i)
+        groups = list(by_shard.values())
+        res = await asyncio.gather(*(self._claim(
+            keys=[self.keys.req(*requests[i]) for i in idx], args=[consumer, 1 if reclaim else 0])
+            for idx in groups))
+        out = [""] * len(requests)
+        for idx, got in zip(groups, res):
+            for i, r in zip(idx, got):
+                out[i] = text(r)
+        return out
 
     async def heartbeat(self, tier: str, tenant: str, consumer: str, entry_ids: list[str]) -> None:
         """Reset the idle time of our pending entries so nobody reclaims live work."""
@@ -180,12 +229,17 @@ class TierQueues:
                 if not _nogroup(exc):
                     raise  # NOGROUP: Redis lost the stream, and our entries with it
 
+    async def _streams(self, tier: str) -> list[str]:
+        """Every tenant stream of ``tier``, over the shards."""
+        sets = await asyncio.gather(*(self.redis.smembers(self.keys.queue_tenants(tier, s))
+                                      for s in self.keys.shard_range()))
+        return [self.keys.queue(tier, text(raw)) for members in sets for raw in members]
+
     async def autoclaim(self, tier: str, consumer: str, min_idle_ms: int, count: int = 16) -> list[Envelope]:
         """Take over entries idle for ``min_idle_ms`` (their worker died), from every tenant
         stream of ``tier``."""
         out: list[Envelope] = []
-        for raw in await self.redis.smembers(self.keys.queue_tenants(tier)):
-            key = self.keys.queue(tier, text(raw))
+        for key in await self._streams(tier):
             try:
                 res = await self.redis.xautoclaim(key, GROUP, consumer, min_idle_ms, "0-0",
                                                   count=count)
@@ -200,9 +254,9 @@ class TierQueues:
     async def pending_consumers(self, tier: str) -> set[str]:
         """The consumers that hold pending entries of ``tier`` (any tenant stream)."""
         out: set[str] = set()
-        for raw in await self.redis.smembers(self.keys.queue_tenants(tier)):
+        for key in await self._streams(tier):
             try:
-                summary = await self.redis.xpending(self.keys.queue(tier, text(raw)), GROUP)
+                summary = await self.redis.xpending(key, GROUP)
             except ResponseError as exc:
                 if not _nogroup(exc):
                     raise
@@ -215,8 +269,7 @@ class TierQueues:
         """Take over ``dead``'s pending entries of ``tier`` idle for ``min_idle_ms`` (a
         worker known dead before the visibility timeout: ``recovery.DeadWorkers``)."""
         out: list[Envelope] = []
-        for raw in await self.redis.smembers(self.keys.queue_tenants(tier)):
-            key = self.keys.queue(tier, text(raw))
+        for key in await self._streams(tier):
             try:
                 rows = await self.redis.xpending_range(key, GROUP, "-", "+", count,
                                                        consumername=dead, idle=min_idle_ms)
@@ -235,9 +288,12 @@ class TierQueues:
             await self.redis.xgroup_create(key, GROUP, id="0", mkstream=True)
 
     def done_commands(self, env: Envelope) -> list[tuple[Any, ...]]:
-        """The commands that acknowledge and delete a finished entry, for ``execute``."""
-        key = self.keys.queue(env.tier, env.tenant)
-        return [("XACK", key, GROUP, env.entry_id), ("XDEL", key, env.entry_id)]
+        """The command that acknowledges and deletes a finished entry (and counts it out of
+        its tier's depth), for ``execute``."""
+        k = self.keys
+        shard = k.shard_of(env.tenant)
+        return [("EVAL", DONE_LUA, 3, k.queue(env.tier, env.tenant), k.depth(shard),
+                 k.queue_tenants(env.tier, shard), GROUP, env.entry_id, env.tier, env.tenant)]
 
     async def execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Run ``commands`` in one round trip; raw replies in order (the first error raises
@@ -286,10 +342,22 @@ class QueueEntries:
 
     def __init__(self, redis: Any, keys: RedisKeys, conn: RespConnection | None) -> None:
         self.keys = keys
+        self.redis = redis
         self._conn = conn
         self._admit = LuaScript(redis, conn, ADMIT_LUA)
         self._cancel = LuaScript(redis, conn, CANCEL_LUA)
         self._step = LuaScript(redis, conn, STEP_LUA)
+        self.depths = DepthView(keys.shards)
+
+    async def _call(self, *args: Any) -> Any:
+        if self._conn is not None:
+            return await self._conn.call(*args)
+        return await self.redis.execute_command(*args)
+
+    async def _refresh_depths(self) -> None:
+        """Every shard's depth per tier (one read per shard, at most every half second)."""
+        self.depths.refreshed(await asyncio.gather(*(
+            self.redis.hgetall(self.keys.depth(s)) for s in self.keys.shard_range())))
 
     async def admit(self, msg: SubmitMsg, tenant_id: str, *, rpm: int, tpm: int, max_concurrency: int,
                     queue_max_len: int, cost: int, lease_ms: int, req_ttl_s: int,
@@ -299,32 +367,48 @@ class QueueEntries:
         ...)``, or ``(the limit that refused it, retry-after seconds, ...)``, then the rpm and
         tpm buckets' levels after the call. ``weight``: the tenant's fair-queue weight (its
         service is counted in tokens / weight). ``budget``: the tenant's period spend to check
-        and charge. ``prefer``: the worker that should take it first (placement; '' = any)."""
+        and charge. The tier's depth is the tenant's shard's, exact, plus the other shards' as
+        this process last read them (``DepthView``). An admission then wakes a drainer, and
+        the worker it ``prefer``s (placement; '' = any), which takes it first."""
         k, fields, tier = self.keys, encode(msg), msg.tier
+        shard = k.shard_of(tenant_id)
         b = budget or BudgetCheck(k.budget(tenant_id, "-"), 0, 0, 0)
+        if self.depths.stale():
+            await self._refresh_depths()
         res = await self._admit(
             keys=[k.bucket(tenant_id, "rpm"), k.bucket(tenant_id, "tpm"),
-                  k.concurrency(tenant_id), k.queue(tier, tenant_id), k.req(msg.request_id),
-                  k.stats, k.queue_tenants(tier), k.backlogged(tier), k.vtc(tier), k.wake(tier),
-                  b.key, *([k.wake_worker(prefer, tier)] if prefer else [])],
+                  k.concurrency(tenant_id), k.queue(tier, tenant_id),
+                  k.req(msg.request_id, tenant_id), k.stats(shard), k.queue_tenants(tier, shard),
+                  k.backlogged(tier, shard), k.vtc(tier, shard), k.depth(shard), b.key],
             args=[rpm, tpm, max_concurrency, queue_max_len, cost, msg.request_id, lease_ms,
                   fields["t"], fields["d"], tenant_id, tier, req_ttl_s, GROUP,
-                  len(msg.prompt_token_ids), repr(float(weight)), k.queue_prefix(tier),
-                  b.limit, b.charge, b.reset_s, prefer],
+                  len(msg.prompt_token_ids), repr(float(weight)),
+                  self.depths.others(tier, shard), b.limit, b.charge, b.reset_s, prefer],
         )
+        self.depths.set(tier, shard, int(res[4]))
+        if text(res[0]) == "ok":
+            # wake an idle drainer; the list is bounded (a stale token costs one empty pick)
+            wakes = [k.wake(tier), *([k.wake_worker(prefer, tier)] if prefer else [])]
+            # the preferred worker is woken even when another drainer took the tier's token
+            await asyncio.gather(*(c for w in wakes for c in (
+                self._call("RPUSH", w, shard), self._call("LTRIM", w, -64, -1))),
+                *([self._call("EXPIRE", wakes[1], 60)] if prefer else []))
         return text(res[0]), text(res[1]), float(text(res[2])), float(text(res[3]))
 
-    async def cancel(self, request_id: str, reader_gone: bool, reason: str,
-                     stream_ttl_s: int) -> str:
+    async def cancel(self, request_id: str, tenant: str, tier: str, reader_gone: bool,
+                     reason: str, stream_ttl_s: int) -> str:
         """Cancel wherever the request is (a queued entry is deleted); returns the state it
         was found in: queued | running | finished | cancelled | unknown."""
         finish = encode(FinishMsg(FinishReason.ABORT, 0, 0, f"cancelled: {reason}"))
         k = self.keys
+        shard = k.shard_of(tenant)
         res = await self._cancel(
-            keys=[k.req(request_id), k.out(request_id), k.stats],
+            keys=[k.req(request_id, tenant), k.out(request_id, tenant), k.stats(shard),
+                  k.queue(tier, tenant), k.backlogged(tier, shard), k.depth(shard),
+                  k.queue_tenants(tier, shard)],
             args=[1 if reader_gone else 0,
                   encode_payload(CancelMsg(request_id, reader_gone, reason)),
-                  k.cancel_channel, finish["t"], finish["d"], stream_ttl_s, GROUP],
+                  k.cancel_channel, finish["t"], finish["d"], stream_ttl_s, GROUP, tier],
         )
         return text(res)
 
@@ -333,50 +417,15 @@ class QueueEntries:
         return StepWrite(self.keys, stream_ttl_s, ledger_retention_s)
 
     async def write_step(self, step: StepWrite) -> None:
-        await self._step(keys=step.keys, args=step.args)
+        await asyncio.gather(*(self._step(keys=keys, args=args) for keys, args in step.calls()))
 
     def send_step_now(self, step: StepWrite) -> asyncio.Future[Any] | None:
-        """Send ``step`` right away from synchronous code (the engine's step callback) and
-        return its reply's future; None (nothing sent) unless the lean connection is up.
-        A NOSCRIPT reply means the server lost the script: ``write_step`` loads it."""
-        if self._conn is None:
+        """Send ``step`` right away from synchronous code (the engine's step callback), one
+        script call per shard, and return the future of their replies; None (nothing sent)
+        unless the lean connection is up. A NOSCRIPT reply means the server lost the script
+        (every call of the step gets it: one server): ``write_step`` loads it."""
+        if self._conn is None or not self._conn.ready:
             return None
-        return self._conn.send_now("EVALSHA", self._step.sha, len(step.keys), *step.keys,
-                                   *step.args)
-
-
-class StepWrite:
-    """``STEP_LUA``'s keys and arguments for one engine step, a request at a time."""
-
-    __slots__ = ("_k", "_ledger", "args", "keys")
-
-    def __init__(self, keys: RedisKeys, stream_ttl_s: int, ledger_retention_s: int = 0) -> None:
-        self._k = keys
-        self.keys: list[str] = [keys.stats]
-        # the stream TTL is refreshed once it fell below two thirds (not on every step)
-        self.args: list[Any] = [stream_ttl_s, stream_ttl_s * 2 // 3, GROUP, TOKEN_TYPE,
-                                FINISH_TYPE, ledger_retention_s]
-        self._ledger = ledger_retention_s > 0
-
-    def add(self, request_id: str, tier: str, entry_id: str, reader_gone: bool,
-            tokens: TokenMsg | None, finish: FinishMsg | None, *, tenant: str = "",
-            charge: float = 0.0, ledger: tuple[str, str] = ("", "")) -> None:
-        """Write ``tokens`` (None: none) to the request's stream; with ``finish`` the
-        request ends: the finish is written (or the stream deleted if ``reader_gone``), its
-        outcome counted, and its queue entry (in ``tenant``'s stream) acknowledged and
-        deleted. ``charge`` (output tokens / weight) is added to the tenant's counter.
-        ``ledger``: the request's ledger row (hour, field prefix; '' = none), where the
-        finish adds its completion tokens computed."""
-        k = self._k
-        hour, prefix = ledger if self._ledger and finish is not None else ("", "")
-        self.keys += [k.req(request_id), k.out(request_id), k.queue(tier, tenant), k.vtc(tier),
-                      k.usage(tenant, hour) if prefix and hour else k.stats]
-        self.args += [1 if finish is not None else 0, 1 if reader_gone else 0,
-                      encode(tokens)["d"] if tokens is not None else "",
-                      encode(finish)["d"] if finish is not None else "",
-                      entry_id, outcome(finish.finish_reason) if finish is not None else "",
-                      tenant, repr(charge) if charge > 0 else "",
-                      prefix if hour else "", finish.completion_tokens if finish else 0]
-
-    def __bool__(self) -> bool:
-        return len(self.keys) > 1
+        futs = [self._conn.send_now("EVALSHA", self._step.sha, len(keys), *keys, *args)
+                for keys, args in step.calls()]
+        return asyncio.gather(*(f for f in futs if f is not None))

@@ -1,4 +1,5 @@
-"""Every Lua script Carpool runs in Redis, in one place: each is one atomic step of a protocol
+"""The Lua scripts Carpool runs in Redis (the worker's claim and the
+backlog read are in ``state_scripts.py``): each is one atomic step of a protocol
 whose owner calls it (named in each section) through ``resp.LuaScript``. Keys and arguments
 are documented above each script; key names come from ``keys.py``.
 
@@ -32,36 +33,35 @@ end
 """
 
 ADMIT_LUA = _BUCKET_LUA + """
--- KEYS: rpm, tpm, conc, queue (the tier's stream of this tenant), req, stats,
---       tier tenants (set), backlogged (hash), vtc (hash), wake (list), budget (the period's
---       spend, ``policies/budget.py``) [, the preferred worker's wake list]
+-- KEYS (all in the tenant's shard): rpm, tpm, conc, queue (the tier's stream of this tenant),
+--       req, stats, tier tenants (set), backlogged (hash), vtc (hash), depth (hash), budget
+--       (the period's spend, ``policies/budget.py``)
 -- ARGV: rpm, tpm, max_conc, queue_max, cost, request_id, lease_ms, type, data, tenant, tier,
---       req_ttl_s, group, prompt tokens, weight, stream prefix, budget (0 = none), the
---       reservation's charge against it, seconds until the period ends [, the preferred
---       worker (prefix-aware placement, ``policies/placement.py``; '' = none)]
--- Returns {'ok', entry id, rpm level, tpm level} or {limit, retry-after s, rpm level, tpm
--- level}: a tenant whose period spend reached its budget is refused ('budget_exceeded', until
--- the period ends); an admitted one is charged its reservation at once (the settle replaces
--- it with what was delivered), so nobody passes the budget by more than one reservation.
+--       req_ttl_s, group, prompt tokens, weight, the other shards' depth of the tier (the
+--       caller's view), budget (0 = none), the reservation's charge against it, seconds until
+--       the period ends [, the preferred worker (prefix-aware placement,
+--       ``policies/placement.py``; '' = none)]
+-- Returns {'ok', entry id, rpm level, tpm level, shard depth} or {limit, retry-after s, rpm
+-- level, tpm level, shard depth}: a tenant whose period spend reached its budget is refused
+-- ('budget_exceeded', until the period ends); an admitted one is charged its reservation at
+-- once (the settle replaces it with what was delivered), so nobody passes the budget by more
+-- than one reservation.
 local now = now_ms()
 local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local maxc, qmax, cost = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local tenant = ARGV[10]
+local tenant, tier = ARGV[10], ARGV[11]
 -- the buckets' levels (read-only here), returned with every answer: the x-ratelimit-*
 -- headers are this call's view, so every gateway agrees
 local lr = rpm > 0 and level_at(KEYS[1], rpm, now) or 0
 local lt = tpm > 0 and level_at(KEYS[2], tpm, now) or 0
+-- queue_max_len is per tier (queued + running): this shard's count, exact, plus the others'
+-- as the caller last saw them
+local own = tonumber(redis.call('HGET', KEYS[10], tier) or '0')
 local function reject(reason, retry)
   redis.call('HINCRBY', KEYS[6], 'rejected:' .. reason, 1)
-  return {reason, retry, tostring(lr), tostring(lt)}
+  return {reason, retry, tostring(lr), tostring(lt), own}
 end
--- queue_max_len is per tier (queued + running): the sum over the tier's tenant streams,
--- O(tenants of the tier)
-local depth = 0
-for _, t in ipairs(redis.call('SMEMBERS', KEYS[7])) do
-  depth = depth + redis.call('XLEN', ARGV[16] .. t)
-end
-if depth >= qmax then return reject('queue_full', 1) end
+if own + tonumber(ARGV[16]) >= qmax then return reject('queue_full', 1) end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 if maxc > 0 and redis.call('ZCARD', KEYS[3]) >= maxc then return reject('concurrency', 1) end
 local function retry_s(level, c, limit)
@@ -113,19 +113,13 @@ else
 end
 redis.call('SADD', KEYS[7], tenant)
 redis.call('HINCRBY', KEYS[8], tenant, 1)
-redis.call('HSET', KEYS[5], 'tenant', tenant, 'tier', ARGV[11], 'state', 'queued',
-  'queue', KEYS[4], 'entry', id, 'reserved', ARGV[5], 'backlog', KEYS[8])
+own = redis.call('HINCRBY', KEYS[10], tier, 1)
+redis.call('HINCRBY', KEYS[10], 'b:' .. tier, 1)
+redis.call('HSET', KEYS[5], 'tenant', tenant, 'tier', tier, 'state', 'queued', 'entry', id,
+  'reserved', ARGV[5])
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[12]))
 redis.call('HINCRBY', KEYS[6], 'admitted', 1)
--- wake an idle drainer; the list is bounded (a stale token costs one empty pick)
-redis.call('RPUSH', KEYS[10], '1')
-redis.call('LTRIM', KEYS[10], -64, -1)
-if KEYS[12] then  -- placement: the preferred worker is woken even when another took the token
-  redis.call('RPUSH', KEYS[12], '1')
-  redis.call('LTRIM', KEYS[12], -64, -1)
-  redis.call('EXPIRE', KEYS[12], 60)
-end
-return {'ok', id, tostring(lr), tostring(lt)}
+return {'ok', id, tostring(lr), tostring(lt), own}
 """
 
 SETTLE_LUA = _BUCKET_LUA + """
@@ -171,71 +165,56 @@ return 1
 
 # -- the worker's claim, the drainer's backlog count and fair pick (``bus/queues.py``) -------
 
-# KEYS: per request: req;  ARGV: consumer, reclaim (0/1)
-# Returns one status per request: run | lost (reclaimed with output already sent: its 'sent'
-# mark, set by the step writer, outlives a held-back output stream that expired) | abort
-# (reclaimed after an explicit cancel its dead worker never answered: the live reader needs a
-# final event) | cancelled | finished | gone.  One call for a whole batch: the claim is on the
-# path of every request, and a pipeline holding a script costs redis-py an extra SCRIPT EXISTS
-# round trip per execute.
-CLAIM_LUA = """
-local out = {}
-for i = 1, #KEYS do
-  local req = KEYS[i]
-  local st = redis.call('HGET', req, 'state')
-  local c = st and redis.call('HGET', req, 'cancel')
-  local res
-  if not st then
-    res = 'gone'
-  elseif c then
-    res = (c == 'live' and st == 'running') and 'abort' or 'cancelled'
-  elseif st == 'queued' or (st == 'running' and ARGV[2] == '1') then
-    redis.call('HSET', req, 'state', 'running', 'worker', ARGV[1])
-    res = (st == 'running' and redis.call('HGET', req, 'sent')) and 'lost' or 'run'
-  else
-    res = st
-  end
-  out[#out + 1] = res
-end
-return out
-"""
 
-# KEYS: the tiers' backlogged hashes.  Entries not yet picked, per tier.
-BACKLOG_LUA = """
-local out = {}
-for i = 1, #KEYS do
-  local n = 0
-  for _, v in ipairs(redis.call('HVALS', KEYS[i])) do n = n + tonumber(v) end
-  out[i] = n
-end
-return out
-"""
-
-# KEYS: backlogged (hash), vtc (hash) of one tier
-# ARGV: stream prefix, group, consumer, count, placement wait (ms; 0 = preferences ignored),
-# then tenants to skip (over their seat share, ``policies.tenant_seats``: their entries stay
-# queued)
-# The fair pick (``policies.fair_queue``): up to ``count`` times, the backlogged tenant with
-# the least counter gives its next entry (XREADGROUP, which makes it pending for
-# ``consumer``), and is charged its prompt tokens / weight (the entry's 'n' and 'w') on its
-# counter and on its service (':s:' .. tenant, never lifted). Ties go to the least served,
-# then the oldest next entry (read only on such a tie: the group's last delivered id, then
-# the first entry after it), then the smaller id. Returns {stream key, entry id, fields} per
-# entry. A tenant whose stream had nothing left to deliver (the index outlived its entries)
-# leaves the index; a stream without its group (NOGROUP) gets the group again.
-# Placement (wait > 0): a tenant whose next entry names another worker ('p', set by
-# ADMIT_LUA) and is younger than the wait (by its id's milliseconds, on Redis's clock) is
-# passed over by this pick, which takes the next tenant in fair order; the named worker takes
-# it at once, anyone after the wait. Then a last row {'', ms} says in how many milliseconds
-# the soonest such entry may be stolen (the drainer waits that long, not its idle poll).
+# KEYS: backlogged (hash), vtc (hash) of one tier in one shard, the shard's depth hash (its
+#       'b:' .. tier count of entries not yet picked), then the candidates' streams
+# ARGV: group, consumer, count, virtual time ('' = none), ceiling ('' = none), tier, placement
+# wait (ms; 0 = preferences ignored), then the candidates (tenants, one per stream key, in order: those the caller's backlog view listed,
+# less the tenants over their seat share, ``policies.tenant_seats``, whose entries stay queued)
+# The fair pick (``policies.fair_queue``) among the candidates: a candidate's counter below the
+# virtual time (the least counter the worker last picked at, over every shard) is first lifted
+# to it, so a shard that sat idle banks no credit against the others. Then, up to ``count``
+# times, the backlogged candidate with the least counter gives its next entry (XREADGROUP,
+# which makes it pending for ``consumer``), and is charged its prompt tokens / weight (the
+# entry's 'n' and 'w') on its counter and on its service (':s:' .. tenant, never lifted). Ties
+# go to the least served, then the oldest next entry (read only on such a tie: the group's last
+# delivered id, then the first entry after it), then the smaller id. Returns {stream key, entry
+# id, fields, the counter it was picked at} per entry. A tenant whose stream had nothing left
+# to deliver (the index outlived its entries) leaves the index; a stream without its group
+# (NOGROUP) gets the group again. After the first entry, the pick stops at a candidate whose
+# counter passed the ceiling (the least counter of the other shards: their turn). Also returns
+# the candidates still backlogged and their counters, {tenant, counter, ...}, for the caller's
+# view, and the milliseconds until the soonest entry held for another worker may be stolen
+# ('' = none held). Placement (wait > 0): a candidate whose next entry names another worker
+# ('p', set by ADMIT_LUA) and is younger than the wait (by its id's milliseconds, on Redis's
+# clock) is passed over, the next candidate in fair order taken instead: the named worker
+# takes it at once, anyone after the wait. Every key it touches is declared: one slot on a
+# cluster.
 PICK_LUA = """
-local prefix, group, consumer = ARGV[1], ARGV[2], ARGV[3]
-local wait_ms = tonumber(ARGV[5])
+local group, consumer = ARGV[1], ARGV[2]
+local wait_ms = tonumber(ARGV[7])
 local out = {}
-local skip = {}
-for i = 6, #ARGV do skip[ARGV[i]] = true end
+local cand, stream, passed = {}, {}, {}
+local waiting = 'b:' .. ARGV[6]
+local function unwait(n)
+  if redis.call('HINCRBY', KEYS[3], waiting, -n) < 0 then redis.call('HSET', KEYS[3], waiting, 0) end
+end
+for i = 4, #KEYS do
+  local t = ARGV[i + 4]
+  cand[#cand + 1] = t
+  stream[t] = KEYS[i]
+end
+if ARGV[4] ~= '' then
+  local vt = tonumber(ARGV[4])
+  for _, t in ipairs(cand) do
+    local c = redis.call('HGET', KEYS[2], t)
+    if redis.call('HEXISTS', KEYS[1], t) == 1 and tonumber(c or '0') < vt then
+      redis.call('HSET', KEYS[2], t, ARGV[4])
+    end
+  end
+end
 local function next_entry(t)  -- the entry the group delivers next, or nil
-  local key = prefix .. t
+  local key = stream[t]
   if redis.call('EXISTS', key) == 0 then return nil end
   local groups = redis.pcall('XINFO', 'GROUPS', key)
   if type(groups) ~= 'table' or groups.err then return nil end
@@ -282,21 +261,23 @@ local function before(t, c, s, best, bc, bs)
   if ht[2] ~= hb[2] then return ht[2] < hb[2] end
   return t < best
 end
-while #out < tonumber(ARGV[4]) do
+while #out < tonumber(ARGV[3]) do
   local best, best_c, best_s
-  for _, t in ipairs(redis.call('HKEYS', KEYS[1])) do
-    if not skip[t] then
+  for _, t in ipairs(cand) do
+    if not passed[t] and redis.call('HEXISTS', KEYS[1], t) == 1 then
       local c = tonumber(redis.call('HGET', KEYS[2], t) or '0')
       local s = tonumber(redis.call('HGET', KEYS[2], ':s:' .. t) or '0')
       if not best or before(t, c, s, best, best_c, best_s) then best, best_c, best_s = t, c, s end
     end
   end
   if not best then break end
-  local key = prefix .. best
+  if ARGV[5] ~= '' and #out > 0 and best_c > tonumber(ARGV[5]) then break end
+  local key = stream[best]
+  local at = redis.call('HGET', KEYS[2], best) or '0'
   local got = false
   local held = wait_ms > 0 and held_for(best) or 0
   if held > 0 then
-    skip[best] = true  -- its entry waits for its worker; the next tenant in fair order
+    passed[best] = true  -- its entry waits for its worker: the next candidate in fair order
     held_ms = math.min(held_ms or held, held)
   elseif redis.call('EXISTS', key) == 1 then
     got = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', key, '>')
@@ -308,8 +289,10 @@ while #out < tonumber(ARGV[4]) do
   end
   if held > 0 then  -- nothing was read: the tenant stays backlogged
   elseif not got or #got == 0 then
+    unwait(tonumber(redis.call('HGET', KEYS[1], best) or '0'))
     redis.call('HDEL', KEYS[1], best)
   else
+    unwait(1)
     if redis.call('HINCRBY', KEYS[1], best, -1) <= 0 then redis.call('HDEL', KEYS[1], best) end
     local entry = got[1][2][1]
     local f, n, w = entry[2], 0, 1
@@ -320,34 +303,47 @@ while #out < tonumber(ARGV[4]) do
     redis.call('HINCRBYFLOAT', KEYS[2], best, cost)
     redis.call('HINCRBYFLOAT', KEYS[2], ':s:' .. best, cost)
     redis.call('HSET', KEYS[2], ':last', best)
-    out[#out + 1] = {key, entry[1], f}
+    out[#out + 1] = {key, entry[1], f, at}
   end
 end
-if held_ms and #out < tonumber(ARGV[4]) then out[#out + 1] = {'', tostring(held_ms)} end
-return out
+local left = {}
+for _, t in ipairs(cand) do
+  if redis.call('HEXISTS', KEYS[1], t) == 1 then
+    left[#left + 1] = t
+    left[#left + 1] = redis.call('HGET', KEYS[2], t) or '0'
+  end
+end
+return {out, left, held_ms and tostring(held_ms) or ''}
 """
-
 
 # -- cancellation (``http/cancel.py``, through ``queues.py``) ---------------------------------
 
-# KEYS: req, out, stats;  ARGV: reader_gone (0/1), cancel payload, channel, finish type,
-# finish data, ttl, group.  Returns the state found: queued | running | finished | cancelled |
-# unknown. An entry deleted before any worker picked it leaves its tenant's backlog count.
+# KEYS (the tenant's shard): req, out, stats, queue (the request's tier stream of its tenant),
+#       backlogged (that tier's), depth, the tier's tenant set
+# ARGV: reader_gone (0/1), cancel payload, channel, finish type, finish data, ttl, group, tier
+# Returns the state found: queued | running | finished | cancelled | unknown. An entry deleted
+# before any worker picked it leaves its tenant's backlog count and the tier's depth.
 CANCEL_LUA = """
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'unknown' end
 if st == 'queued' then
   redis.call('HSET', KEYS[1], 'state', 'cancelled', 'cancel', ARGV[1] == '1' and 'gone' or 'live')
-  local q, e = redis.call('HGET', KEYS[1], 'queue'), redis.call('HGET', KEYS[1], 'entry')
-  if q and e then
-    local b = redis.call('HGET', KEYS[1], 'backlog')
-    local t = redis.call('HGET', KEYS[1], 'tenant')
-    if b and t and redis.call('EXISTS', q) == 1
-        and #redis.call('XPENDING', q, ARGV[7], e, e, 1) == 0
-        and redis.call('XDEL', q, e) == 1 then
-      if redis.call('HINCRBY', b, t, -1) <= 0 then redis.call('HDEL', b, t) end
-    else
-      redis.call('XDEL', q, e)
+  local e, t = redis.call('HGET', KEYS[1], 'entry'), redis.call('HGET', KEYS[1], 'tenant')
+  if e and t and redis.call('HGET', KEYS[1], 'tier') == ARGV[8] then
+    local q = KEYS[4]
+    local picked = redis.call('EXISTS', q) == 0 or #redis.call('XPENDING', q, ARGV[7], e, e, 1) > 0
+    if redis.call('XDEL', q, e) == 1 then
+      if not picked then
+        if redis.call('HINCRBY', KEYS[5], t, -1) <= 0 then redis.call('HDEL', KEYS[5], t) end
+        if redis.call('HINCRBY', KEYS[6], 'b:' .. ARGV[8], -1) < 0 then
+          redis.call('HSET', KEYS[6], 'b:' .. ARGV[8], 0)
+        end
+      end
+      if redis.call('HINCRBY', KEYS[6], ARGV[8], -1) < 0 then redis.call('HSET', KEYS[6], ARGV[8], 0) end
+    end
+    if redis.call('XLEN', q) == 0 then  -- an empty stream goes, and its tenant leaves the set
+      redis.call('DEL', q)
+      redis.call('SREM', KEYS[7], t)
     end
   end
   if ARGV[1] == '1' then
@@ -372,17 +368,20 @@ return st
 
 # -- one engine step's outputs (``worker/writer.py``, through ``queues.py``) -----------------
 
-# KEYS: stats, then per request: req, out, queue, vtc (its tier's counters), usage (its
-#       ledger hash, ``tenancy/ledger.py``)
-# ARGV: ttl, refresh-below, group, token type, finish type, ledger retention (s), then per
+# KEYS (one shard: the writer sends a call per shard): stats, depth, then per request: req,
+#       out, queue, vtc (its tier's counters), usage (its ledger hash, ``tenancy/ledger.py``),
+#       the tier's tenant set
+# ARGV: ttl, (unused), group, token type, finish type, ledger retention (s), then per
 #       request: finished (0/1), reader gone (0/1), token data ('' = none), finish data,
 #       entry id, outcome, tenant, charge (output tokens / weight for the fair queue; '' =
-#       none), ledger field prefix ('' = none), completion tokens computed
+#       none), ledger field prefix ('' = none), completion tokens computed, tier, refresh
+#       (1: a token write sets the stream's TTL and the 'sent' mark)
 # A request's final write and its state change are one step against the cancel script
 # (``cancel.py``): a reader that left before the finish was written (its cancel mark is
-# 'gone') gets its stream deleted, not recreated until the TTL. A stream's TTL is set at its
-# first write and refreshed once it fell below ``refresh-below`` (not on every step), and set
-# afresh with the finish; a stream recreated after a reader's DEL gets one at its next write.
+# 'gone') gets its stream deleted, not recreated until the TTL. A stream's TTL is set by the
+# writes the writer marks 'refresh' (the first, then one each third of the TTL: no TTL read
+# per token), and set afresh with the finish; a stream recreated after a reader's DEL gets one
+# at its next refresh, and is deleted by the finish (its cancel mark is 'gone').
 # The first write also marks the request 'sent' (the claim script's 'lost': its reader has
 # output, even once a held-back stream has expired). A finish is written once: a retried write
 # whose first try was applied finds the request finished and only acks again. The output
@@ -391,10 +390,10 @@ return st
 # request's ledger row (its cancelled work is computed - delivered, the gateway's settle
 # writes the delivered), once, with the finish.
 STEP_LUA = """
-local ttl, low, group = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-for i = 0, (#KEYS - 1) / 5 - 1 do
-  local req, out, queue = KEYS[2 + 5 * i], KEYS[3 + 5 * i], KEYS[4 + 5 * i]
-  local a = 7 + 10 * i
+local ttl, group = tonumber(ARGV[1]), ARGV[3]
+for i = 0, (#KEYS - 2) / 6 - 1 do
+  local req, out, queue = KEYS[3 + 6 * i], KEYS[4 + 6 * i], KEYS[5 + 6 * i]
+  local a = 7 + 12 * i
   local gone, tok = ARGV[a + 1] == '1', ARGV[a + 2]
   local fresh = true
   if ARGV[a] == '1' then
@@ -410,34 +409,31 @@ for i = 0, (#KEYS - 1) / 5 - 1 do
       redis.call('HSET', req, 'state', 'finished')
       redis.call('HINCRBY', KEYS[1], ARGV[a + 5], 1)
       if ARGV[a + 8] ~= '' then
-        redis.call('HINCRBY', KEYS[6 + 5 * i], ARGV[a + 8] .. 'x', ARGV[a + 9])
-        redis.call('EXPIRE', KEYS[6 + 5 * i], tonumber(ARGV[6]))
+        redis.call('HINCRBY', KEYS[7 + 6 * i], ARGV[a + 8] .. 'x', ARGV[a + 9])
+        redis.call('EXPIRE', KEYS[7 + 6 * i], tonumber(ARGV[6]))
       end
     else
       fresh = false
     end
     redis.call('XACK', queue, group, ARGV[a + 4])
-    redis.call('XDEL', queue, ARGV[a + 4])
+    if redis.call('XDEL', queue, ARGV[a + 4]) == 1
+        and redis.call('HINCRBY', KEYS[2], ARGV[a + 10], -1) < 0 then
+      redis.call('HSET', KEYS[2], ARGV[a + 10], 0)
+    end
+    if redis.call('XLEN', queue) == 0 then  -- an idle tenant's stream goes, and its tenant
+      redis.call('DEL', queue)              -- leaves the set: idle tenants cost no reclaim
+      redis.call('SREM', KEYS[8 + 6 * i], ARGV[a + 6])
+    end
   elseif not gone and tok ~= '' then
     redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok)
-    if redis.call('TTL', out) < low then
+    if ARGV[a + 11] == '1' then
       redis.call('EXPIRE', out, ttl)
       redis.call('HSET', req, 'sent', '1')  -- the reader has output: a reclaim must not rerun it
     end
   end
   if fresh and ARGV[a + 7] ~= '' then
-    redis.call('HINCRBYFLOAT', KEYS[5 + 5 * i], ARGV[a + 6], ARGV[a + 7])
-    redis.call('HINCRBYFLOAT', KEYS[5 + 5 * i], ':s:' .. ARGV[a + 6], ARGV[a + 7])
+    redis.call('HINCRBYFLOAT', KEYS[6 + 6 * i], ARGV[a + 6], ARGV[a + 7])
+    redis.call('HINCRBYFLOAT', KEYS[6 + 6 * i], ':s:' .. ARGV[a + 6], ARGV[a + 7])
   end
 end
-"""
-
-
-# -- the audit trail (``tenancy/audit.py``) ---------------------------------------------------
-
-# KEYS: the audit stream;  ARGV: about how many entries to keep, the entry's JSON.
-# An append and its trim in one step (MAXLEN ~: whole nodes are trimmed, so the stream holds
-# at least the given number and at most about one node more).
-AUDIT_LUA = """
-return redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'd', ARGV[2])
 """

@@ -30,6 +30,10 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--model", default=None, help="local HF checkpoint dir (default: SmolLM2)")
     p.add_argument("--tenants", dest="tenants_file", default=None, help="tenants TOML/YAML file")
     p.add_argument("--namespace", default=None, help="Redis key prefix (default carpool)")
+    p.add_argument("--redis-ca", default=None,
+                   help="CA file that signed the Redis server's certificate (rediss://)")
+    p.add_argument("--redis-cert", default=None, help="client certificate for Redis TLS")
+    p.add_argument("--redis-key", default=None, help="the client certificate's key file")
     p.add_argument("--no-demo", dest="create_demo_tenant", action="store_const", const=False,
                    default=None, help="do not create the demo tenant on a fresh Redis")
     p.add_argument("--echo-step-ms", type=float, default=None)
@@ -80,7 +84,8 @@ ENGINE_FLAGS = ("dtype", "max_num_seqs", "max_num_batched_tokens", "max_model_le
 CONFIG_FLAGS = ("host", "port", "role", "engine", "model", "tenants_file", "namespace",
                 "create_demo_tenant", "echo_step_ms", "trace_console", "metrics_port",
                 "access_log", "tier_slos", "strict_api", "drain_timeout_s", "placement_wait_ms",
-                "placement_blocks", "placement_load_factor")
+                "placement_blocks", "placement_load_factor", "redis_ca", "redis_cert",
+                "redis_key")
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -96,9 +101,9 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _add_bench(sub: Any) -> None:
     p = sub.add_parser("bench",
                        help="benchmarks: engine, kernels, gateway, sla, serve, gpu, rolling, "
-                            "placement")
+                            "placement, redis")
     p.add_argument("target", choices=("engine", "kernels", "gateway", "sla", "serve", "gpu",
-                                      "rolling", "placement"))
+                                      "rolling", "placement", "redis"))
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for that benchmark")
     p.set_defaults(func=_run_bench)
 
@@ -113,7 +118,8 @@ def _run_bench(args: argparse.Namespace) -> int:
                                       "serve": "gateway.bench.serve",
                                       "gpu": "engine.bench.gpu",
                                       "rolling": "gateway.bench.rolling",
-                                      "placement": "gateway.bench.placement"}[args.target])
+                                      "placement": "gateway.bench.placement",
+                                      "redis": "gateway.bench.redis"}[args.target])
     return int(module.main(list(args.rest)) or 0)
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway.bus.client import check_redis
 from gateway.bus.embedded import EmbeddedRedis
 from gateway.bus.keys import RedisKeys
 from gateway.config import GatewayConfig
@@ -116,7 +117,7 @@ def show_carpool_logs() -> None:
 def serve(config: GatewayConfig) -> int:
     show_carpool_logs()
     embedded: EmbeddedRedis | None = None
-    redis_url = config.redis_url
+    redis_url = config.redis_connection_url
     url_file = runtime_url_file(config)
     # Every role: uvicorn re-raises the SIGTERM it handled, and under the default action the
     # process would then die with -SIGTERM after a clean graceful stop.
@@ -127,6 +128,8 @@ def serve(config: GatewayConfig) -> int:
         url_file.parent.mkdir(parents=True, exist_ok=True)
         url_file.write_text(redis_url)
         print(f"embedded Redis at {redis_url} (stopped on exit)", flush=True)
+    else:
+        check_redis(redis_url)  # a bad certificate or password: one line, not a traceback
     try:
         secret = resolve_secret(config.secret, config.state_dir)
         if config.role == "worker":

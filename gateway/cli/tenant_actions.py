@@ -162,7 +162,7 @@ async def delete(a: Admin, args: argparse.Namespace) -> int:
     await a.note("tenant.delete", args.tenant_id, tenant_json(before), None)
     canceller = Canceller(a.redis, a.keys, a.config.stream_ttl_s)
     for rid in inflight:
-        await canceller.cancel(rid, reader_gone=False, reason="tenant deleted")
+        await canceller.cancel(rid, args.tenant_id, reader_gone=False, reason="tenant deleted")
     a.out.write(f"deleted; {len(inflight)} requests cancelled\n")
     return 0
 

@@ -5,6 +5,7 @@ are visible to every gateway within the auth cache TTL (< 1 s)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from typing import Any
@@ -170,7 +171,8 @@ async def delete_tenant(request: Request) -> Response:
     await _audit(request, "tenant.delete", tenant_id, tenant_json(before), None)
     cancelled = 0
     for rid in inflight:
-        found = await svc.canceller.cancel(rid, reader_gone=False, reason="tenant deleted")
+        found = await svc.canceller.cancel(rid, tenant_id, reader_gone=False,
+                                           reason="tenant deleted")
         cancelled += found in ("queued", "running")
     return JSONResponse({"id": tenant_id, "deleted": True, "cancelled_requests": cancelled})
 
@@ -231,8 +233,11 @@ async def stats(request: Request) -> Response:
     (``gateway/telemetry/stats_snapshot.py``; what ``/console`` and ``carpool doctor`` read),
     and each live worker's step budget (``step_budget``, as ``/admin/tiers`` has it)."""
     svc = _svc(request)
-    raw = await svc.redis.hgetall(svc.keys.stats)
-    counters = {text(k): int(v) for k, v in raw.items()}
+    counters: dict[str, int] = {}
+    for raw in await asyncio.gather(*(svc.redis.hgetall(svc.keys.stats(s))
+                                      for s in svc.keys.shard_range())):
+        for k, v in raw.items():  # each shard counts its own tenants' requests
+            counters[text(k)] = counters.get(text(k), 0) + int(v)
     history = getattr(svc.events, "stats_history", None)
     if history is None:  # events that keep no metrics (tests): a history read once, here
         history = StatsHistory(svc.redis, svc.keys, tuple(svc.config.tier_weights))

@@ -28,12 +28,20 @@ class Canceller:
         self.ttl = stream_ttl_s
         self._entries = QueueEntries(redis, keys, None)  # through redis-py: not hot
 
-    async def cancel(self, request_id: str, reader_gone: bool, reason: str) -> str:
-        """Cancel wherever the request is; returns the state it was found in."""
-        return await self._entries.cancel(request_id, reader_gone, reason, self.ttl)
+    async def cancel(self, request_id: str, tenant: str, reader_gone: bool, reason: str,
+                     tier: str | None = None) -> str:
+        """Cancel ``tenant``'s request wherever it is; returns the state it was found in.
+        ``tier``: the request's (read from its record when not given)."""
+        if tier is None:
+            raw = await self.redis.hget(self.keys.req(request_id, tenant), "tier")
+            tier = raw.decode() if raw is not None else ""
+        return await self._entries.cancel(request_id, tenant, tier, reader_gone, reason,
+                                          self.ttl)
 
-    async def owner(self, request_id: str) -> str | None:
-        raw = await self.redis.hget(self.keys.req(request_id), "tenant")
+    async def owner(self, request_id: str, tenant: str) -> str | None:
+        """The owner of ``request_id`` if it lives in ``tenant``'s shard (another shard's
+        request is not found from here, which a BOLA check answers 404 all the same)."""
+        raw = await self.redis.hget(self.keys.req(request_id, tenant), "tenant")
         return raw.decode() if raw is not None else None
 
 

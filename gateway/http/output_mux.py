@@ -1,9 +1,11 @@
 """One reader per gateway process for every in-flight request's output stream.
 
 Instead of one blocking XREAD (and one Redis connection) per request, a single loop issues
-one XREAD over all active ``out:{id}`` streams and hands each request its new entries. Under
-load one round trip serves every stream that moved; a newly registered stream joins at the
-next turn (the block is short, ``BLOCK_MS``). A failed read (Redis away) is retried with a
+one XREAD per shard over its active ``out:{id}`` streams (a command's keys share one hash
+slot, ``bus/keys.py``) and hands each request its new entries. Under load one round trip
+serves every stream that moved; a newly registered stream joins at the next turn. With one
+shard in use the read blocks (``BLOCK_MS``); with several the reads go out together without
+blocking, and a round that found nothing sleeps ``BLOCK_MS`` instead. A failed read (Redis away) is retried with a
 backoff and said once per outage (``bus/outage.py``); the streams wait meanwhile, and those
 whose worker can still write finish once Redis is back.
 """
@@ -94,14 +96,32 @@ class OutputMux:
                     stream.queue.put_nowait(msgs)
 
     async def _read(self) -> Any:
-        """One XREAD over every registered stream: ``[(key, [(id, fields), ...]), ...]``."""
+        """An XREAD per shard over its registered streams: ``[(key, [(id, fields), ...]),
+        ...]``."""
+        groups: dict[str, list[str]] = {}
+        for key in self._streams:
+            groups.setdefault(_slot_tag(key), []).append(key)
+        block = BLOCK_MS if len(groups) == 1 else None
+        res = await asyncio.gather(*(self._read_group(keys, block) for keys in groups.values()))
+        out = [row for rows in res for row in rows or []]
+        if not out and block is None:
+            await asyncio.sleep(BLOCK_MS / 1000)
+        return out
+
+    async def _read_group(self, keys: list[str], block: int | None) -> Any:
         if self._conn is None:
-            return await self.redis.xread({k: s.last for k, s in self._streams.items()},
-                                          count=COUNT, block=BLOCK_MS)
-        keys = list(self._streams)
+            return await self.redis.xread({k: self._streams[k].last for k in keys},
+                                          count=COUNT, block=block)
         ids = [self._streams[k].last for k in keys]
-        return await self._conn.call("XREAD", "COUNT", COUNT, "BLOCK", BLOCK_MS, "STREAMS",
-                                     *keys, *ids)
+        blocking = ("BLOCK", block) if block is not None else ()
+        return await self._conn.call("XREAD", "COUNT", COUNT, *blocking, "STREAMS", *keys, *ids)
+
+
+def _slot_tag(key: str) -> str:
+    """The key's hash tag (what decides its slot), or the key itself without one."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start + 1:end] if start >= 0 and end > start + 1 else key
 
 
 def _decode_all(key: Any, entries: list[Any]) -> list[Message]:

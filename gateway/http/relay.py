@@ -194,7 +194,8 @@ class RelayResponse:
     async def _batches(self) -> Any:
         """Lists of messages: everything the process's output mux has delivered for this
         request since the last turn (several reads coalesce when the relay fell behind)."""
-        mux, key = self.services.mux, self.services.keys.out(self.ctx.request_id)
+        mux = self.services.mux
+        key = self.services.keys.out(self.ctx.request_id, self.ctx.tenant.id)
         queue = mux.register(key)
         try:
             while not self.closing:
@@ -331,8 +332,9 @@ class RelayResponse:
 
     async def _cancel(self, source: str) -> str:
         svc = self.services
-        await svc.canceller.cancel(self.ctx.request_id, reader_gone=True, reason=source)
-        await svc.redis.delete(svc.keys.out(self.ctx.request_id))
+        await svc.canceller.cancel(self.ctx.request_id, self.ctx.tenant.id, reader_gone=True,
+                                   reason=source, tier=self.ctx.tier)
+        await svc.redis.delete(svc.keys.out(self.ctx.request_id, self.ctx.tenant.id))
         svc.events.request_cancelled(self.ctx.request_id, source)
         return outcome(FinishReason.ABORT)
 
@@ -347,7 +349,7 @@ class RelayResponse:
         # read to its end: the output stream is deleted in the same call
         await svc.quota.settle(ctx.tenant, ctx.request_id, ctx.reserved_tokens,
                                ctx.prompt_tokens + used, f"settled:{outcome}",
-                               delete_key=svc.keys.out(ctx.request_id) if finish else None,
+                               delete_key=svc.keys.out(ctx.request_id, ctx.tenant.id) if finish else None,
                                usage=usage, budget_key=ctx.budget_key,
                                budget_charge=ctx.budget_charge)
         svc.events.request_finished(ctx.tenant.id, ctx.tier, ctx.request_id, outcome,

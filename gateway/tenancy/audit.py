@@ -5,7 +5,7 @@ An entry says when, which admin key (its id: never the key), from which address,
 ``key.rotate``, ``key.revoke``, ``admin_key.create``), its target, and what changed, before
 and after. Before/after hold tenant fields and key records (id, name, expiry), never a key or a
 digest: ``AuditEntry`` refuses a value that looks like one. The stream keeps about the last
-``max_len`` entries (``scripts.AUDIT_LUA``: XADD MAXLEN ~), so memory is bounded. The admin API and ``carpool
+``max_len`` entries (``state_scripts.AUDIT_LUA``: XADD MAXLEN ~), so memory is bounded. The admin API and ``carpool
 tenants`` append; ``GET /admin/audit``, ``carpool tenants audit`` and the console read.
 """
 
@@ -19,7 +19,7 @@ import orjson
 
 from gateway.bus.keys import RedisKeys
 from gateway.bus.resp import LuaScript
-from gateway.bus.scripts import AUDIT_LUA
+from gateway.bus.state_scripts import AUDIT_LUA
 from gateway.tenancy.keys import KEY_PREFIX
 from gateway.tenancy.tenants import BUDGET_FIELDS
 

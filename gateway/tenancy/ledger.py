@@ -28,6 +28,7 @@ key, tier or model, ``parse_range`` checks a from/to pair; all three are what ``
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import hashlib
 import io
@@ -219,8 +220,11 @@ class UsageLedger:
         await self.redis.hset(self.keys.usage_models, model_id(model), model)
 
     async def tenants(self) -> list[str]:
-        raw = await self.redis.smembers(self.keys.usage_tenants)
-        return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in raw)
+        k = self.keys
+        sets = await asyncio.gather(*(self.redis.smembers(k.usage_tenants(s))
+                                      for s in k.shard_range()))
+        return sorted({m.decode() if isinstance(m, bytes) else str(m)
+                       for raw in sets for m in raw})
 
     async def read(self, tenants: Iterable[str], t0: datetime, t1: datetime) -> list[UsageRow]:
         hours = hours_between(t0, t1)

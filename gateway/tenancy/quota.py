@@ -147,8 +147,9 @@ class QuotaEnforcer:
         call."""
         k = self.keys
         on = usage is not None and self.ledger_retention_s > 0
-        keys = [k.bucket(tenant.id, "tpm"), k.concurrency(tenant.id), k.stats,
-                k.usage(tenant.id, usage.hour if usage else "-"), k.usage_tenants,
+        keys = [k.bucket(tenant.id, "tpm"), k.concurrency(tenant.id), k.tenant_stats(tenant.id),
+                k.usage(tenant.id, usage.hour if usage else "-"),
+                k.usage_tenants(k.shard_of(tenant.id)),
                 budget_key or k.budget(tenant.id, "-")]
         args: list[Any] = [tenant.quota.tpm, reserved, actual, request_id, outcome]
         u = usage or LedgerEntry("", "", 0, 0, 0)

@@ -194,11 +194,11 @@ class TenantStore:
             pipe.delete(k.apikey(d.decode()))
         pipe.delete(k.tenant_keys(tenant_id), k.tenant(tenant_id))
         pipe.srem(k.tenants, tenant_id)
-        pipe.zrange(k.concurrency(tenant_id), 0, -1)
         res = await pipe.execute()
         if not res[0]:
             return None
-        return [r.decode() for r in res[-1]]
+        # after the transaction (its own slot): with the tenant gone nothing more is admitted
+        return [r.decode() for r in await self.redis.zrange(k.concurrency(tenant_id), 0, -1)]
 
     async def issue_key(self, tenant_id: str, name: str = "",
                         expires_at: float | None = None) -> tuple[str, str]:

@@ -159,5 +159,6 @@ class TierStatusPublisher:
     async def tenant_depths(self, tier: str) -> dict[str, int]:
         """Waiting entries per tenant: the tier's index of backlogged tenants (kept by the
         queue scripts, ``bus/queues.py``)."""
-        raw = await self.redis.hgetall(self.keys.backlogged(tier))
-        return {text(k): n for k, v in raw.items() if (n := int(v)) > 0}
+        shards = await asyncio.gather(*(self.redis.hgetall(self.keys.backlogged(tier, s))
+                                        for s in self.keys.shard_range()))
+        return {text(k): n for raw in shards for k, v in raw.items() if (n := int(v)) > 0}

@@ -169,7 +169,8 @@ class Worker:
             async with asyncio.timeout(STOP_TIMEOUT_S):
                 await self._writer_idle()  # outputs already produced are in: 'sent' is exact
                 marks = await self.queues.execute(
-                    [("HMGET", self.keys.req(rec.request_id), "sent", "cancel") for rec in recs])
+                    [("HMGET", self.keys.req(rec.request_id, rec.tenant), "sent", "cancel")
+                     for rec in recs])
                 self.writer.submit([
                     end for rec, (sent, cancel) in zip(recs, marks, strict=True)
                     if (end := stop_end(rec, sent if target is None else None, cancel, error))
@@ -248,7 +249,8 @@ class Worker:
             if not reclaim:
                 self._start_early(todo, early)
             statuses = await self.queues.claim_many(
-                [e.msg.request_id for e in todo if e.msg is not None], self.consumer, reclaim)
+                [(e.msg.request_id, e.msg.tenant_id) for e in todo if e.msg is not None],
+                self.consumer, reclaim)
             for i, rec in early.items():
                 self._resolve_claim(rec, statuses[i])
         finally:  # whatever failed, no early claim is left open: the writer would wait on it
@@ -271,7 +273,7 @@ class Worker:
                 self._finish_now(rec, msg, FinishReason.ERROR, refused)
             elif status == "run":
                 started.append((msg.request_id, len(cmds)))
-                cmds.append(("HGET", self.keys.req(msg.request_id), "cancel"))
+                cmds.append(("HGET", self.keys.req(msg.request_id, msg.tenant_id), "cancel"))
             elif status == "lost":  # its dead worker had streamed output: resume it
                 lost.append((rec, msg))
             elif status == "abort":
@@ -293,8 +295,8 @@ class Worker:
         that cannot be resumed ends with the worker-lost error, as before."""
         cmds: list[tuple[Any, ...]] = []
         for _, msg in lost:
-            cmds += [("XRANGE", self.keys.out(msg.request_id), "-", "+"),
-                     ("HGET", self.keys.req(msg.request_id), "cancel")]
+            cmds += [("XRANGE", self.keys.out(msg.request_id, msg.tenant_id), "-", "+"),
+                     ("HGET", self.keys.req(msg.request_id, msg.tenant_id), "cancel")]
         replies = await self.queues.execute(cmds)
         for i, (rec, msg) in enumerate(lost):
             entries, cancel = replies[2 * i], replies[2 * i + 1]

@@ -35,6 +35,11 @@ from policies.ttft_split import WorkerMarks
 
 log = logging.getLogger("carpool.worker")
 
+# writes of a request between the charges of its output to its tenant's fair-queue counter
+# (and one with its finish): the fair queue sees a running request's service at most this many
+# engine steps late
+CHARGE_EVERY = 8
+
 @dataclass
 class Inflight:
     """A request this worker holds (in the engine or being dropped)."""
@@ -64,6 +69,13 @@ class Inflight:
     read_steps: int = 0
     posted_unix: float = 0.0
     marks_sent: bool = False
+    # when (monotonic s) a write last set its output stream's TTL and 'sent' mark; 0: never
+    # (its next write sets them; a failed write sets this back to 0)
+    ttl_at: float = 0.0
+    # output tokens / weight written but not yet charged to the tenant's fair-queue counter,
+    # and the writes since the last charge (``CHARGE_EVERY``)
+    owed: float = 0.0
+    unbilled: int = 0
 
     @property
     def owned(self) -> bool:
@@ -190,18 +202,25 @@ class OutputWriter:
             await sent.reply
         except ResponseError as exc:
             if not str(exc).startswith("NOSCRIPT"):
-                self._retry = sent.items
+                self._failed(sent.items)
                 raise
             await self._write_retrying(sent.items)  # run_script loads the script
         except Exception:
-            self._retry = sent.items
+            self._failed(sent.items)
             raise
+
+    def _failed(self, items: list[tuple[Inflight, RequestOutput]]) -> None:
+        """Keep ``items`` to write again; their TTLs are set again with them (the write that
+        was to set them may not have been applied)."""
+        for rec, _ in items:
+            rec.ttl_at = 0.0
+        self._retry = items
 
     async def _write_retrying(self, items: list[tuple[Inflight, RequestOutput]]) -> None:
         try:
             await self._write(items)
         except Exception:
-            self._retry = items
+            self._failed(items)
             raise
 
     async def _write(self, items: list[tuple[Inflight, RequestOutput]]) -> None:
@@ -213,20 +232,39 @@ class OutputWriter:
     def _step_write(self, items: list[tuple[Inflight, RequestOutput]]) -> StepWrite:
         """The write of ``items`` (empty when there is nothing to write)."""
         step = self._entries.step(self.ttl, self.ledger_retention_s)
+        now = time.monotonic()
         for rec, outs in _by_request(items):
             last = outs[-1]
             msgs = [] if rec.reader_gone else _token_msgs(rec, outs)
             if not last.finished and not msgs:
                 continue
+            # the stream's TTL and 'sent' mark: set at its first write, then again once a
+            # third of the TTL has passed (not a TTL read on every token)
+            refresh = bool(msgs) and now - rec.ttl_at > self.ttl / 3
+            if refresh:
+                rec.ttl_at = now
             for msg in msgs[:-1]:  # n > 1: a message per run of one sequence's outputs
                 step.add(rec.request_id, rec.tier, rec.entry_id, rec.reader_gone, msg, None,
-                         tenant=rec.tenant, charge=len(msg.token_ids) / rec.weight)
+                         tenant=rec.tenant, refresh=refresh)
+                refresh = False
             tokens = msgs[-1] if msgs else None
             step.add(rec.request_id, rec.tier, rec.entry_id, rec.reader_gone, tokens,
                      _finish(rec, last) if last.finished else None, tenant=rec.tenant,
-                     charge=len(tokens.token_ids) / rec.weight if tokens else 0.0,
+                     refresh=refresh, charge=_charge(rec, msgs, last.finished),
                      ledger=rec.ledger)
         return step
+
+
+def _charge(rec: Inflight, msgs: list[TokenMsg], finished: bool) -> float:
+    """The output charge this write carries to the tenant's fair-queue counter: what was
+    owed, every ``CHARGE_EVERY`` writes and at the finish (two counter writes a request per
+    step were the largest share of a streamed token's Redis commands)."""
+    rec.owed += sum(len(m.token_ids) for m in msgs) / rec.weight
+    rec.unbilled += 1
+    if not finished and rec.unbilled < CHARGE_EVERY:
+        return 0.0
+    charge, rec.owed, rec.unbilled = rec.owed, 0.0, 0
+    return charge
 
 
 @dataclass

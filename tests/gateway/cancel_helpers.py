@@ -30,10 +30,10 @@ def leftovers(redis_url: str, namespace: str) -> dict[str, Any]:
     keys = RedisKeys(namespace)
     try:
         out = {
-            "out_streams": sorted(k.decode() for k in r.scan_iter(f"{namespace}:out:*")),
+            "out_streams": sorted(k.decode() for k in r.scan_iter(f"{namespace}:*:out:*")),
             "queued": {t: queued(r, keys, t) for t in TIERS},
             "pending": {t: pending(r, keys, t) for t in TIERS},
-            "leases": {k.decode(): r.zcard(k) for k in r.scan_iter(f"{namespace}:conc:*")},
+            "leases": {k.decode(): r.zcard(k) for k in r.scan_iter(f"{namespace}:*:conc:*")},
         }
     finally:
         r.close()
@@ -50,9 +50,9 @@ def wait_clean(redis_url: str, namespace: str, timeout: float = 10.0) -> None:
         if not any(left.values()):
             return
         if time.monotonic() > deadline:
-            r = redis_sync(redis_url)
-            detail = {m.decode(): r.hgetall(f"{namespace}:req:{m.decode()}")
-                      for k in r.scan_iter(f"{namespace}:conc:*") for m in r.zrange(k, 0, -1)}
+            r, keys = redis_sync(redis_url), RedisKeys(namespace)
+            detail = {m.decode(): r.hgetall(keys.req(m.decode(), k.decode().rsplit(":", 1)[1]))
+                      for k in r.scan_iter(f"{namespace}:*:conc:*") for m in r.zrange(k, 0, -1)}
             r.close()
             raise AssertionError(f"left in Redis: {left}; leased requests: {detail}")
         time.sleep(0.05)
@@ -61,6 +61,7 @@ def wait_clean(redis_url: str, namespace: str, timeout: float = 10.0) -> None:
 def stat(redis_url: str, namespace: str, name: str) -> int:
     r = redis_sync(redis_url)
     try:
-        return int(r.hget(RedisKeys(namespace).stats, name) or 0)
+        keys = RedisKeys(namespace)  # each shard counts its own tenants' requests
+        return sum(int(r.hget(keys.stats(s), name) or 0) for s in keys.shard_range())
     finally:
         r.close()

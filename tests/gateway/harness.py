@@ -90,9 +90,9 @@ def run_gateway(config: GatewayConfig, redis_url: str, **app_kwargs: Any) -> Ite
 
 
 def store_for(redis_url: str, namespace: str) -> tuple[Any, TenantStore]:
-    import redis.asyncio as aioredis
+    from gateway.bus.client import redis_client
 
-    client = aioredis.Redis.from_url(redis_url)
+    client = redis_client(redis_url)  # a cluster's too (``?cluster=1``)
     return client, TenantStore(client, RedisKeys(namespace), SECRET)
 
 

@@ -16,7 +16,8 @@ def _text(raw: Any) -> str:
 
 def tier_streams(r: Any, keys: RedisKeys, tier: str) -> list[str]:
     """The tenant streams of ``tier`` (a synchronous redis-py client)."""
-    return sorted(keys.queue(tier, _text(t)) for t in r.smembers(keys.queue_tenants(tier)))
+    return sorted(keys.queue(tier, _text(t)) for s in keys.shard_range()
+                  for t in r.smembers(keys.queue_tenants(tier, s)))
 
 
 def queued(r: Any, keys: RedisKeys, tier: str) -> int:
@@ -32,14 +33,17 @@ def pending(r: Any, keys: RedisKeys, tier: str) -> int:
 
 async def aqueued(client: Any, keys: RedisKeys, tier: str) -> int:
     """``queued`` with an asyncio client."""
-    members = await client.smembers(keys.queue_tenants(tier))
+    members = [t for s in keys.shard_range()
+               for t in await client.smembers(keys.queue_tenants(tier, s))]
     return sum([await client.xlen(keys.queue(tier, _text(t))) for t in members])
 
 
 async def apending(client: Any, keys: RedisKeys, tier: str) -> int:
     """``pending`` with an asyncio client."""
     total = 0
-    for t in await client.smembers(keys.queue_tenants(tier)):
+    members = [t for s in keys.shard_range()
+               for t in await client.smembers(keys.queue_tenants(tier, s))]
+    for t in members:
         stream = keys.queue(tier, _text(t))
         if await client.exists(stream):
             total += (await client.xpending(stream, GROUP))["pending"]
@@ -47,6 +51,10 @@ async def apending(client: Any, keys: RedisKeys, tier: str) -> int:
 
 
 def queue_keys(keys: RedisKeys, tenants: tuple[str, ...] = ("t",)) -> list[str]:
-    """Every queue key of the namespace for ``tenants`` (to delete after a test)."""
-    return [k for t in TIERS for k in (keys.queue_tenants(t), keys.backlogged(t), keys.vtc(t),
-                                       keys.wake(t), *(keys.queue(t, n) for n in tenants))]
+    """Every queue key of the namespace for ``tenants`` (to delete after a test), with every
+    shard's tier state, depth and counters."""
+    shard = [k for s in keys.shard_range() for k in (keys.depth(s), keys.stats(s))]
+    return shard + [k for t in TIERS for k in (
+        keys.wake(t), *(keys.queue(t, n) for n in tenants),
+        *(k2 for s in keys.shard_range() for k2 in (keys.queue_tenants(t, s),
+                                                     keys.backlogged(t, s), keys.vtc(t, s))))]

@@ -227,7 +227,7 @@ async def _owned(request: Request) -> tuple[Services, str]:
     """The request id if the caller's tenant owns it; 404 otherwise (never reveal others')."""
     svc = _services(request)
     rid = request.path_params["request_id"]
-    owner = await svc.canceller.owner(rid)
+    owner = await svc.canceller.owner(rid, request.state.tenant.id)
     if owner is None or owner != request.state.tenant.id:
         raise APIError(404, f"No request with id '{rid}'", code="request_not_found")
     return svc, rid
@@ -235,7 +235,7 @@ async def _owned(request: Request) -> tuple[Services, str]:
 
 async def get_request(request: Request) -> Response:
     svc, rid = await _owned(request)
-    fields = await svc.redis.hmget(svc.keys.req(rid), ["state", "tier"])
+    fields = await svc.redis.hmget(svc.keys.req(rid, request.state.tenant.id), ["state", "tier"])
     return JSONResponse({"id": rid, "object": "request",
                          "status": text(fields[0] or b"finished"),
                          "service_tier": text(fields[1] or b"")})
@@ -243,7 +243,8 @@ async def get_request(request: Request) -> Response:
 
 async def cancel_request(request: Request) -> Response:
     svc, rid = await _owned(request)
-    found = await svc.canceller.cancel(rid, reader_gone=False, reason="explicit")
+    found = await svc.canceller.cancel(rid, request.state.tenant.id, reader_gone=False,
+                                       reason="explicit")
     svc.events.request_cancelled(rid, "explicit")
     cancelled = found in ("queued", "running")
     return JSONResponse({"id": rid, "object": "request.cancel",

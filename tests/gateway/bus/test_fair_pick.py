@@ -1,7 +1,8 @@
 """The fair queue in Redis (``ADMIT_LUA``'s lift, ``PICK_LUA``'s pick and prompt charge,
 ``STEP_LUA``'s output charge, ``CANCEL_LUA``'s backlog count) against the pure functions of
 ``policies.fair_queue`` on random workloads: same picks in the same order, same counters and
-services (the tie-break: least served, then the oldest next entry, then the id). A pick may
+services (the tie-break: least served, then the oldest next entry, then the id), inside one
+shard (``keys.py``: the layout of one shard is exact; across shards the worker's view plans). A pick may
 skip tenants (over their seat share, ``policies.tenant_seats``): the model picks among the
 others. Then ties made on purpose: a tenant lifted to another's counter, fresh tenants."""
 
@@ -75,12 +76,12 @@ class Model:
 
 
 async def counters(client: Any, keys: RedisKeys) -> dict[str, float]:
-    raw = await client.hgetall(keys.vtc(TIER))
+    raw = await client.hgetall(keys.vtc(TIER, 0))
     return {k.decode(): float(v) for k, v in raw.items() if not k.startswith(b":")}
 
 
 async def services(client: Any, keys: RedisKeys) -> dict[str, float]:
-    raw = await client.hgetall(keys.vtc(TIER))
+    raw = await client.hgetall(keys.vtc(TIER, 0))
     return {k.decode()[3:]: float(v) for k, v in raw.items() if k.startswith(b":s:")}
 
 
@@ -88,7 +89,7 @@ async def services(client: Any, keys: RedisKeys) -> dict[str, float]:
 async def test_the_scripts_pick_and_count_as_the_pure_functions(redis_url: str, seed: int) -> None:
     rng = random.Random(seed)
     client: Any = aioredis.Redis.from_url(redis_url)
-    keys = RedisKeys(f"fq{uuid.uuid4().hex[:8]}")
+    keys = RedisKeys(f"fq{uuid.uuid4().hex[:8]}", shards=1)
     entries, queues = QueueEntries(client, keys, None), TierQueues(client, keys, TIERS)
     model = Model()
     running: list[Envelope] = []
@@ -127,7 +128,7 @@ async def test_the_scripts_pick_and_count_as_the_pure_functions(redis_url: str, 
             elif model.backlogged():  # a queued request is cancelled
                 tenant = rng.choice(model.backlogged())
                 rid = rng.choice(model.queued[tenant])[0]
-                assert await entries.cancel(rid, True, "test", 60) == "queued"
+                assert await entries.cancel(rid, tenant, TIER, True, "test", 60) == "queued"
                 model.cancel(rid)
             got_c, got_s = await counters(client, keys), await services(client, keys)
             assert {t: got_c.get(t, 0.0) for t in WEIGHTS} == {
@@ -150,7 +151,7 @@ async def _admit(entries: QueueEntries, tenant: str, rid: str, prompt: int = 8) 
 async def test_ties_go_to_the_least_served_then_the_oldest_entry_not_the_id(
         redis_url: str) -> None:
     client: Any = aioredis.Redis.from_url(redis_url)
-    keys = RedisKeys(f"fq{uuid.uuid4().hex[:8]}")
+    keys = RedisKeys(f"fq{uuid.uuid4().hex[:8]}", shards=1)
     entries, queues = QueueEntries(client, keys, None), TierQueues(client, keys, TIERS)
 
     async def picks(n: int) -> list[str]:

@@ -39,7 +39,8 @@ async def test_the_pick_recreates_a_missing_group(setup: Any) -> None:
     key = keys.queue(TIER, "acme")
     msg = SubmitMsg("r1", "acme", TIER, 0, [1, 2, 3], max_tokens=4)
     await client.xadd(key, {**encode(msg), "n": "3", "w": "1"})  # a stream without its group
-    await client.hset(keys.backlogged(TIER), "acme", 1)
+    await client.hset(keys.backlogged(TIER, keys.shard_of("acme")), "acme", 1)
+    await client.hset(keys.depth(keys.shard_of("acme")), f"b:{TIER}", 1)  # the shard's count
     got = await queues.pick(TIER, "w1")
     assert [e.msg.request_id for e in got if e.msg] == ["r1"]
     assert await groups(client, key) == [GROUP]
@@ -50,7 +51,7 @@ async def test_a_reclaim_round_and_a_heartbeat_survive_nogroup(setup: Any) -> No
     client, keys, queues = setup
     key = keys.queue(TIER, "acme")
     await client.xadd(key, {"t": "submit", "d": "{}"})
-    await client.sadd(keys.queue_tenants(TIER), "acme")
+    await client.sadd(keys.queue_tenants(TIER, keys.shard_of("acme")), "acme")
     assert await queues.autoclaim(TIER, "w1", 0) == []
     assert await groups(client, key) == [GROUP]
     await queues.heartbeat(TIER, "gone", "w1", ["1-0"])  # its stream is gone: no error

@@ -19,6 +19,7 @@ from gateway.bus.keys import GROUP, RedisKeys
 from gateway.bus.messages import FinishMsg, SubmitMsg, TokenMsg, decode
 from gateway.bus.queues import QueueEntries, TierQueues
 from policies.tiers import TIERS
+from tests.gateway.queue_helpers import queue_keys
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -67,13 +68,13 @@ async def test_an_entry_admitted_read_and_finished_is_acked_and_deleted(redis_ur
         status, entry_id, *_ = await entries.admit(submit("a"), "t", **admit_args())
         assert status == "ok"
         assert [e[0].decode() for e in await client.xrange(queue)] == [entry_id]
-        assert await client.hget(keys.req("a"), "entry") == entry_id.encode()
+        assert await client.hget(keys.req("a", "t"), "entry") == entry_id.encode()
         assert await queues.backlogs() == {t: int(t == TIERS[0]) for t in TIERS}
         [env] = await queues.pick(TIERS[0], "w1")
         assert (env.entry_id, env.msg, env.tenant) == (entry_id, submit("a"), "t")
         assert await queues.backlogs() == {t: 0 for t in TIERS}
         assert (await client.xpending(queue, GROUP))["pending"] == 1
-        assert await queues.claim_many(["a"], "w1", reclaim=False) == ["run"]
+        assert await queues.claim_many([("a", "t")], "w1", reclaim=False) == ["run"]
 
         step = entries.step(600)
         step.add("a", TIERS[0], entry_id, False, TokenMsg([5], "x"), None, tenant="t")
@@ -84,14 +85,16 @@ async def test_an_entry_admitted_read_and_finished_is_acked_and_deleted(redis_ur
         step = entries.step(600)
         step.add("a", TIERS[0], entry_id, False, TokenMsg([6], "y"), finish, tenant="t")
         await entries.write_step(step)
-        assert await client.xlen(queue) == 0
-        assert (await client.xpending(queue, GROUP))["pending"] == 0
-        out = [decode(f) for _, f in await client.xrange(keys.out("a"))]
+        # its last entry gone, the stream goes and the tenant leaves the tier's set: an idle
+        # tenant costs a reclaim round nothing
+        assert not await client.exists(queue)
+        assert not await client.smembers(keys.queue_tenants(TIERS[0], keys.shard_of("t")))
+        out = [decode(f) for _, f in await client.xrange(keys.out("a", "t"))]
         assert out == [TokenMsg([5], "x"), TokenMsg([6], "y"), finish]
-        assert await client.hget(keys.stats, "completed") == b"1"
+        assert await client.hget(keys.tenant_stats("t"), "completed") == b"1"
     finally:
         await queues.close()
-        await client.delete(queue, keys.req("a"), keys.out("a"), keys.stats,
+        await client.delete(queue, keys.req("a", "t"), keys.out("a", "t"), keys.tenant_stats("t"),
                             keys.concurrency("t"), *tier_keys(keys))
         await client.aclose()
 
@@ -107,13 +110,13 @@ async def test_a_cancelled_queued_entry_is_deleted_and_refusals_enqueue_nothing(
         status, *_ = await entries.admit(submit("c"), "t", **admit_args())
         assert status == "ok" and await client.xlen(queue) == 1
         assert (await queues.backlogs())[TIERS[0]] == 1
-        assert await entries.cancel("c", False, "test", 600) == "queued"
+        assert await entries.cancel("c", "t", TIERS[0], False, "test", 600) == "queued"
         assert await client.xlen(queue) == 0
         assert (await queues.backlogs())[TIERS[0]] == 0  # undelivered: left the backlog
-        assert await client.hget(keys.req("c"), "state") == b"cancelled"
-        [(_, fields)] = await client.xrange(keys.out("c"))
+        assert await client.hget(keys.req("c", "t"), "state") == b"cancelled"
+        [(_, fields)] = await client.xrange(keys.out("c", "t"))
         assert decode(fields) == FinishMsg(FinishReason.ABORT, 0, 0, "cancelled: test")
-        assert await entries.cancel("c", False, "test", 600) == "cancelled"
+        assert await entries.cancel("c", "t", TIERS[0], False, "test", 600) == "cancelled"
 
         full = dict(admit_args(), queue_max_len=1)
         await entries.admit(submit("d"), "t", **full)
@@ -124,14 +127,13 @@ async def test_a_cancelled_queued_entry_is_deleted_and_refusals_enqueue_nothing(
         assert await client.xlen(queue) == 1
     finally:
         await queues.close()
-        await client.delete(queue, keys.req("c"), keys.req("d"), keys.out("c"), keys.stats,
+        await client.delete(queue, keys.req("c", "t"), keys.req("d", "t"), keys.out("c", "t"), keys.tenant_stats("t"),
                             keys.concurrency("t"), *tier_keys(keys))
         await client.aclose()
 
 
 def tier_keys(keys: RedisKeys) -> list[str]:
-    return [k for t in TIERS for k in (keys.queue_tenants(t), keys.backlogged(t), keys.vtc(t),
-                                       keys.wake(t))]
+    return queue_keys(keys, ())
 
 
 async def test_reclaim_covers_every_tenant_stream_and_a_delivered_cancel_keeps_the_backlog(
@@ -148,16 +150,15 @@ async def test_reclaim_covers_every_tenant_stream_and_a_delivered_cancel_keeps_t
         assert sorted(e.tenant for e in got) == ["t", "u"]
         assert (await queues.backlogs())[tier] == 1
         # delivered but not yet claimed: the cancel deletes it, the backlog count stays
-        assert await entries.cancel("x1", True, "test", 60) == "queued"
+        assert await entries.cancel("x1", "t", tier, True, "test", 60) == "queued"
         assert (await queues.backlogs())[tier] == 1
         reclaimed = await queues.autoclaim(tier, "alive", min_idle_ms=0)
-        # both tenants' streams are searched: u's live entry comes back, t's deleted one is
-        # dropped from its pending list by XAUTOCLAIM itself
+        # u's live entry comes back; t's stream went with its only (deleted) entry
         assert [(e.tenant, e.msg.request_id if e.msg else None) for e in reclaimed] == [
             ("u", "x2")]
-        for tenant in ("t", "u"):
-            pending = await client.xpending_range(keys.queue(tier, tenant), GROUP, "-", "+", 10)
-            assert [p["consumer"] for p in pending] == ([b"alive"] if tenant == "u" else [])
+        assert not await client.exists(keys.queue(tier, "t"))
+        pending = await client.xpending_range(keys.queue(tier, "u"), GROUP, "-", "+", 10)
+        assert [p["consumer"] for p in pending] == [b"alive"]
     finally:
         await queues.close()
         await client.delete(*[k async for k in client.scan_iter(f"{keys.ns}:*")])

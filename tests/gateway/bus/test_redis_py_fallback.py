@@ -50,4 +50,4 @@ def test_completions_stream_and_quota_settle_on_redis_py(redis_py_gateway: Any,
     sync = redis_sync(redis_url)
     keys = RedisKeys(ns)
     assert sync.zcard(keys.concurrency("fallback")) == 0
-    assert not [k for k in sync.scan_iter(match=f"{ns}:out:*")]
+    assert not [k for k in sync.scan_iter(match=f"{ns}:*:out:*")]

@@ -54,8 +54,8 @@ def stalled_stream(gw: Any, key: str, max_tokens: int) -> socket.socket:
 
 
 def settled(redis_url: str, ns: str, outcome: str) -> int:
-    raw = redis_sync(redis_url).hget(RedisKeys(ns).stats, f"settled:{outcome}")
-    return int(raw or 0)
+    keys, r = RedisKeys(ns), redis_sync(redis_url)
+    return sum(int(r.hget(keys.stats(s), f"settled:{outcome}") or 0) for s in keys.shard_range())
 
 
 @pytest.mark.parametrize("max_tokens, expect", [(1900, "aborted"), (40, "completed")])

@@ -60,8 +60,9 @@ def idle_kv_used(port: int, timeout: float = 20.0) -> int:
     return int(used)
 
 
-def owner(redis_url: str, ns: str, request_id: str) -> str:
-    raw = redis_sync(redis_url).hget(RedisKeys(ns).req(request_id), "worker")
+def owner(redis_url: str, ns: str, request_id: str, tenant: str = "mig") -> str:
+    """The worker holding ``tenant``'s request (its record is in the tenant's shard)."""
+    raw = redis_sync(redis_url).hget(RedisKeys(ns).req(request_id, tenant), "worker")
     return raw.decode() if raw else ""
 
 

@@ -58,7 +58,7 @@ def test_a_stopped_worker_hands_its_streams_to_the_other_with_every_token_once(
     for s in streams:
         s.start()
     assert all(s.first.wait(60) for s in streams)
-    owners = [owner(redis_url, ns, s.request_id or "") for s in streams]
+    owners = [owner(redis_url, ns, s.request_id or "", "drain") for s in streams]
     victim = holder(workers, owners)
     survivor = next(w for w in workers if w is not victim)
     victim[0].popen.send_signal(signal.SIGTERM)
@@ -114,7 +114,7 @@ def test_a_draining_worker_finishes_its_streams_and_takes_no_new_work(
         with spawn("worker", redis_url, ns, tiny_model_dir, tmp_path) as wb:
             later.join(30)
             assert later.done and not later.errors, later.errors
-            assert str(wb.popen.pid) in owner(redis_url, ns, later.request_id or "")
+            assert str(wb.popen.pid) in owner(redis_url, ns, later.request_id or "", "drain")
         wait_clean(redis_url, ns, timeout=10)
         assert httpx.get(gw.url + "/readyz", headers=headers, timeout=5).status_code == 200
     log = "".join(wa.lines)
@@ -134,7 +134,7 @@ def test_the_deadline_or_a_second_sigterm_hands_off_what_is_left(
         stream = StreamReader(gw.url, key, {**ECHO_BODY, "max_tokens": 400})  # ~8 s
         stream.start()
         assert stream.first.wait(30)
-        victim = holder([(wa,), (wb,)], [owner(redis_url, ns, stream.request_id or "")])[0]
+        victim = holder([(wa,), (wb,)], [owner(redis_url, ns, stream.request_id or "", "drain")])[0]
         survivor = wb if victim is wa else wa
         victim.popen.send_signal(signal.SIGTERM)
         stopped = time.monotonic()

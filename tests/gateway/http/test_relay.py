@@ -34,7 +34,8 @@ class Mux:
 
 
 def make_services(calls: list[str]) -> Any:
-    async def cancel(rid: str, reader_gone: bool, reason: str) -> str:
+    async def cancel(rid: str, tenant: str, reader_gone: bool, reason: str,
+                     tier: str | None = None) -> str:
         calls.append(f"cancel:{reason}")
         return "running"
 
@@ -48,7 +49,7 @@ def make_services(calls: list[str]) -> Any:
                          request_cancelled=lambda *a, **k: None,
                          request_finished=lambda *a, **k: None)
     return SimpleNamespace(
-        mux=Mux(), keys=SimpleNamespace(out=lambda rid: f"out:{rid}"), events=ev,
+        mux=Mux(), keys=SimpleNamespace(out=lambda rid, tenant: f"out:{rid}"), events=ev,
         config=SimpleNamespace(stall_timeout_s=5.0, request_timeout_s=0.05),
         canceller=SimpleNamespace(cancel=cancel), redis=SimpleNamespace(delete=delete),
         quota=SimpleNamespace(settle=settle), shutdown=Shutdown())

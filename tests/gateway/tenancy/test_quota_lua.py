@@ -49,9 +49,9 @@ async def _scenario(redis_url: str) -> None:
             expected, abs=0.01)
         assert await client.zcard(keys.concurrency("t")) == len(admitted) - 1
         assert await client.xlen(keys.queue("interactive", "t")) == len(admitted)
-        owner = await client.hgetall(keys.req(admitted[1].request_id))
+        owner = await client.hgetall(keys.req(admitted[1].request_id, "t"))
         assert owner[b"tenant"] == b"t" and owner[b"state"] == b"queued"
-        assert int(await client.hget(keys.stats, "rejected:tpm")) == 12 - len(admitted)
+        assert int(await client.hget(keys.tenant_stats("t"), "rejected:tpm")) == 12 - len(admitted)
     finally:
         await client.aclose()
 

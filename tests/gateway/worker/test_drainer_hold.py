@@ -61,12 +61,12 @@ async def test_a_held_drainer_takes_nothing_until_released(
             assert time.monotonic() < deadline, "the released drainer never started p1"
             await asyncio.sleep(0.02)
         assert started == ["p1"]
-        out = [decode(f) for _, f in await client.xrange(keys.out("p1"))]
+        out = [decode(f) for _, f in await client.xrange(keys.out("p1", "t"))]
         assert isinstance(out[-1], FinishMsg) and out[-1].completion_tokens == 3
     finally:
         await worker.stop()
         await engine.shutdown()
-        await client.delete(queue, keys.req("p1"), keys.out("p1"), keys.stats,
+        await client.delete(queue, keys.req("p1", "t"), keys.out("p1", "t"), keys.tenant_stats("t"),
                             keys.concurrency("t"))
         await client.aclose()
 

@@ -50,7 +50,7 @@ def out(rid: str, finished: bool) -> RequestOutput:
 
 
 def envelopes(*ids: str) -> list[Envelope]:
-    return [Envelope(TIER, f"{i + 1}-1", SubmitMsg(rid, "t", TIER, 0, [1, 2], 4))
+    return [Envelope(TIER, f"{i + 1}-1", SubmitMsg(rid, "t", TIER, 0, [1, 2], 4), "t")
             for i, rid in enumerate(ids)]
 
 
@@ -66,7 +66,7 @@ async def client(redis_url: str) -> AsyncIterator[Any]:
 async def make_worker(client: Any, engine: StubEngine, *queued: str) -> Worker:
     worker = Worker(client, engine, make_config())  # type: ignore[arg-type]
     for rid in queued:
-        await client.hset(worker.keys.req(rid), mapping={"state": "queued", "tenant": "t"})
+        await client.hset(worker.keys.req(rid, "t"), mapping={"state": "queued", "tenant": "t"})
     return worker
 
 
@@ -78,14 +78,14 @@ async def written(client: Any, key: str) -> None:
 
 async def cleanup(client: Any, worker: Worker, *ids: str) -> None:
     keys = worker.keys
-    await client.delete(*(keys.req(r) for r in ids), *(keys.out(r) for r in ids),
-                        *queue_keys(keys, ("t", "")), keys.stats)
+    await client.delete(*(keys.req(r, "t") for r in ids), *(keys.out(r, "t") for r in ids),
+                        *queue_keys(keys, ("t", "")), keys.tenant_stats("t"))
 
 
 async def test_an_engine_failure_while_starting_early_leaves_no_claim_open(client: Any) -> None:
     engine = StubEngine(explode_on="r-2")
     worker = await make_worker(client, engine, "r-1", "r-2", "other")
-    worker.inflight["other"] = Inflight("other", TIER, "9-1")  # claimed long ago
+    worker.inflight["other"] = Inflight("other", TIER, "9-1", tenant="t")  # claimed long ago
     writer = asyncio.create_task(worker.writer.run())
     try:
         with pytest.raises(RuntimeError):
@@ -93,9 +93,9 @@ async def test_an_engine_failure_while_starting_early_leaves_no_claim_open(clien
         assert engine.aborted == ["r-1"]  # started early, then left for a reclaim
         assert set(worker.inflight) == {"r-1", "other"}  # r-2 never reached the engine
         worker._on_step([out("r-1", True), out("other", True)])
-        await written(client, worker.keys.out("other"))
+        await written(client, worker.keys.out("other", "t"))
         await flushed(worker.writer)
-        assert not await client.exists(worker.keys.out("r-1"))
+        assert not await client.exists(worker.keys.out("r-1", "t"))
     finally:
         writer.cancel()
         await cleanup(client, worker, "r-1", "r-2", "other")
@@ -103,7 +103,7 @@ async def test_an_engine_failure_while_starting_early_leaves_no_claim_open(clien
 
 async def test_a_pending_claim_holds_only_its_own_outputs(client: Any) -> None:
     worker = await make_worker(client, StubEngine(), "r-new", "other")
-    worker.inflight["other"] = Inflight("other", TIER, "9-1")
+    worker.inflight["other"] = Inflight("other", TIER, "9-1", tenant="t")
     answer = asyncio.Event()
     real_claim = worker.queues.claim_many
 
@@ -117,11 +117,11 @@ async def test_a_pending_claim_holds_only_its_own_outputs(client: Any) -> None:
         start = asyncio.create_task(worker._start(envelopes("r-new")))
         await asyncio.sleep(0.01)
         worker._on_step([out("r-new", False), out("other", False)])
-        await written(client, worker.keys.out("other"))  # not held behind r-new's claim
-        assert not await client.exists(worker.keys.out("r-new"))
+        await written(client, worker.keys.out("other", "t"))  # not held behind r-new's claim
+        assert not await client.exists(worker.keys.out("r-new", "t"))
         answer.set()
         await start
-        await written(client, worker.keys.out("r-new"))  # parked, then written
+        await written(client, worker.keys.out("r-new", "t"))  # parked, then written
     finally:
         writer.cancel()
         await cleanup(client, worker, "r-new", "other")
@@ -130,10 +130,10 @@ async def test_a_pending_claim_holds_only_its_own_outputs(client: Any) -> None:
 async def test_outputs_arriving_while_a_claim_is_pending_are_never_dropped(client: Any) -> None:
     worker = await make_worker(client, StubEngine())
     writer, loop = worker.writer, asyncio.get_running_loop()
-    a = Inflight("a", TIER, "1-1", claim=loop.create_future())
-    b = Inflight("b", TIER, "2-1", claim=loop.create_future())
+    a = Inflight("a", TIER, "1-1", claim=loop.create_future(), tenant="t")
+    b = Inflight("b", TIER, "2-1", claim=loop.create_future(), tenant="t")
     for rid in ("a", "b"):
-        await client.hset(worker.keys.req(rid), mapping={"state": "running"})
+        await client.hset(worker.keys.req(rid, "t"), mapping={"state": "running"})
     task = asyncio.create_task(writer.run())
     try:
         writer.submit([(a, out("a", False))])
@@ -142,8 +142,8 @@ async def test_outputs_arriving_while_a_claim_is_pending_are_never_dropped(clien
         a.claim.set_result("run")  # type: ignore[union-attr]
         await asyncio.sleep(0.02)
         b.claim.set_result("run")  # type: ignore[union-attr]
-        await written(client, worker.keys.out("b"))
-        await written(client, worker.keys.out("a"))
+        await written(client, worker.keys.out("b", "t"))
+        await written(client, worker.keys.out("a", "t"))
     finally:
         task.cancel()
         await cleanup(client, worker, "a", "b")

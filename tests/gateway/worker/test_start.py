@@ -46,19 +46,19 @@ async def test_cancel_mark_raced_with_claim_aborts(redis_url: str, decode: bool)
     keys, tier = worker.keys, TIERS[0]
     ids = ["r-plain", "r-gone", "r-live"]
     for rid in ids:
-        await client.hset(keys.req(rid), mapping={"state": "queued", "tenant": "t"})
+        await client.hset(keys.req(rid, "t"), mapping={"state": "queued", "tenant": "t"})
     real_claim = worker.queues.claim_many
 
     async def claim_then_cancel(*args: Any, **kwargs: Any) -> list[str]:
         res = await real_claim(*args, **kwargs)
         # cancels landing between our claim and the mark lookup
-        await client.hset(keys.req("r-gone"), "cancel", "gone")
-        await client.hset(keys.req("r-live"), "cancel", "live")
+        await client.hset(keys.req("r-gone", "t"), "cancel", "gone")
+        await client.hset(keys.req("r-live", "t"), "cancel", "live")
         return res
 
     worker.queues.claim_many = claim_then_cancel  # type: ignore[method-assign]
-    envs = [Envelope(tier, "1-1", None)]  # a deleted entry: acked in the same pipeline
-    envs += [Envelope(tier, f"{i + 2}-1", SubmitMsg(rid, "t", tier, 0, [1, 2], 4))
+    envs = [Envelope(tier, "1-1", None, "t")]  # a deleted entry: acked in the same pipeline
+    envs += [Envelope(tier, f"{i + 2}-1", SubmitMsg(rid, "t", tier, 0, [1, 2], 4), "t")
              for i, rid in enumerate(ids)]
     try:
         # reclaimed entries go into the engine after their claim, so a cancel that landed in
@@ -70,7 +70,7 @@ async def test_cancel_mark_raced_with_claim_aborts(redis_url: str, decode: bool)
         assert not worker.inflight["r-live"].reader_gone
         assert not worker.inflight["r-plain"].reader_gone
     finally:
-        await client.delete(*(keys.req(rid) for rid in ids), *queue_keys(keys, ("t", "")))
+        await client.delete(*(keys.req(rid, "t") for rid in ids), *queue_keys(keys, ("t", "")))
         await client.aclose()
 
 
@@ -85,9 +85,9 @@ async def test_a_prompt_the_engine_refuses_ends_in_error_and_the_batch_goes_on(
     worker.writer.submit = finished.extend  # type: ignore[method-assign]
     keys, tier = worker.keys, TIERS[0]
     for rid in ("r-bad", "r-ok"):
-        await client.hset(keys.req(rid), mapping={"state": "queued", "tenant": "t"})
-    envs = [Envelope(tier, "1-1", SubmitMsg("r-bad", "t", tier, 0, [1, 10**6], 4)),
-            Envelope(tier, "2-1", SubmitMsg("r-ok", "t", tier, 0, [1, 2], 4))]
+        await client.hset(keys.req(rid, "t"), mapping={"state": "queued", "tenant": "t"})
+    envs = [Envelope(tier, "1-1", SubmitMsg("r-bad", "t", tier, 0, [1, 10**6], 4), "t"),
+            Envelope(tier, "2-1", SubmitMsg("r-ok", "t", tier, 0, [1, 2], 4), "t")]
     try:
         await worker._start(envs)
         assert list(worker.inflight) == ["r-ok"]
@@ -95,7 +95,7 @@ async def test_a_prompt_the_engine_refuses_ends_in_error_and_the_batch_goes_on(
         assert rec.request_id == "r-bad" and out.finished and out.finish_reason == "error"
         assert "prompt token ids" in (out.error or "")
     finally:
-        await client.delete(keys.req("r-bad"), keys.req("r-ok"), *queue_keys(keys, ("t", "")))
+        await client.delete(keys.req("r-bad", "t"), keys.req("r-ok", "t"), *queue_keys(keys, ("t", "")))
         await client.aclose()
 
 
@@ -120,9 +120,9 @@ async def test_early_start_writes_nothing_for_a_request_its_claim_does_not_give_
     worker = Worker(client, engine, make_config())
     keys, tier = worker.keys, TIERS[0]
     # what the cancel script leaves of a request cancelled while queued (its reader gone)
-    await client.hset(keys.req("r-cancelled"),
+    await client.hset(keys.req("r-cancelled", "t"),
                       mapping={"state": "cancelled", "tenant": "t", "cancel": "gone"})
-    await client.hset(keys.req("r-ok"), mapping={"state": "queued", "tenant": "t"})
+    await client.hset(keys.req("r-ok", "t"), mapping={"state": "queued", "tenant": "t"})
     real_claim = worker.queues.claim_many
 
     async def slow_claim(*args: Any, **kwargs: Any) -> list[str]:
@@ -133,7 +133,7 @@ async def test_early_start_writes_nothing_for_a_request_its_claim_does_not_give_
     await engine.start()
     engine.add_step_callback(worker._on_step)
     writer = asyncio.create_task(worker.writer.run())
-    envs = [Envelope(tier, f"{i + 1}-1", SubmitMsg(rid, "t", tier, 0, [1, 2], 4))
+    envs = [Envelope(tier, f"{i + 1}-1", SubmitMsg(rid, "t", tier, 0, [1, 2], 4), "t")
             for i, rid in enumerate(("r-cancelled", "r-ok"))]
     try:
         await worker._start(envs)
@@ -141,15 +141,15 @@ async def test_early_start_writes_nothing_for_a_request_its_claim_does_not_give_
         while worker.inflight or engine.load().num_running:
             await asyncio.sleep(0.01)
         await flushed(worker.writer)
-        assert not await client.exists(keys.out("r-cancelled"))
-        entries: Any = await client.xrange(keys.out("r-ok"))
+        assert not await client.exists(keys.out("r-cancelled", "t"))
+        entries: Any = await client.xrange(keys.out("r-ok", "t"))
         msgs = [decode({k.decode(): v for k, v in fields.items()}) for _, fields in entries]
         assert sum(len(m.token_ids) for m in msgs if isinstance(m, TokenMsg)) == 4
         assert isinstance(msgs[-1], FinishMsg) and msgs[-1].finish_reason == "length"
-        assert await client.hget(keys.req("r-cancelled"), "state") == b"cancelled"
+        assert await client.hget(keys.req("r-cancelled", "t"), "state") == b"cancelled"
     finally:
         writer.cancel()
         await engine.shutdown()
-        await client.delete(keys.req("r-cancelled"), keys.req("r-ok"), keys.out("r-ok"),
-                            *queue_keys(keys), keys.stats)
+        await client.delete(keys.req("r-cancelled", "t"), keys.req("r-ok", "t"), keys.out("r-ok", "t"),
+                            *queue_keys(keys), keys.tenant_stats("t"))
         await client.aclose()

@@ -68,7 +68,7 @@ async def env(redis_url: str, tiny_model_dir: Path) -> AsyncIterator[dict[str, A
             await w.stop()
             await w.engine.shutdown()
         keys = RedisKeys(config.namespace)
-        await client.delete(keys.stats, keys.concurrency("t"), *queue_keys(keys))
+        await client.delete(keys.tenant_stats("t"), keys.concurrency("t"), *queue_keys(keys))
         await client.aclose()
 
 
@@ -99,11 +99,11 @@ async def running(env: dict[str, Any], rid: str) -> None:
 
 
 async def output(env: dict[str, Any], rid: str) -> list[Any]:
-    return [decode(f) for _, f in await env["client"].xrange(env["keys"].out(rid))]
+    return [decode(f) for _, f in await env["client"].xrange(env["keys"].out(rid, "t"))]
 
 
 async def stat(env: dict[str, Any], name: str) -> int:
-    return int(await env["client"].hget(env["keys"].stats, name) or 0)
+    return int(await env["client"].hget(env["keys"].tenant_stats("t"), name) or 0)
 
 
 async def test_a_cancelled_request_whose_abort_output_has_not_come_is_finished_aborted(
@@ -115,11 +115,11 @@ async def test_a_cancelled_request_whose_abort_output_has_not_come_is_finished_a
     engine.allow(1)  # one token streamed: 'sent' is set
 
     async def sent() -> bool:
-        return await client.hget(keys.req("c1"), "sent") is not None
+        return await client.hget(keys.req("c1", "t"), "sent") is not None
 
     await until(sent, "the first token was never written")
     canceller = Canceller(client, keys, 60)
-    assert await canceller.cancel("c1", reader_gone=False, reason="explicit") == "running"
+    assert await canceller.cancel("c1", "t", reader_gone=False, reason="explicit") == "running"
     await env["worker"].stop()  # the engine never steps again: no abort output comes
     got = await output(env, "c1")
     assert isinstance(got[0], TokenMsg)
@@ -136,10 +136,10 @@ async def test_a_cancelled_request_that_streamed_nothing_is_finished_at_stop(
     await env["worker"].start()
     await submit(env, "c2", 10)
     await running(env, "c2")
-    assert await Canceller(client, keys, 60).cancel("c2", True, "disconnect") == "running"
+    assert await Canceller(client, keys, 60).cancel("c2", "t", True, "disconnect") == "running"
     await env["worker"].stop()
     assert await client.xlen(keys.queue(TIER, "t")) == 0
-    assert not await client.exists(keys.out("c2"))
+    assert not await client.exists(keys.out("c2", "t"))
     assert await stat(env, "aborted") == 1
 
 
@@ -152,7 +152,7 @@ async def test_a_request_that_streamed_output_is_finished_with_a_worker_lost_err
     engine.allow(1)
 
     async def sent() -> bool:
-        return await client.hget(keys.req("s1"), "sent") is not None
+        return await client.hget(keys.req("s1", "t"), "sent") is not None
 
     await until(sent, "the first token was never written")
     await env["worker"].stop()
@@ -173,7 +173,7 @@ async def test_a_request_that_streamed_nothing_is_left_pending_and_another_worke
     queue = keys.queue(TIER, "t")
     assert await client.xlen(queue) == 1
     assert (await client.xpending(queue, GROUP))["pending"] == 1  # the stopped worker's
-    assert not await client.exists(keys.out("p1"))
+    assert not await client.exists(keys.out("p1", "t"))
     # Another worker, whose maintenance reclaims entries idle for 0.3 s (every 0.1 s).
     config = make_config(namespace=env["config"].namespace, visibility_timeout_s=0.3)
     other = Worker(client, FakeEchoEngine(env["tokenizer"], step_ms=0.0), config)

@@ -33,7 +33,7 @@ async def setup(redis_url: str) -> AsyncIterator[tuple[Any, RedisKeys, CountingW
     try:
         yield client, keys, CountingWriter(client, keys, stream_ttl_s=TTL)
     finally:
-        await client.delete(keys.stats, *queue_keys(keys))
+        await client.delete(keys.tenant_stats("t"), *queue_keys(keys))
         await client.aclose()
 
 
@@ -47,30 +47,35 @@ async def entries(client: Any, key: str) -> list[Any]:
 
 async def test_one_call_per_step_and_ttl_set_once(setup: Any) -> None:
     client, keys, writer = setup
-    a, b = Inflight("a", TIERS[0], "0-1"), Inflight("b", TIERS[0], "0-2")
+    a, b = Inflight("a", TIERS[0], "0-1", tenant="t"), Inflight("b", TIERS[0], "0-2", tenant="t")
     await writer._write([(a, tok("a", 7, "x", 1)), (b, tok("b", 8, "y", 1))])
     assert writer.writes == 1
-    assert await entries(client, keys.out("a")) == [TokenMsg([7], "x", offset=0)]
-    assert await entries(client, keys.out("b")) == [TokenMsg([8], "y", offset=0)]
-    assert 0 < await client.ttl(keys.out("a")) <= TTL
-    await client.expire(keys.out("a"), TTL - 100)  # still high: not refreshed by a write
-    await client.expire(keys.out("b"), 10)  # ran low: refreshed
+    assert await entries(client, keys.out("a", "t")) == [TokenMsg([7], "x", offset=0)]
+    assert await entries(client, keys.out("b", "t")) == [TokenMsg([8], "y", offset=0)]
+    assert 0 < await client.ttl(keys.out("a", "t")) <= TTL
+    assert await client.hget(keys.req("a", "t"), "sent") == b"1"
+    await client.expire(keys.out("a", "t"), TTL - 100)  # set recently: not set by a write
+    await client.expire(keys.out("b", "t"), 10)
+    b.ttl_at -= TTL / 3 + 1  # a third of the TTL has passed since b's was set: set again
     await writer._write([(a, tok("a", 9, "z", 2)), (b, tok("b", 9, "z", 2))])
     assert writer.writes == 2
-    assert await client.ttl(keys.out("a")) <= TTL - 100
-    assert await client.ttl(keys.out("b")) > TTL - 10
-    await client.delete(keys.out("a"))  # a reader's DEL raced the write: recreated with a TTL
-    await writer._write([(a, tok("a", 5, "w", 3))])
-    assert 0 < await client.ttl(keys.out("a")) <= TTL
-    await client.delete(keys.out("a"), keys.out("b"))
+    assert await client.ttl(keys.out("a", "t")) <= TTL - 100
+    assert await client.ttl(keys.out("b", "t")) > TTL - 10
+    await client.delete(keys.out("a", "t"))  # a reader's DEL raced the write: recreated,
+    await writer._write([(a, tok("a", 5, "w", 3))])  # with a TTL at the next refresh
+    a.ttl_at = 0.0
+    await writer._write([(a, tok("a", 6, "v", 4))])
+    assert 0 < await client.ttl(keys.out("a", "t")) <= TTL
+    await client.delete(keys.out("a", "t"), keys.out("b", "t"), keys.req("a", "t"),
+                        keys.req("b", "t"))
 
 
 async def test_gone_reader_gets_nothing_written(setup: Any) -> None:
     client, keys, writer = setup
-    rec = Inflight("g", TIERS[0], "0-1", reader_gone=True)
+    rec = Inflight("g", TIERS[0], "0-1", reader_gone=True, tenant="t")
     await writer._write([(rec, tok("g", 7, "x", 1))])
     assert writer.writes == 0  # nothing to do: no call at all
-    assert not await client.exists(keys.out("g"))
+    assert not await client.exists(keys.out("g", "t"))
 
 
 async def test_finish_writes_tokens_and_finish_and_acks(setup: Any) -> None:
@@ -79,22 +84,21 @@ async def test_finish_writes_tokens_and_finish_and_acks(setup: Any) -> None:
     await client.xgroup_create(queue, GROUP, id="0", mkstream=True)
     entry = (await client.xadd(queue, {"t": "submit", "d": "{}"})).decode()
     await client.xreadgroup(GROUP, "w1", {queue: ">"})  # pending for this worker
-    await client.hset(keys.req("f"), mapping={"state": "running"})
+    await client.hset(keys.req("f", "t"), mapping={"state": "running"})
     rec = Inflight("f", TIERS[1], entry, queue_wait_s=0.25, tenant="t", weight=4.0)
     await writer._write([(rec, tok("f", 7, "x", 1)),
                          (rec, RequestOutput("f", [8], "y", True, "length", 3, 2))])
     assert writer.writes == 1
-    assert await entries(client, keys.out("f")) == [
+    assert await entries(client, keys.out("f", "t")) == [
         TokenMsg([7, 8], "xy", offset=0), FinishMsg("length", 3, 2, None, queue_wait_s=0.25,
                                           num_preemptions=0, cached_tokens=0)]
-    assert 0 < await client.ttl(keys.out("f")) <= TTL
-    assert await client.hget(keys.req("f"), "state") == b"finished"
-    assert await client.xlen(queue) == 0
-    assert (await client.xpending(queue, GROUP))["pending"] == 0
-    assert await client.hget(keys.stats, "completed") == b"1"
+    assert 0 < await client.ttl(keys.out("f", "t")) <= TTL
+    assert await client.hget(keys.req("f", "t"), "state") == b"finished"
+    assert not await client.exists(queue)  # its last entry acked and deleted: the stream went
+    assert await client.hget(keys.tenant_stats("t"), "completed") == b"1"
     # its 2 output tokens are charged to its tenant's fair-queue counter, / its weight
-    assert float(await client.hget(keys.vtc(TIERS[1]), "t")) == 2 / 4.0
-    await client.delete(keys.out("f"), keys.req("f"))
+    assert float(await client.hget(keys.vtc(TIERS[1], keys.shard_of("t")), "t")) == 2 / 4.0
+    await client.delete(keys.out("f", "t"), keys.req("f", "t"))
 
 
 async def test_a_non_streaming_request_gets_its_first_tokens_then_the_rest_with_the_finish(
@@ -102,8 +106,8 @@ async def test_a_non_streaming_request_gets_its_first_tokens_then_the_rest_with_
 ) -> None:
     client, keys, writer = setup
     task = asyncio.create_task(writer.run())
-    rec = Inflight("n", TIERS[0], "0-1", final_only=True)
-    streamed = Inflight("s", TIERS[0], "0-2")
+    rec = Inflight("n", TIERS[0], "0-1", final_only=True, tenant="t")
+    streamed = Inflight("s", TIERS[0], "0-2", tenant="t")
 
     async def step(*items: tuple[Inflight, RequestOutput]) -> None:
         before = writer.writes
@@ -115,15 +119,15 @@ async def test_a_non_streaming_request_gets_its_first_tokens_then_the_rest_with_
     try:
         for n, (token, text) in enumerate([(7, "a"), (8, "b"), (9, "c")], start=1):
             await step((rec, tok("n", token, text, n)), (streamed, tok("s", token, text, n)))
-        assert await entries(client, keys.out("n")) == [TokenMsg([7], "a", offset=0)]  # TTFT only
-        assert len(await entries(client, keys.out("s"))) == 3  # one message per step
+        assert await entries(client, keys.out("n", "t")) == [TokenMsg([7], "a", offset=0)]  # TTFT only
+        assert len(await entries(client, keys.out("s", "t"))) == 3  # one message per step
         await step((rec, RequestOutput("n", [10], "d", True, "length", 3, 4)))
-        got = await entries(client, keys.out("n"))
+        got = await entries(client, keys.out("n", "t"))
         assert got[:2] == [TokenMsg([7], "a", offset=0), TokenMsg([8, 9, 10], "bcd", offset=1)]
         assert isinstance(got[2], FinishMsg) and got[2].completion_tokens == 4
     finally:
         task.cancel()
-        await client.delete(keys.out("n"), keys.out("s"), keys.req("n"))
+        await client.delete(keys.out("n", "t"), keys.out("s", "t"), keys.req("n", "t"))
 
 
 async def run_steps(writer: CountingWriter, *batches: list[tuple[Inflight, RequestOutput]],
@@ -145,7 +149,7 @@ async def test_a_step_written_by_submit_survives_a_script_flush(
 ) -> None:
     client, keys, writer = setup
     task = asyncio.create_task(writer.run())
-    rec = Inflight("sf", TIERS[0], "0-1")
+    rec = Inflight("sf", TIERS[0], "0-1", tenant="t")
     try:
         await run_steps(writer, [(rec, tok("sf", 7, "a", 1))], writes=1)  # connects, loads
         assert writer._conn is not None
@@ -156,12 +160,12 @@ async def test_a_step_written_by_submit_survives_a_script_flush(
         await client.script_flush()  # a restarted Redis: the next EVALSHA gets NOSCRIPT
         await run_steps(writer, [(rec, tok("sf", 8, "b", 2))], writes=2)
         assert sent_now == ["EVALSHA"]  # written by submit, then loaded and run again
-        assert await entries(client, keys.out("sf")) == [TokenMsg([7], "a", offset=0),
+        assert await entries(client, keys.out("sf", "t")) == [TokenMsg([7], "a", offset=0),
                                                           TokenMsg([8], "b", offset=1)]
         assert not [r for r in caplog.records if r.levelname == "ERROR"]  # no failure path
     finally:
         task.cancel()
-        await client.delete(keys.out("sf"))
+        await client.delete(keys.out("sf", "t"))
 
 
 async def test_a_step_written_by_submit_is_written_again_when_its_reply_fails(
@@ -169,7 +173,7 @@ async def test_a_step_written_by_submit_is_written_again_when_its_reply_fails(
 ) -> None:
     client, keys, writer = setup
     task = asyncio.create_task(writer.run())
-    rec = Inflight("rf", TIERS[0], "0-1")
+    rec = Inflight("rf", TIERS[0], "0-1", tenant="t")
     try:
         await run_steps(writer, [(rec, tok("rf", 7, "a", 1))], writes=1)
         assert writer._conn is not None
@@ -187,12 +191,12 @@ async def test_a_step_written_by_submit_is_written_again_when_its_reply_fails(
         assert failed == [1]
         # written again: a repeat is possible, a loss is not; the repeat carries the same
         # offset, so the relay drops it (``RelayResponse._fresh``)
-        assert await entries(client, keys.out("rf")) == [
+        assert await entries(client, keys.out("rf", "t")) == [
             TokenMsg([7], "a", offset=0), TokenMsg([8], "b", offset=1),
             TokenMsg([8], "b", offset=1)]
     finally:
         task.cancel()
-        await client.delete(keys.out("rf"))
+        await client.delete(keys.out("rf", "t"))
 
 
 async def test_a_held_back_request_whose_stream_expired_is_still_lost_to_a_reclaim(
@@ -200,30 +204,30 @@ async def test_a_held_back_request_whose_stream_expired_is_still_lost_to_a_recla
 ) -> None:
     client, keys, writer = setup
     queues = TierQueues(client, keys, TIERS)
-    rec = Inflight("h", TIERS[0], "0-1", final_only=True)
-    await client.hset(keys.req("h"), mapping={"state": "running", "worker": "w1"})
+    rec = Inflight("h", TIERS[0], "0-1", final_only=True, tenant="t")
+    await client.hset(keys.req("h", "t"), mapping={"state": "running", "worker": "w1"})
     try:
         await writer._write([(rec, tok("h", 7, "a", 1))])  # the first tokens reach the reader
-        await client.delete(keys.out("h"))  # its TTL ran out while the rest was held back
+        await client.delete(keys.out("h", "t"))  # its TTL ran out while the rest was held back
         # the worker died: another one must not run it again behind what the reader has
-        assert await queues.claim_many(["h"], "w2", reclaim=True) == ["lost"]
+        assert await queues.claim_many([("h", "t")], "w2", reclaim=True) == ["lost"]
     finally:
-        await client.delete(keys.req("h"))
+        await client.delete(keys.req("h", "t"))
 
 
 async def test_a_finish_written_again_after_a_lost_reply_is_written_once(setup: Any) -> None:
     client, keys, writer = setup
-    rec = Inflight("f2", TIERS[0], "0-1")
-    await client.hset(keys.req("f2"), mapping={"state": "running"})
+    rec = Inflight("f2", TIERS[0], "0-1", tenant="t")
+    await client.hset(keys.req("f2", "t"), mapping={"state": "running"})
     finish = [(rec, RequestOutput("f2", [8], "y", True, "length", 3, 1))]
     try:
         await writer._write(finish)
         await writer._write(finish)  # the retry of a write Redis had applied
-        got = await entries(client, keys.out("f2"))
+        got = await entries(client, keys.out("f2", "t"))
         assert sum(isinstance(m, FinishMsg) for m in got) == 1
-        assert await client.hget(keys.stats, "completed") == b"1"
+        assert await client.hget(keys.tenant_stats("t"), "completed") == b"1"
     finally:
-        await client.delete(keys.out("f2"), keys.req("f2"))
+        await client.delete(keys.out("f2", "t"), keys.req("f2", "t"))
 
 
 async def test_a_first_token_is_written_at_once_while_a_write_is_in_flight(
@@ -233,8 +237,8 @@ async def test_a_first_token_is_written_at_once_while_a_write_is_in_flight(
     coalesced behind it; the others do, and every stream keeps its order."""
     client, keys, writer = setup
     task = asyncio.create_task(writer.run())
-    old = Inflight("old", TIERS[0], "0-1", read_unix=1.0)
-    new = Inflight("new", TIERS[0], "0-2", read_unix=2.0)
+    old = Inflight("old", TIERS[0], "0-1", read_unix=1.0, tenant="t")
+    new = Inflight("new", TIERS[0], "0-2", read_unix=2.0, tenant="t")
     try:
         await run_steps(writer, [(old, tok("old", 7, "a", 1))], writes=1)
         assert writer._conn is not None
@@ -258,15 +262,15 @@ async def test_a_first_token_is_written_at_once_while_a_write_is_in_flight(
         assert not writer._waiting  # the writer waits for the held reply
         writer.submit([(old, tok("old", 9, "c", 3)), (new, tok("new", 5, "x", 1))])
         async with asyncio.timeout(5):
-            while not await client.exists(keys.out("new")):
+            while not await client.exists(keys.out("new", "t")):
                 await asyncio.sleep(0.005)
-        [first] = await entries(client, keys.out("new"))
+        [first] = await entries(client, keys.out("new", "t"))
         assert first.token_ids == [5] and first.ttft_marks is not None
-        assert [m.token_ids for m in await entries(client, keys.out("old"))] == [[7], [8]]
+        assert [m.token_ids for m in await entries(client, keys.out("old", "t"))] == [[7], [8]]
         held.set()
         await flushed(writer)
-        assert [m.token_ids for m in await entries(client, keys.out("old"))] == [[7], [8], [9]]
-        assert len(await entries(client, keys.out("new"))) == 1  # written once
+        assert [m.token_ids for m in await entries(client, keys.out("old", "t"))] == [[7], [8], [9]]
+        assert len(await entries(client, keys.out("new", "t"))) == 1  # written once
     finally:
         task.cancel()
-        await client.delete(keys.out("old"), keys.out("new"))
+        await client.delete(keys.out("old", "t"), keys.out("new", "t"))

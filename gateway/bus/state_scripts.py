@@ -1,0 +1,107 @@
+"""The worker's claim, backlog-read and done scripts and the audit append, beside
+``scripts.py`` (which holds the rest): each one atomic step of the protocol named above it,
+called through ``resp.LuaScript``."""
+
+from __future__ import annotations
+
+# -- the worker's claim of a request it picked (``bus/queues.py``) ---------------------------
+
+# KEYS: per request: req;  ARGV: consumer, reclaim (0/1)
+# Returns one status per request: run | lost (reclaimed with output already sent: its 'sent'
+# mark, set by the step writer, outlives a held-back output stream that expired) | abort
+# (reclaimed after an explicit cancel its dead worker never answered: the live reader needs a
+# final event) | cancelled | finished | gone.  One call for a whole batch: the claim is on the
+# path of every request, and a pipeline holding a script costs redis-py an extra SCRIPT EXISTS
+# round trip per execute.
+CLAIM_LUA = """
+local out = {}
+for i = 1, #KEYS do
+  local req = KEYS[i]
+  local st = redis.call('HGET', req, 'state')
+  local c = st and redis.call('HGET', req, 'cancel')
+  local res
+  if not st then
+    res = 'gone'
+  elseif c then
+    res = (c == 'live' and st == 'running') and 'abort' or 'cancelled'
+  elseif st == 'queued' or (st == 'running' and ARGV[2] == '1') then
+    redis.call('HSET', req, 'state', 'running', 'worker', ARGV[1])
+    res = (st == 'running' and redis.call('HGET', req, 'sent')) and 'lost' or 'run'
+  else
+    res = st
+  end
+  out[#out + 1] = res
+end
+return out
+"""
+
+
+# -- the drainer's backlog view (``bus/queues.py``, ``bus/shard_view.py``) ------------------
+
+# KEYS (one shard): per tier, its backlogged hash and its vtc hash, then the shard's depth hash
+# ARGV: how many candidates to list per tier, then the tiers
+# Per tier: {entries not yet picked, {tenant, counter, ...}}, the backlogged tenants with the
+# least counters (at most that many; counters as Redis stores them). A tier whose count of
+# entries not yet picked ('b:' .. tier in the depth hash) is 0 is not read: an idle shard costs
+# one HMGET.
+BACKLOG_LUA = """
+local k = tonumber(ARGV[1])
+local dk = KEYS[#KEYS]
+local fields = {}
+for j = 2, #ARGV do fields[#fields + 1] = 'b:' .. ARGV[j] end
+local waiting = redis.call('HMGET', dk, unpack(fields))
+local out = {}
+for i = 1, #KEYS - 1, 2 do
+  local n, rows = 0, {}
+  local h = {}
+  if tonumber(waiting[(i + 1) / 2] or '0') > 0 then h = redis.call('HGETALL', KEYS[i]) end
+  for j = 1, #h, 2 do
+    n = n + tonumber(h[j + 1])
+    rows[#rows + 1] = {h[j], redis.call('HGET', KEYS[i + 1], h[j]) or '0'}
+  end
+  table.sort(rows, function(x, y)
+    if tonumber(x[2]) ~= tonumber(y[2]) then return tonumber(x[2]) < tonumber(y[2]) end
+    return x[1] < y[1]
+  end)
+  local flat = {}
+  for j = 1, math.min(k, #rows) do
+    flat[#flat + 1] = rows[j][1]
+    flat[#flat + 1] = rows[j][2]
+  end
+  if n == 0 and tonumber(waiting[(i + 1) / 2] or '0') > 0 then
+    redis.call('HSET', dk, fields[(i + 1) / 2], 0)  -- a count that outlived its entries
+  end
+  out[#out + 1] = {n, flat}
+end
+return out
+"""
+
+
+# -- an entry dropped unrun (``bus/queues.py``) -----------------------------------------------
+
+# KEYS: a tenant's stream, its shard's depth hash, the tier's tenant set of that shard
+# ARGV: group, entry id, tier, tenant
+# Acknowledges and deletes an entry dropped unrun (cancelled, finished, a duplicate); a
+# delete that found the entry leaves the tier's depth. A stream left empty is deleted and its
+# tenant leaves the set (``_PRUNE``).
+DONE_LUA = """
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 then
+  if redis.call('HINCRBY', KEYS[2], ARGV[3], -1) < 0 then redis.call('HSET', KEYS[2], ARGV[3], 0) end
+end
+if redis.call('XLEN', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[1])
+  redis.call('SREM', KEYS[3], ARGV[4])
+end
+return 1
+"""
+
+
+# -- the audit trail (``tenancy/audit.py``) ---------------------------------------------------
+
+# KEYS: the audit stream;  ARGV: about how many entries to keep, the entry's JSON.
+# An append and its trim in one step (MAXLEN ~: whole nodes are trimmed, so the stream holds
+# at least the given number and at most about one node more).
+AUDIT_LUA = """
+return redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'd', ARGV[2])
+"""

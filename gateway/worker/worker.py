@@ -100,8 +100,7 @@ class Worker:
         await self.engine.start()
         self.engine.add_step_callback(self._on_step)
         self.step_budget.attach()
-        # The listener waits for the next cancel however long it takes: on the request
-        # path's client its read timeout would break that wait every few seconds.
+        # no read timeout: the request path's would break the wait for a cancel every few s
         self._listen_redis = blocking_client(self.redis)
         self._pubsub = self._listen_redis.pubsub(ignore_subscribe_messages=True)
         await self._pubsub.subscribe(self.keys.cancel_channel)
@@ -433,8 +432,7 @@ class Worker:
         holders: set[str] = set()
         for tier in self.queues.tiers:
             holders |= await self.queues.pending_consumers(tier)
-        # Read every round, holders or not: liveness is judged by when each status last
-        # changed as seen here, so each round's reading counts.
+        # every round, holders or not: liveness is when each status last changed, seen here
         statuses = await self.redis.hgetall(self.keys.tier_status)
         dead_ones = self.dead_workers.update(statuses, holders, time.monotonic())
         for dead in dead_ones if not self.draining else ():

@@ -3,7 +3,8 @@ the preferred worker takes its entries first, another worker passes over them (a
 next tenant in fair order, as ``policies.fair_queue`` would without them) until the wait has
 passed, then steals them. The waits are either far longer than the test (never reached) or
 far shorter than a sleep that follows them (always passed): nothing depends on the machine's
-speed."""
+speed. One shard: the fair order is exact within a shard (``test_fair_pick``), and that order is
+what the passing-over is checked against."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ NEVER_MS = 600_000  # a wait no test run reaches
 async def _setup(redis_url: str, wait_ms: float) -> tuple[Any, RedisKeys, QueueEntries,
                                                           dict[str, TierQueues]]:
     client: Any = aioredis.Redis.from_url(redis_url)
-    keys = RedisKeys(f"pl{uuid.uuid4().hex[:8]}")
+    keys = RedisKeys(f"pl{uuid.uuid4().hex[:8]}", shards=1)
     queues = {w: TierQueues(client, keys, (TIER,), placement_wait_ms=wait_ms)
               for w in ("w1", "w2")}
     return client, keys, QueueEntries(client, keys, None), queues

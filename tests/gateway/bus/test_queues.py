@@ -24,7 +24,8 @@ from tests.gateway.queue_helpers import queue_keys
 pytestmark = pytest.mark.timeout(30)
 
 GATEWAY = Path(__file__).resolve().parents[3] / "gateway"
-OWNERS = {GATEWAY / "bus" / "queues.py", GATEWAY / "bus" / "scripts.py"}
+OWNERS = {GATEWAY / "bus" / "queues.py", GATEWAY / "bus" / "scripts.py",
+          GATEWAY / "bus" / "state_scripts.py"}
 # The scripts by name, a redis-py stream call (``.xadd(``) and a raw command (``"XACK"``);
 # delivering (XREADGROUP) is the fair pick's, so it is the owner's too.
 ENTRY_OPS = re.compile(r"\b(?:ADMIT|CANCEL|STEP|PICK)_LUA\b|\.x(?:add|ack|del|readgroup)\("

@@ -191,11 +191,14 @@ def _fleet(redis_url: str, model: str, args: argparse.Namespace, folder: Path,
     return Served(fleet, placed.url, plain.url, name, key)
 
 
-def run(args: argparse.Namespace, model: str) -> dict[str, dict[str, Arm]]:
-    """Every arm of both workloads: {workload: {arm: Arm}}."""
+def run(args: argparse.Namespace, model: str) -> tuple[dict[str, dict[str, Arm]], list[str]]:
+    """Every arm of both workloads ({workload: {arm: Arm}}), and the workers that exited
+    before their fleet was stopped (a crash or the OOM killer: the table is then no
+    comparison of 3 workers)."""
     from gateway.bus.embedded import EmbeddedRedis
 
     out: dict[str, dict[str, Arm]] = {}
+    lost: list[str] = []
     workloads = {"uniform": chats(args.chats, args.prompts, False),
                  "skewed": chats(args.chats, args.prompts, True)}
     for n_workers, arms in ((3, ("placement", "no placement")), (1, ("one worker",))):
@@ -212,9 +215,11 @@ def run(args: argparse.Namespace, model: str) -> dict[str, dict[str, Arm]]:
                         run_arm(got, fleet.plain if arm == "no placement" else fleet.placed,
                                 fleet.key, fleet.model, redis.url, prompts, assignment, args,
                                 NAMESPACE)
+                lost += [f"{m.log.name}: exit {m.popen.returncode}"
+                         for m in fleet.fleet.workers if m.popen.poll() is not None]
             finally:
                 fleet.fleet.stop_all()
-    return out
+    return out, lost
 
 
 def table(results: dict[str, dict[str, Arm]]) -> list[str]:
@@ -249,10 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     from engine.model_files import resolve_model_dir
 
     args = parse_args(argv)
-    results = run(args, str(resolve_model_dir(args.model)))
+    results, lost = run(args, str(resolve_model_dir(args.model)))
     print(f"placement: 3 workers (wait {args.wait_ms:g} ms) against the plain pull and one "
           f"worker alone; {args.chats} chats x {args.turns} turns over {args.prompts} system "
           f"prompts, {args.clients} clients, {args.max_tokens} tokens an answer; {cpu_model()}")
     print("\n".join(table(results)))
-    return 0 if all(t.ok for arms in results.values() for a in arms.values()
-                    for t in a.turns) else 1
+    for line in lost:
+        print(f"INVALID: a worker exited during the run ({line}); its arms ran on fewer workers")
+    return 0 if not lost and all(t.ok for arms in results.values() for a in arms.values()
+                                 for t in a.turns) else 1

@@ -60,19 +60,20 @@ def idle_kv_used(port: int, timeout: float = 20.0) -> int:
     return int(used)
 
 
-def owner(redis_url: str, ns: str, request_id: str, tenant: str = "mig") -> str:
+def owner(redis_url: str, ns: str, request_id: str, tenant: str) -> str:
     """The worker holding ``tenant``'s request (its record is in the tenant's shard)."""
     raw = redis_sync(redis_url).hget(RedisKeys(ns).req(request_id, tenant), "worker")
     return raw.decode() if raw else ""
 
 
 def kill_the_busier(redis_url: str, ns: str, workers: list[tuple[Proc, int]],
-                    streams: list[StreamReader]) -> tuple[tuple[Proc, int], int, float]:
-    """Freeze both workers mid-stream, SIGKILL the one owning more of ``streams`` and let the
-    other go on: (the survivor, the streams that were in flight on the victim, when)."""
+                    streams: list[StreamReader], tenant: str
+                    ) -> tuple[tuple[Proc, int], int, float]:
+    """Freeze both workers mid-stream, SIGKILL the one owning more of ``streams`` (``tenant``'s)
+    and let the other go on: (the survivor, the streams in flight on the victim, when)."""
     for proc, _ in workers:  # freeze generation mid-stream
         os.kill(proc.popen.pid, signal.SIGSTOP)
-    owners = [owner(redis_url, ns, s.request_id or "") for s in streams]
+    owners = [owner(redis_url, ns, s.request_id or "", tenant) for s in streams]
     victim, survivor = sorted(workers, key=lambda w: -sum(
         str(w[0].popen.pid) in o and not s.done for o, s in zip(owners, streams)))
     moved = sum(str(victim[0].popen.pid) in o and not s.done for o, s in zip(owners, streams))
@@ -83,14 +84,14 @@ def kill_the_busier(redis_url: str, ns: str, workers: list[tuple[Proc, int]],
 
 
 def run_and_kill(redis_url: str, ns: str, workers: list[tuple[Proc, int]],
-                 streams: list[StreamReader], label: Callable[[int], str]
+                 streams: list[StreamReader], tenant: str, label: Callable[[int], str]
                  ) -> tuple[tuple[Proc, int], int, FaultRow]:
-    """Start ``streams``, SIGKILL the busier worker once each has its first token, and wait
+    """Start ``streams`` (``tenant``'s), SIGKILL the busier worker once each has its first token, and wait
     for them: (the survivor, the streams moved, the fault-table row, named by ``label``)."""
     for s in streams:
         s.start()
     assert all(s.first.wait(60) for s in streams)
-    survivor, moved, killed = kill_the_busier(redis_url, ns, workers, streams)
+    survivor, moved, killed = kill_the_busier(redis_url, ns, workers, streams, tenant)
     for s in streams:
         s.join(120)
     row = FaultRow(label(moved))
@@ -122,7 +123,7 @@ def test_streams_of_a_killed_worker_resume_on_the_other(
     expected = [("".join(ref.text), ref.usage) for ref in refs]
     streams = [StreamReader(gw.url, key, body(model, p)) for p in PROMPTS]
     survivor, moved, row = run_and_kill(
-        redis_url, ns, workers, streams,
+        redis_url, ns, workers, streams, "mig",
         lambda moved: f"worker SIGKILL mid-stream (2 workers, {len(streams)} greedy streams, "
                       f"{moved} moved)")
     fault_rows.append(row)
@@ -160,7 +161,7 @@ def test_a_constrained_stream_of_a_killed_worker_resumes_and_still_validates(
     # a second stream on each worker: whichever is killed holds a constrained one
     streams = [StreamReader(gw.url, key, req) for _ in workers]
     survivor, moved, row = run_and_kill(
-        redis_url, ns, workers, streams,
+        redis_url, ns, workers, streams, "mig-json",
         lambda moved: f"worker SIGKILL mid-stream, json_schema streams ({moved} of "
                       f"{len(streams)} moved)")
     fault_rows.append(row)

@@ -104,12 +104,7 @@ class _Run:
                     break
                 self.clock.jump(self.pending[self.next_pending].arrival)
                 continue
-            out = sched.schedule()
-            if not (out.scheduled or out.swap_in or out.swap_out):
-                self._collect(sched.update_from_output(out, ModelRunnerOutput()))
-                self._idle()
-                continue
-            self._step(out)
+            self._schedule_and_step()
             if self.until_tokens is not None and self.tokens >= self.until_tokens:
                 break
         else:
@@ -133,12 +128,16 @@ class _Run:
                 continue
             if self.clock.now >= until:
                 return
-            out = sched.schedule()
-            if not (out.scheduled or out.swap_in or out.swap_out):
-                self._collect(sched.update_from_output(out, ModelRunnerOutput()))
-                self._idle()
-                continue
-            self._step(out)
+            self._schedule_and_step()
+
+    def _schedule_and_step(self) -> None:
+        """One scheduler round: a step of what it scheduled, or an idle tick when nothing."""
+        out = self.scheduler.schedule()
+        if not (out.scheduled or out.swap_in or out.swap_out):
+            self._collect(self.scheduler.update_from_output(out, ModelRunnerOutput()))
+            self._idle()
+            return
+        self._step(out)
 
     def _step(self, out: SchedulerOutput) -> None:
         shape = shape_of(out)

@@ -37,6 +37,16 @@ def slot_ranges(masters: int) -> list[tuple[int, int]]:
     return [(round(i * per), round((i + 1) * per) - 1) for i in range(masters)]
 
 
+def wait_until(ok: Any, deadline: float, what: str = "the cluster", poll_s: float = 0.05
+               ) -> None:
+    """Poll ``ok()`` until it holds; TimeoutError naming ``what`` past ``deadline``
+    (monotonic s)."""
+    while not ok():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not form in time")
+        time.sleep(poll_s)
+
+
 class Node:
     def __init__(self, binary: Path, root: Path) -> None:
         self.port, self.bus = free_port(), free_port()
@@ -106,25 +116,18 @@ class ValkeyCluster:
             first = self.nodes[0]
             for node in self.nodes[1:]:
                 first.client.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port, node.bus)
-            self._wait(lambda: all(int(n.info().get("cluster_known_nodes", 0)) == total
+            wait_until(lambda: all(int(n.info().get("cluster_known_nodes", 0)) == total
                                    for n in self.nodes), deadline)
             replicas = self.nodes[self.n_masters:]
             for i, node in enumerate(replicas):
                 master = self.masters[i % self.n_masters]
                 node.client.execute_command("CLUSTER", "REPLICATE", master.node_id)
-            self._wait(lambda: all(n.info().get("cluster_state") == "ok" for n in self.nodes),
+            wait_until(lambda: all(n.info().get("cluster_state") == "ok" for n in self.nodes),
                        deadline)
         except BaseException:
             self.stop()
             raise
         return self
-
-    @staticmethod
-    def _wait(ok: Any, deadline: float) -> None:
-        while not ok():
-            if time.monotonic() > deadline:
-                raise TimeoutError("the cluster did not form in time")
-            time.sleep(0.05)
 
     def stop(self) -> None:
         for node in self.nodes:

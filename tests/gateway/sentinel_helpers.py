@@ -13,7 +13,7 @@ from typing import Any, Self
 
 import redis as sync_redis
 
-from gateway.bench.redis_servers import valkey_binary
+from gateway.bench.redis_servers import valkey_binary, wait_until
 from gateway.process import free_port
 
 DOWN_AFTER_MS = 1000
@@ -59,7 +59,7 @@ class SentinelSet:
                 f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
                 f"sentinel failover-timeout {SERVICE} 5000\n")
             self._start("sentinel", [str(conf), "--sentinel"])
-            self._wait(lambda: self._replica_known(), deadline)
+            wait_until(self._replica_known, deadline, "the sentinel set", poll_s=0.1)
         except BaseException:
             self.stop()
             raise
@@ -73,13 +73,6 @@ class SentinelSet:
         except sync_redis.RedisError:
             return False
         return bool(replicas) and synced == "up"
-
-    @staticmethod
-    def _wait(ok: Any, deadline: float) -> None:
-        while not ok():
-            if time.monotonic() > deadline:
-                raise TimeoutError("the sentinel set did not form in time")
-            time.sleep(0.1)
 
     def master_port(self) -> int:
         addr: Any = self.client("sentinel").execute_command(

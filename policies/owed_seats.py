@@ -76,15 +76,30 @@ def owed_seats(urgent: int, cap: int, urgent_priority: int, weights: Mapping[int
 
 
 def urgent_backlogged(urgent_tokens_s: float | None, cap: int | None, capped_step_s: float,
-                      prompt_tokens_s: float = 0.0, per_token_s: float = 0.0) -> bool:
+                      prompt_tokens_s: float = 0.0, per_token_s: float = 0.0,
+                      margin: float = 1.0) -> bool:
     """Does the urgent tier ask for more than the capped batch gives it: would
     ``urgent_tokens_s`` (its decode tokens asked per second; None: unknown) keep more than
-    ``cap`` rows running in steps of ``capped_step_s`` (the decode step at the cap; None cap:
-    no cap, nothing owed) plus the prompt tokens such a step carries at ``prompt_tokens_s``,
-    ``per_token_s`` each (a step of t carries p * t of them: t = decode / (1 - c * p))?"""
+    ``margin`` x ``cap`` rows running in steps of ``capped_step_s`` (the decode step at the
+    cap; None cap: no cap, nothing owed) plus the prompt tokens such a step carries at
+    ``prompt_tokens_s``, ``per_token_s`` each (a step of t carries p * t of them: t = decode /
+    (1 - c * p))? ``margin`` (>= 1) is the caller's hysteresis (``BACKLOG_ENTER``/``EXIT``)."""
     if urgent_tokens_s is None or cap is None:
         return False
     spare = 1.0 - per_token_s * prompt_tokens_s  # what the urgent prompts leave of a step
     if spare <= 0:
         return urgent_tokens_s > 0  # its prompts alone fill every step
-    return urgent_tokens_s * capped_step_s / spare > cap
+    return urgent_tokens_s * capped_step_s / spare > cap * margin
+
+
+# The hysteresis of the judgement: an urgent tier counts as backlogged once its demand would
+# keep BACKLOG_ENTER x the cap's rows running, and as within it again below BACKLOG_EXIT x.
+# Why: its demand is measured over a 10 s window (+-20 % between refits) and the cap moves
+# with every refit, and each crossing owes the lower tiers seats for every urgent row or for
+# none. At the edge that flipped (bench sla's overload row, interactive at 0.5x capacity,
+# sampled every second: backlogged in 16 of 40 s), and every flip to backlogged gave ~40 %
+# of interactive's rows away, so its requests ran longer, more of them ran at once and its
+# TPOT went to 4.3x alone (5.2x its budget). A tier that asks up to a quarter more than its
+# budget's rows keeps them; one that asks more is past its share by any measure.
+BACKLOG_ENTER = 1.25
+BACKLOG_EXIT = 1.05

@@ -59,7 +59,7 @@ class Row:
     server_requests: float  # carpool_requests_total gained during the row (drain included)
     law: dict[str, float] | None = None  # the server's fitted step law after the row
     # the row's TTFT budget per tier (``sla_split``), the preemptions the server counted in it,
-    # and interactive's TPOT target the worker held after it (seconds)
+    # and interactive's TPOT target the worker held while it ran (seconds, the median read)
     budget: dict[str, TierBudget] = field(default_factory=dict)
     preemptions: float = 0.0
     tpot_target_s: float | None = None

@@ -15,10 +15,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from redis.exceptions import RedisError
+
 from gateway.bench.sla_client import ChatTarget, metric_sum, parse_metrics
 from gateway.bench.sla_load import Prompts, Stream, calibrate, run_row, tokens_per_request
 from gateway.bench.sla_report import Row
 from gateway.bench.sla_split import gained, preemptions, tier_budget
+from gateway.bench.sla_targets import held_target
 from policies.tiers import BATCH, BEST_EFFORT, INTERACTIVE
 
 SECRET = "bench-sla-secret"
@@ -28,6 +31,7 @@ STREAM_TIERS = {"interactive": INTERACTIVE, "batch": BATCH, "best-effort": BEST_
 # the rows of one server, in the order they run (``--rows`` picks some)
 ROWS = ("alone", "overload", "fcfs", "light", "heavy", "backlog")
 SMALL_ROW = "overload32"  # the overload row on the second, small-seat server
+TARGET_SAMPLE_S = 1.0  # how often a row reads the TPOT target in force (the status's period)
 
 
 @dataclass
@@ -46,7 +50,12 @@ class Bench:
 
     async def row(self, name: str, streams: list[Stream], duration: float) -> Row:
         before = await self.metrics()
-        run = await run_row(self.target, self.prompts, streams, duration, self.args.grace)
+        targets: list[float] = []
+        sampler = asyncio.create_task(self.sample_tpot_target(targets))
+        try:
+            run = await run_row(self.target, self.prompts, streams, duration, self.args.grace)
+        finally:
+            sampler.cancel()
         cut_at = time.perf_counter()
         kv_used, left, after = await self.drain()
         d = gained(before, after)
@@ -54,7 +63,22 @@ class Bench:
         return Row(name, run, cut_at, kv_used, left,
                    metric_sum(after, "carpool_requests_total")
                    - metric_sum(before, "carpool_requests_total"), await self.step_law(),
-                   budgets, preemptions(d), await self.tpot_target())
+                   budgets, preemptions(d), held_target(targets))
+
+    async def sample_tpot_target(self, into: list[float]) -> None:
+        """Append interactive's TPOT target in force every TARGET_SAMPLE_S while the row
+        runs. Why not once after the drain: a derived target follows interactive's demand
+        (its step alone at the rate it asks), and with no demand left after the drain it is
+        the small step's (bench sla at 0.5x capacity: 114 ms read after the row against
+        115-180 ms held while it ran)."""
+        while True:
+            try:
+                target = await self.tpot_target()
+            except (OSError, RedisError):  # a read lost to a busy server: the next one counts
+                target = None
+            if target is not None:
+                into.append(target)
+            await asyncio.sleep(TARGET_SAMPLE_S)
 
     async def tpot_target(self) -> float | None:
         """Interactive's TPOT target the server's worker holds now (configured or derived)."""

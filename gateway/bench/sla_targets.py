@@ -3,7 +3,8 @@ printed with its measured value (pure functions of a run's rows, no I/O).
 
     interactive TTFT p99 (overload)  <= 1.2 x (alone p99 + 2 x step growth)
     interactive TTFT p99 in steps    <= 2, +1 when the row preempted
-    interactive TPOT p50 (overload)  <= its TPOT budget (the target the worker held)
+    interactive TPOT p50 (overload)  <= its TPOT budget (the target the worker held while
+                                        the row ran, at most the one held in the alone row)
     light TTFT p99 beside heavy      <= 1.2 x (alone + 2 x step growth)
     bulk goodput (overload)          >= 0.8 x the law's reach within the TPOT budget (at
                                         most the FCFS row's bulk goodput)
@@ -17,6 +18,7 @@ longer than alone's (TPOT p50; ``sla_frontier.ttft_growth_s``).
 from __future__ import annotations
 
 import math
+import statistics
 
 from gateway.bench.sla_frontier import Point, ttft_growth_s
 from gateway.bench.sla_report import Row, Target, server_reach
@@ -85,11 +87,21 @@ def growth_ms(base: Row, loaded: Row, stream: str) -> float:
 
 
 def budget_ms(alone: Row, row: Row) -> float:
-    """Interactive's TPOT budget in ``row``: the target its worker held (configured, or
-    derived from a lone step), else the default headroom over alone's TPOT p50."""
-    if row.tpot_target_s:
-        return row.tpot_target_s * 1000
+    """Interactive's TPOT budget in ``row``: the target its worker held while the row ran
+    (configured, or derived from interactive's step alone at the rate it asks), but never
+    more than the one it held in the alone row: a derived target that rose under overload
+    (the law's rows priced with the bulk's contexts) is not the promise. With no target
+    read, the default headroom over alone's TPOT p50."""
+    held = [t for t in (row.tpot_target_s, alone.tpot_target_s) if t]
+    if held:
+        return min(held) * 1000
     return DERIVED_TPOT_HEADROOM * alone.tpot_ms("interactive", 0.5)
+
+
+def held_target(samples: list[float]) -> float | None:
+    """The TPOT target a row held: the median of the values read while it ran (None: none
+    read)."""
+    return statistics.median(samples) if samples else None
 
 
 def _ratio(a: float, b: float) -> float:

@@ -70,7 +70,7 @@ from gateway.worker.step_pricing import (
 from gateway.worker.tpot_target import TpotTarget
 from gateway.worker.urgent_demand import UrgentDemand
 from policies.batch_bound import row_limit, rows_law
-from policies.owed_seats import owed_seats, urgent_backlogged
+from policies.owed_seats import BACKLOG_ENTER, BACKLOG_EXIT, owed_seats, urgent_backlogged
 from policies.step_cost import StepCostModel
 from policies.tiers import (
     DEFAULT_TIER_SLOS,
@@ -235,9 +235,10 @@ class StepBudget:
         interactive rows beside the target's 10, never judged backlogged)."""
         assert self.target_s is not None  # set by plan
         rows = self.model.max_rows_within(self.target_s, limit=max_rows)
+        margin = BACKLOG_EXIT if self.urgent_backlogged else BACKLOG_ENTER
         return urgent_backlogged(urgent_tokens_s, rows,
                                  self.model.predict_decode(rows, self.model.mean_kv_per_row()),
-                                 self.urgent_prompt_s, prompt_token_s(self.model))
+                                 self.urgent_prompt_s, prompt_token_s(self.model), margin)
 
     def plan(self, max_rows: int, urgent_rows: int = SMALL_BATCH_ROWS,
              urgent_tokens_s: float | None = None) -> int | None:

@@ -119,6 +119,17 @@ def test_backlogged_when_the_demand_would_keep_more_rows_than_the_cap() -> None:
         assert urgent_backlogged(rate, cap, step) == (rate * step > cap)
 
 
+def test_the_margin_scales_the_rows_the_demand_must_pass() -> None:
+    """With a margin m the demand must keep more than m x the cap's rows running."""
+    assert not urgent_backlogged(120.0, 10, 0.1, margin=1.25)  # 12 rows of 12.5
+    assert urgent_backlogged(130.0, 10, 0.1, margin=1.25)  # 13 rows
+    rng = random.Random(5)
+    for _ in range(1000):
+        rate, cap, step = rng.uniform(0, 300), rng.randint(0, 40), rng.uniform(0.01, 0.5)
+        margin = rng.uniform(1.0, 1.5)
+        assert urgent_backlogged(rate, cap, step, margin=margin) == (rate * step > cap * margin)
+
+
 def reference_backlogged(rate: float, rows: int, decode_s: float, prompt_s: float,
                          per_token: float) -> bool:
     """Iterate the step to its fixed point: a step of t carries prompt_s * t prompt tokens

@@ -19,7 +19,7 @@ from gateway.worker.tpot_target import SHARE_HYSTERESIS, TARGET_LOG_STEP
 from gateway.worker.urgent_demand import UrgentDemand
 from gateway.worker.worker import Worker
 from policies.admission import EngineLoad
-from policies.owed_seats import owed_seats
+from policies.owed_seats import BACKLOG_ENTER, BACKLOG_EXIT, owed_seats
 from policies.step_cost import StepCostModel
 from policies.tiers import (
     BATCH,
@@ -311,13 +311,8 @@ class Clock:
 STEEP = (0.05, 0.002, 0.004, 0.0)
 
 
-@pytest.mark.parametrize("fill", [0.8, 0.95, 1.25])
-def test_interactive_is_backlogged_when_its_demand_passes_the_capped_batch(fill: float) -> None:
-    """Interactive asking ``fill`` x the decode rows that fit the TPOT target, in such steps
-    (Little's law: rows = tokens/s x step): past them, the engine and the drainer owe the
-    lower tiers seats for every interactive row; within them, only past the cap (today's
-    rule). The cap in force is smaller (it prices lower prompts): it is not the measure (by
-    it, 0.95 x those rows would be backlogged)."""
+def steep_budget() -> tuple[StepBudget, RecordingEngine, Clock, int]:
+    """A warm budget on the STEEP law with a configured 0.2 s target; its cap."""
     engine = RecordingEngine()
     budget = StepBudget(engine, slo=TierSLO(tpot_p99_s=0.2))  # type: ignore[arg-type]
     clock = Clock()
@@ -330,27 +325,63 @@ def test_interactive_is_backlogged_when_its_demand_passes_the_capped_batch(fill:
         engine.observers[0](out, a + b * rows + c * tokens)
     cap = budget.update()
     assert cap is not None and engine.backlogged == [False]  # nothing finished: unknown
-    # the decode rows within the target and their step, by the true law (a decode row is
-    # one token)
+    return budget, engine, clock, cap
+
+
+def target_rows() -> tuple[int, float]:
+    """The decode rows within the 0.2 s target and their step, by the true STEEP law (a
+    decode row is one token)."""
+    a, b, c, _ = STEEP
     rows = max(r for r in range(MAX_SEQS + 1) if a + (b + c) * r <= 0.2 * (1 + 1e-9))
-    step = a + (b + c) * rows
-    by_cap = fill * rows * (a + (b + c) * cap) / step > cap  # Little's law at the cap
-    assert cap < 0.8 * rows and by_cap is (fill > 0.9)
-    tokens = 40  # every request's output
-    rate = fill * rows / step / tokens  # requests a second that ask fill x those rows
+    return rows, a + (b + c) * rows
+
+
+def ask(budget: StepBudget, clock: Clock, fill: float) -> None:
+    """A 10 s window of interactive starts asking ``fill`` x the target's decode rows
+    (Little's law: rows = tokens/s x step), evenly spread, each 40 tokens."""
+    rows, step = target_rows()
+    tokens = 40
+    rate = fill * rows / step / tokens
     clock.now += 10.0
-    for _ in range(round(rate * 10)):  # a window of starts, evenly spread
+    for _ in range(round(rate * 10)):
         clock.now += 10.0 / round(rate * 10)
         budget.demand.started()
         budget.demand.finished(tokens)
+
+
+@pytest.mark.parametrize("fill", [0.8, 0.95, 1.15, 1.4])
+def test_interactive_is_backlogged_when_its_demand_passes_the_capped_batch(fill: float) -> None:
+    """Interactive asking ``fill`` x the decode rows that fit the TPOT target, in such steps:
+    past BACKLOG_ENTER x them, the engine and the drainer owe the lower tiers seats for every
+    interactive row; within, only past the cap. The cap in force is smaller (it prices lower
+    prompts): it is not the measure (by it, 0.95 x those rows would be backlogged)."""
+    budget, engine, clock, cap = steep_budget()
+    a, b, c, _ = STEEP
+    rows, step = target_rows()
+    by_cap = fill * rows * (a + (b + c) * cap) / step > cap  # Little's law at the cap
+    assert cap < 0.8 * rows and by_cap is (fill > 0.9)
+    ask(budget, clock, fill)
     assert budget.update() == cap
-    backlogged = fill > 1
+    backlogged = fill > BACKLOG_ENTER
     assert engine.backlogged[-1] is backlogged and budget.urgent_backlogged is backlogged
     assert len(engine.backlogged) == 1 + backlogged  # set again only when it changes
     urgent = cap // 2  # within the cap: owed only when backlogged
     assert budget.owed_lower_rows(urgent) == owed_seats(urgent, cap, 0, {0: 6, 1: 3, 2: 1},
                                                         backlogged=backlogged)
     assert budget.owed_lower_rows(urgent) == (urgent * 4 // 6 if backlogged else 0)
+
+
+def test_backlogged_interactive_must_fall_under_the_exit_margin_to_be_within_again() -> None:
+    """The hysteresis (``BACKLOG_ENTER`` / ``BACKLOG_EXIT``), against a plain state machine:
+    a demand between the two keeps whichever judgement was in force."""
+    budget, engine, clock, _ = steep_budget()
+    state = False
+    for fill in (1.15, 1.4, 1.15, 1.1, 1.0, 1.15, 0.8, 1.3):
+        ask(budget, clock, fill)
+        budget.update()
+        state = fill > (BACKLOG_EXIT if state else BACKLOG_ENTER)
+        assert budget.urgent_backlogged is state, fill
+    assert engine.backlogged == [False, True, False, True]
 
 
 def test_the_published_law_is_the_fitted_one_and_none_while_cold() -> None:
@@ -418,7 +449,8 @@ def test_the_derived_target_covers_interactives_own_step_alone(share_used: float
     under its weight's share (0.6) the target is the headroom over the step its load runs in
     alone (Little's law: rows = tokens/s x step) when that is longer than the small step's
     target, and interactive is not backlogged; past the share, the small-step target stays
-    and it is backlogged (the weights decide)."""
+    and it is backlogged (the weights decide) once it asks BACKLOG_ENTER x the rows that
+    target allows."""
     budget, clock, small_target = warm_budget()
     kv = budget.model.mean_kv_per_row()
     marginal = B + C + D * kv  # a decode row of the true law
@@ -438,7 +470,12 @@ def test_the_derived_target_covers_interactives_own_step_alone(share_used: float
         assert budget.model.max_rows_within(budget.target_s) >= asked * alone
     else:
         assert budget.target_s == pytest.approx(small_target, rel=1e-6)
-        assert budget.urgent_backlogged is True
+        # backlogged once its demand keeps BACKLOG_ENTER x the target's decode rows (true
+        # law) running, its prompts' tokens stretching each step
+        rows = max(r for r in range(MAX_SEQS + 1) if A + marginal * r <= budget.target_s)
+        spare = 1.0 - (C + D) * asked * prompt / 10
+        need = asked * (A + marginal * rows) / spare
+        assert budget.urgent_backlogged is (need > BACKLOG_ENTER * rows)
     if share_used == 0.59:  # its step alone is past the small step's target
         assert budget.target_s > 1.05 * small_target
 

@@ -124,13 +124,15 @@ class LLMEngine:
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
                            weights: Mapping[int, int] | None = None,
                            lower_prefill_tokens: int | None = None,
-                           urgent_backlogged: bool = False) -> None:
+                           urgent_backlogged: bool = False,
+                           lower_prefill_chunk: int = 1) -> None:
         """While urgent work (priority <= ``urgent_priority``) is present, at most ``cap`` rows
         a step, the lower seats shared by ``weights``, lower prompts chunked to
-        ``lower_prefill_tokens``, seats owed for every urgent row while ``urgent_backlogged``
+        ``lower_prefill_tokens`` a step on average (in chunks of ``lower_prefill_chunk``), seats
+        owed for every urgent row while ``urgent_backlogged``
         (``Scheduler.set_urgent_row_cap``); None lifts it. On the stepping thread."""
         self.scheduler.set_urgent_row_cap(cap, urgent_priority, weights, lower_prefill_tokens,
-                                          urgent_backlogged)
+                                          urgent_backlogged, lower_prefill_chunk)
         self._stats = self.scheduler.stats
 
     def has_unfinished_requests(self) -> bool:

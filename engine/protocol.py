@@ -70,12 +70,15 @@ class EngineClient(Protocol):
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
                            weights: Mapping[int, int] | None = None,
                            lower_prefill_tokens: int | None = None,
-                           urgent_backlogged: bool = False) -> None:
+                           urgent_backlogged: bool = False,
+                           lower_prefill_chunk: int = 1) -> None:
         """While a request of priority <= ``urgent_priority`` is present, run at most ``cap``
         rows a step, urgent ones first, the lower seats shared by ``weights`` (priority ->
         weight; strict priority without); the other rows pause, keeping their KV (None: no cap).
         Lower-priority prompts compute at most ``lower_prefill_tokens`` a step meanwhile
-        (chunked; None: no such bound). ``urgent_backlogged``: the urgent tier asks for more
+        (chunked; None: no such bound), on average: tokens a step leaves unused are banked
+        and released in chunks of at least ``lower_prefill_chunk`` (``engine.core.row_cap``).
+        ``urgent_backlogged``: the urgent tier asks for more
         than its weight's share, so the lower ones are owed seats by weight for every urgent
         row (``policies.owed_seats``). Thread-safe; takes effect at the next step boundary."""
 

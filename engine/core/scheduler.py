@@ -51,7 +51,7 @@ from engine.core.preemption import PreemptionMixin
 from engine.core.request import Request, RequestStatus
 from engine.core.request_checks import never_fits_reason, outgrown_reason, stop_status
 from engine.core.request_queue import RequestQueue
-from engine.core.row_cap import RowCap, StepRowCap, plan_step
+from engine.core.row_cap import PrefillCredit, RowCap, StepRowCap, plan_step
 from engine.core.stats import SchedulerCounters, SchedulerStats
 from engine.core.step_plan import StepPlan
 from policies.batching import get_admission_policy, padding_rows
@@ -88,6 +88,7 @@ class Scheduler(AdmissionMixin, PreemptionMixin, ForkMixin):
         self._counts = SchedulerCounters()
         self._row_cap: RowCap | None = None  # runtime knob: set_urgent_row_cap
         self._row_cap_scores: dict[int, int] = {}  # its weighted round-robin, across steps
+        self._prefill_credit = PrefillCredit()  # its lower prompt tokens banked, across steps
         self._step_cap: StepRowCap | None = None  # how it applies to the step being built
         self._groups: dict[str, ForkGroup] = {}  # n > 1 requests (engine.core.parallel_sampling)
         self._parent_of: dict[str, str] = {}
@@ -142,17 +143,20 @@ class Scheduler(AdmissionMixin, PreemptionMixin, ForkMixin):
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
                            weights: Mapping[int, int] | None = None,
                            lower_prefill_tokens: int | None = None,
-                           urgent_backlogged: bool = False) -> None:
+                           urgent_backlogged: bool = False,
+                           lower_prefill_chunk: int = 1) -> None:
         """While a request of priority <= ``urgent_priority`` is present, schedule at most
         ``cap`` rows a step (urgent ones first, the lower seats shared by ``weights``:
         priority -> weight) and at most ``lower_prefill_tokens`` lower-priority prompt tokens
         (only with chunked prefill: unchunked prompts would never fit); None lifts the cap.
-        ``urgent_backlogged``: seats are owed for every urgent row. See
+        ``urgent_backlogged``: seats are owed for every urgent row. The allowance is an
+        average: released in chunks of at least ``lower_prefill_chunk`` tokens. See
         ``engine.core.row_cap``."""
         if not self.config.enable_chunked_prefill:
             lower_prefill_tokens = None
         self._row_cap = None if cap is None else RowCap(
-            cap, urgent_priority, dict(weights or {}), lower_prefill_tokens, urgent_backlogged)
+            cap, urgent_priority, dict(weights or {}), lower_prefill_tokens, urgent_backlogged,
+            lower_prefill_chunk)
 
     @property
     def urgent_row_cap(self) -> RowCap | None:
@@ -199,11 +203,14 @@ class Scheduler(AdmissionMixin, PreemptionMixin, ForkMixin):
         if self._row_cap is not None:
             self._step_cap = plan_step(self._row_cap, self.running.values(), self.waiting,
                                        self.swapped, self._row_cap_scores,
-                                       self.config.max_num_seqs - len(self.running))
+                                       self.config.max_num_seqs - len(self.running),
+                                       self._prefill_credit)
         self._schedule_running(plan)
         if not plan.memory_preempted:
             self._schedule_swapped(plan)
             self._schedule_waiting(plan)
+        if self._step_cap is not None:
+            self._prefill_credit.spend(self._step_cap.prefill_spent())
         self._batch_seats = max(self._batch_seats, len(self.running))
         out = plan.to_output(self._finished_ids, self.block_manager.take_copies())
         mode, seats = self.config.batching, self._batch_seats

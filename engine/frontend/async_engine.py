@@ -78,13 +78,16 @@ class AsyncEngine(ThreadedEngine):
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
                            weights: Mapping[int, int] | None = None,
                            lower_prefill_tokens: int | None = None,
-                           urgent_backlogged: bool = False) -> None:
+                           urgent_backlogged: bool = False,
+                           lower_prefill_chunk: int = 1) -> None:
         """Applied on the step thread at the next step boundary (through the inbox)."""
         shares = dict(weights or {})
         if cap is not None:  # checked here: a ValueError on the step thread would kill it
-            RowCap(cap, urgent_priority, shares, lower_prefill_tokens)
+            RowCap(cap, urgent_priority, shares, lower_prefill_tokens,
+                   lower_prefill_chunk=lower_prefill_chunk)
         self._inbox.post("call", lambda: self.engine.set_urgent_row_cap(
-            cap, urgent_priority, shares, lower_prefill_tokens, urgent_backlogged))
+            cap, urgent_priority, shares, lower_prefill_tokens, urgent_backlogged,
+            lower_prefill_chunk))
 
     def stats(self) -> EngineStats:
         seconds = self.engine.last_step_seconds if self.engine.step_count else None

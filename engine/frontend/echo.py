@@ -101,11 +101,12 @@ class FakeEchoEngine(ThreadedEngine):
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
                            weights: Mapping[int, int] | None = None,
                            lower_prefill_tokens: int | None = None,
-                           urgent_backlogged: bool = False) -> None:
+                           urgent_backlogged: bool = False,
+                           lower_prefill_chunk: int = 1) -> None:
         """Recorded and reported in ``stats``, never applied: a fake step has no cost to cap."""
         if cap is not None:
             RowCap(cap, urgent_priority, dict(weights or {}),  # the engine's own checks
-                   lower_prefill_tokens)
+                   lower_prefill_tokens, lower_prefill_chunk=lower_prefill_chunk)
         self.urgent_row_cap = (cap, urgent_priority)
 
     def stats(self) -> EngineStats:

@@ -34,7 +34,8 @@ the knee of the tokens/s curve of their seconds-per-row law, or shorter steps fo
 lower-tier TTFT target, ``lower_ttft_s``), which the drainer applies, raised to the rows the
 cap owes the lower tiers while interactive rows pass it (``owed_lower_rows``).
 
-With the cap goes an allowance of lower-tier prompt tokens per step (``lower_prefill_tokens``,
+With the cap goes an allowance of lower-tier prompt tokens a step, on average: the engine banks
+it into chunks of ``LOWER_PREFILL_CHUNK`` (``lower_prefill_tokens``,
 ``step_pricing.prefill_allowance``).
 
 And whether interactive is backlogged (``urgent_backlogged``): the decode tokens per second it
@@ -61,6 +62,7 @@ from typing import Any
 from engine.core.outputs import SchedulerOutput
 from engine.protocol import EngineClient
 from gateway.worker.step_pricing import (
+    LOWER_PREFILL_CHUNK,
     fitted_law,
     prefill_allowance,
     priced_cap,
@@ -376,7 +378,7 @@ class StepBudget:
         now = (cap, lower_prefill_tokens, backlogged)
         if now != (self.cap, self.lower_prefill_tokens, self.urgent_backlogged):
             self.engine.set_urgent_row_cap(cap, self.urgent_priority, self.seat_weights,
-                                           lower_prefill_tokens, backlogged)
+                                           lower_prefill_tokens, backlogged, LOWER_PREFILL_CHUNK)
             log.debug("urgent row cap %s, lower prefill %s tokens, interactive backlogged %s "
                       "(target %s s, priced at x%.2f)", cap, lower_prefill_tokens, backlogged,
                       self.target_s, self.gain)

@@ -14,17 +14,29 @@ step, and the lower prompts ran on top of a cap priced for decode rows alone (be
 with a lower chunk 120-150 ms, one in four; interactive TPOT 1.52x alone).
 
 The allowance: the tokens the model says fit in what the capped step leaves of the target, at
-least ``MIN_LOWER_PREFILL_TOKENS``. Without it a burst of lower-tier arrivals prefilled together
-in one step several times the target long (bench sla: +250 ms of interactive TTFT).
+least ``MIN_LOWER_PREFILL_RATE``, *on average*: the engine banks a step's allowance until it
+holds ``LOWER_PREFILL_CHUNK`` tokens and computes them in one step (``engine.core.row_cap.
+PrefillCredit``). Without an allowance a burst of lower-tier arrivals prefilled together in
+one step several times the target long (bench sla: +250 ms of interactive TTFT). Why an
+average: a lower prompt chunk is a prefill row, ~10-13 ms beside ~1.6 ms a token on the
+AVX-512 Xeon, so the old floor of 16 tokens in *every* step put ~38 ms on a ~55 ms step
+whenever a lower prompt waited, whatever the target left: bench sla's overload TPOT was
+1.4-1.6x the budget on a quiet machine. Banked, the same chunk comes once every few steps
+and the mean step, interactive's TPOT, stays within the target.
 """
 
 from __future__ import annotations
 
 from policies.step_cost import StepCostModel
 
-# Lower-tier prompt tokens a capped step may always compute: a KV block's worth, so a short
-# prompt starts within a few steps even when the cap leaves no time to spare.
+# Lower-tier prompt tokens a capped step may always compute while the model is cold (a per-row
+# mean cannot price a token), and the chunk the engine banks a warm allowance up to: a KV
+# block's worth (the chunk size a step carried before the allowance was an average).
 MIN_LOWER_PREFILL_TOKENS = 16
+LOWER_PREFILL_CHUNK = MIN_LOWER_PREFILL_TOKENS
+# The least a warm allowance gives, on average a step: a chunk every 8 steps, so a short
+# lower prompt still starts within a few dozen steps when the cap leaves no time to spare.
+MIN_LOWER_PREFILL_RATE = LOWER_PREFILL_CHUNK // 8
 # Prompt tokens a lower-tier request computes per output token it yields, about (bench sla's
 # requests: ~44 prompt tokens, 32-64 output tokens): what a lower row under the cap costs on
 # top of its decode, on average.
@@ -82,9 +94,10 @@ def priced_cap(model: StepCostModel, cap: int, target: float, urgent_rows: int,
 
 def prefill_allowance(model: StepCostModel, cap: int | None, cap_target_s: float | None,
                       cold: bool) -> int | None:
-    """Lower-tier prompt tokens a step under ``cap`` may compute: what the target, as the cap
-    is priced (``cap_target_s``), leaves beside ``cap`` decode rows, in the model's cost per
-    token (None: no cap, or tokens cost nothing in the model)."""
+    """Lower-tier prompt tokens a step under ``cap`` may compute on average (the engine banks
+    them into chunks of ``LOWER_PREFILL_CHUNK``): what the target, as the cap is priced
+    (``cap_target_s``), leaves beside ``cap`` decode rows, in the model's cost per token, at
+    least ``MIN_LOWER_PREFILL_RATE`` (None: no cap, or tokens cost nothing in the model)."""
     per_token = prompt_token_s(model)
     if cap is None or cap_target_s is None:
         return None
@@ -93,7 +106,7 @@ def prefill_allowance(model: StepCostModel, cap: int | None, cap_target_s: float
     if per_token <= 0:
         return None
     spare = cap_target_s - model.predict_decode(cap, model.mean_kv_per_row())
-    return max(MIN_LOWER_PREFILL_TOKENS, int(spare / per_token))
+    return max(MIN_LOWER_PREFILL_RATE, int(spare / per_token))
 
 
 def fitted_law(model: StepCostModel) -> dict[str, float]:

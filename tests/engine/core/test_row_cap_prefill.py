@@ -203,3 +203,38 @@ def test_lower_prompts_still_run_beside_an_urgent_prompt_while_seats_are_owed() 
     run_to_completion(sched, runner)
     for r in urgent + bulk:
         assert r.output_token_ids == reference_tokens(r)
+
+
+@pytest.mark.parametrize(("allowance", "chunk"), [(3, 16), (5, 16), (16, 16), (7, 1)])
+def test_an_allowance_under_the_chunk_is_banked_and_computed_a_chunk_at_once(
+        allowance: int, chunk: int) -> None:
+    """``lower_prefill_chunk``: each step with a lower prompt waiting banks the allowance;
+    once the bank holds a chunk, that step computes all of it. Against a plain bank kept
+    here: the lower prompt tokens of every step, and the same tokens as alone."""
+    sched = make_scheduler(num_blocks=256, max_num_seqs=16, max_num_batched_tokens=512)
+    runner = FakeRunner(sched)
+    (inter,) = make_requests(1, prompt_len=5, max_tokens=200, priority=0)
+    sched.add_request(inter)
+    step(sched, runner)
+    sched.set_urgent_row_cap(8, urgent_priority=0, lower_prefill_tokens=allowance,
+                             lower_prefill_chunk=chunk)
+    (bulk,) = make_requests(1, prompt_len=150, max_tokens=3, priority=1, start_time=2.0)
+    sched.add_request(bulk)
+    bank, seen, want = 0, [], []
+    while bulk.num_computed_tokens < len(bulk.prompt_token_ids):
+        left = len(bulk.prompt_token_ids) - bulk.num_computed_tokens
+        bank = min(bank + allowance, max(allowance, chunk))
+        release = bank if bank >= chunk else 0
+        # a prompt's last token computes with its first decode: at most what is left
+        want.append(min(release, left) if release else 0)
+        bank -= want[-1]
+        rows = scheduled(sched, runner)
+        assert inter.request_id in rows  # the urgent decode never waits
+        seen.append(prompt_tokens(rows, [bulk]) if rows.get(bulk.request_id, 0) > 1
+                    else rows.get(bulk.request_id, 0))
+    assert seen == want
+    assert sum(t > 0 for t in seen) == len(seen) if chunk <= allowance else any(
+        t == 0 for t in seen)
+    run_to_completion(sched, runner)
+    for r in (inter, bulk):
+        assert r.output_token_ids == reference_tokens(r)

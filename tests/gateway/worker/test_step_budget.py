@@ -14,7 +14,11 @@ from engine.core.outputs import ScheduledRequest, SchedulerOutput
 from engine.core.sampling_params import SamplingParams
 from engine.frontend.async_engine import AsyncEngine
 from gateway.worker.step_budget import StepBudget
-from gateway.worker.step_pricing import LOWER_PROMPT_PER_OUTPUT, MIN_LOWER_PREFILL_TOKENS
+from gateway.worker.step_pricing import (
+    LOWER_PROMPT_PER_OUTPUT,
+    MIN_LOWER_PREFILL_RATE,
+    MIN_LOWER_PREFILL_TOKENS,
+)
 from gateway.worker.tpot_target import SHARE_HYSTERESIS, TARGET_LOG_STEP
 from gateway.worker.urgent_demand import UrgentDemand
 from gateway.worker.worker import Worker
@@ -61,7 +65,7 @@ class RecordingEngine:
 
     def set_urgent_row_cap(self, cap: int | None, urgent_priority: int = 0,
                            weights: Any = None, lower_prefill_tokens: Any = None,
-                           urgent_backlogged: bool = False) -> None:
+                           urgent_backlogged: bool = False, lower_prefill_chunk: int = 1) -> None:
         self.caps.append((cap, urgent_priority))
         self.weights.append(dict(weights or {}))
         self.prefill.append(lower_prefill_tokens)
@@ -203,7 +207,7 @@ def test_derived_target_gives_the_cap_the_cost_law_implies() -> None:
     assert SMALL_BATCH_ROWS <= cap < MAX_SEQS
     # the lower-tier prompt tokens that fit in what the capped step leaves of the target
     spare = budget.target_s - (true_cost(cap, cap, 0) + D * cap * kv)
-    assert engine.prefill == [max(MIN_LOWER_PREFILL_TOKENS, int(spare / (C + D)))]
+    assert engine.prefill == [max(MIN_LOWER_PREFILL_RATE, int(spare / (C + D)))]
     assert budget.update() == cap and len(engine.caps) == 1  # set again only when it changes
 
 

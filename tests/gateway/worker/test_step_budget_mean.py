@@ -9,7 +9,11 @@ import pytest
 from engine.core.outputs import ScheduledRequest, SchedulerOutput
 from engine.core.sampling_params import SamplingParams
 from gateway.worker.step_budget import StepBudget
-from gateway.worker.step_pricing import LOWER_PROMPT_PER_OUTPUT, MIN_LOWER_PREFILL_TOKENS
+from gateway.worker.step_pricing import (
+    LOWER_PROMPT_PER_OUTPUT,
+    MIN_LOWER_PREFILL_RATE,
+    MIN_LOWER_PREFILL_TOKENS,
+)
 from gateway.worker.urgent_demand import UrgentDemand
 from tests.gateway.worker.test_step_budget import MAX_SEQS, RecordingEngine
 
@@ -122,6 +126,6 @@ def test_the_allowance_prices_a_prompt_token_with_its_prefill_row_whichever_colu
     kv = budget.model.mean_kv_per_row()
     spare = budget.target_s - budget.model.predict_decode(cap, kv)
     per_token = (X + PROMPT * C) / PROMPT + D  # the true law's prompt token, row shared
-    expected = max(MIN_LOWER_PREFILL_TOKENS, int(spare / per_token))
+    expected = max(MIN_LOWER_PREFILL_RATE, int(spare / per_token))
     (allowance,) = engine.prefill
     assert allowance is not None and abs(allowance - expected) <= 1

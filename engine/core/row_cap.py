@@ -222,21 +222,22 @@ def plan_step(cap: RowCap, running: Iterable[Request], waiting: RequestQueue,
         starts[p] = max(0, n - len(rows))
     held = frozenset(r.request_id for rows in lower.values() for r in rows
                      if r.request_id not in kept)
-    prefill = None
-    if (urgent_prompt or urgent_waits) and not owed:
-        # Beside an urgent prompt, none (its first token waits for this step) unless seats are
-        # owed: the lower tiers' share of the rows needs its prompts. Without an allowance
-        # too (bench sla's 32-seat row: a step-cost fit that priced no token left it unset,
-        # and interactive's prompt steps carried whole lower prompts, 202-222 ms against ~150).
-        prefill = {}
-    elif cap.lower_prefill_tokens is not None:
+    # Beside an urgent prompt, no lower prompt tokens (its first token waits for this step)
+    # unless seats are owed: the lower tiers' share of the rows needs its prompts. Without an
+    # allowance too (bench sla's 32-seat row: a step-cost fit that priced no token left it
+    # unset, and interactive's prompt steps carried whole lower prompts, 202-222 ms against
+    # ~150). Such a step still banks the allowance: it is an average over every step.
+    urgent_first = (urgent_prompt or urgent_waits) and not owed
+    prefill: dict[int, int] | None = {} if urgent_first else None
+    if cap.lower_prefill_tokens is not None:
         prompting = {r.priority for rows in lower.values() for r in rows
                      if r.request_id in kept and r.num_tokens - r.num_computed_tokens > 1}
         prompting.update(p for p, n in starts.items() if n > 0)
         bank = PrefillCredit() if credit is None else credit
         released = bank.release(cap.lower_prefill_tokens + owed,
                                 cap.lower_prefill_chunk) if prompting else 0
-        prefill = _split_tokens(released, prompting, cap.weights) if released else {}
+        given = released if not urgent_first else 0
+        prefill = _split_tokens(given, prompting, cap.weights) if given else {}
     return StepRowCap(urgent + sum(alloc.values()), up, held, starts, prefill)
 
 

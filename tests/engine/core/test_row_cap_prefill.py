@@ -238,3 +238,29 @@ def test_an_allowance_under_the_chunk_is_banked_and_computed_a_chunk_at_once(
     run_to_completion(sched, runner)
     for r in (inter, bulk):
         assert r.output_token_ids == reference_tokens(r)
+
+
+def test_a_step_beside_an_urgent_prompt_banks_the_allowance_it_gives_none_of() -> None:
+    """An urgent prompt's step computes no lower prompt token, but its allowance is banked:
+    with 4 tokens a step in chunks of 16 and an urgent arrival in the second step, the chunk
+    comes in the fourth step, as without the arrival."""
+    sched = make_scheduler(num_blocks=256, max_num_seqs=16, max_num_batched_tokens=512)
+    runner = FakeRunner(sched)
+    (inter,) = make_requests(1, prompt_len=5, max_tokens=200, priority=0)
+    sched.add_request(inter)
+    step(sched, runner)
+    sched.set_urgent_row_cap(8, urgent_priority=0, lower_prefill_tokens=4,
+                             lower_prefill_chunk=16)
+    (bulk,) = make_requests(1, prompt_len=150, max_tokens=3, priority=1, start_time=2.0)
+    sched.add_request(bulk)
+    got = [prompt_tokens(scheduled(sched, runner), [bulk])]
+    (late,) = make_requests(1, prompt_len=30, max_tokens=40, priority=0, start_time=3.0)
+    sched.add_request(late)
+    rows = scheduled(sched, runner)  # the urgent prompt runs whole, no lower prompt beside it
+    assert rows[late.request_id] == 30
+    got.append(prompt_tokens(rows, [bulk]))
+    got += [prompt_tokens(scheduled(sched, runner), [bulk]) for _ in range(2)]
+    assert got == [0, 0, 0, 16]
+    run_to_completion(sched, runner)
+    for r in (inter, bulk, late):
+        assert r.output_token_ids == reference_tokens(r)

@@ -25,7 +25,13 @@ from starlette.types import Receive, Scope, Send
 from engine.core.finish import FinishReason
 from gateway.bus.messages import FinishMsg, Message, TokenMsg, outcome
 from gateway.http.cancel import wait_for_disconnect
-from gateway.http.errors import APIError, error_bytes, request_lost, server_shutting_down
+from gateway.http.errors import (
+    APIError,
+    error_bytes,
+    output_lost,
+    request_lost,
+    server_shutting_down,
+)
 from gateway.http.openai.format import SSE_DONE, Formatter, sse
 from gateway.tenancy.ledger import LedgerEntry
 from gateway.tenancy.tenants import Tenant
@@ -45,6 +51,13 @@ SHUTDOWN_SEND_TIMEOUT_S = 0.25
 
 class Stalled(Exception):
     """The client stopped reading: a send did not complete within the stall timeout."""
+
+
+class OutputGap(Exception):
+    """Token messages are missing before the one that came (its ``offset`` is past the
+    tokens received): writes a failing-over Redis master had acknowledged but not yet
+    replicated are gone. The client is told (``output_lost``) rather than sent a text with a
+    hole in it."""
 
 
 @dataclass
@@ -125,6 +138,9 @@ class RelayResponse:
                      f"{self.services.config.request_timeout_s:g}s", code="timeout"))
         except Stalled:
             cancel_source = "stalled"
+        except OutputGap:
+            cancel_source = "output_lost"  # the worker stops generating what nobody reads
+            await self._send_error_end(send, output_lost())
         except asyncio.CancelledError:
             if self.ended_by is None or me is None:
                 raise  # cancelled from outside (uvicorn): the clean-up below still runs
@@ -208,12 +224,15 @@ class RelayResponse:
 
     def _fresh(self, batch: list[Message]) -> list[Message]:
         """``batch`` without the token messages already received (an ``offset`` behind the
-        tokens so far): a step write the worker retried after Redis had applied it."""
+        tokens so far): a step write the worker retried after Redis had applied it. A
+        message past them (tokens missing before it) raises ``OutputGap``."""
         out, have = [], self.state.completion_tokens
         for msg in batch:
             if isinstance(msg, TokenMsg) and msg.offset is not None:
                 if msg.offset < have:
                     continue
+                if msg.offset > have:
+                    raise OutputGap(f"tokens {have}..{msg.offset - 1} missing")
                 have = msg.offset + len(msg.token_ids)
             out.append(msg)
         return out
@@ -369,7 +388,8 @@ def _outcome(finish: FinishMsg | None) -> str:
 # The ledger's error code of a relay cancelled by ``cancel_source``
 _CANCEL_CODES = {"disconnect": "cancelled_by_client", "deadline": "timeout",
                  "stalled": "client_stalled", "shutdown": "server_shutdown",
-                 "lost": "request_lost", "error": "gateway_error"}
+                 "lost": "request_lost", "error": "gateway_error",
+                 "output_lost": "output_lost"}
 
 
 def _error_code(cancel_source: str | None, finish: FinishMsg | None) -> str:

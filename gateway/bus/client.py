@@ -38,6 +38,14 @@ POOL_TIMEOUT_S = 30
 REQUEST_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
 BLOCKING_MAX_CONNECTIONS = 16
+# A cluster command that meets a failing-over or moving slot (a refused connection,
+# CLUSTERDOWN) is retried, the topology read again before each try, with a backoff from 10 ms
+# that stops growing at CLUSTER_RETRY_CAP_S (redis-py's 1 s cap let a client notice a
+# promoted replica up to a second late: service came back 1.3 s after the promotion, now
+# about 0.4 s after it, tests/gateway/faults/test_cluster_faults.py); CLUSTER_RETRIES tries ride out about 4 s, a failover with a node
+# timeout of 1-2 s, before the call fails (the request: 503 with Retry-After).
+CLUSTER_RETRY_CAP_S = 0.25
+CLUSTER_RETRIES = 20
 
 
 def _socket_options(url: str, socket_timeout_s: float | None) -> dict[str, Any]:
@@ -110,8 +118,12 @@ def _sentinel_master(parts: SentinelURL, socket_timeout_s: float | None,
 
 def _cluster_client(url: str, socket_timeout_s: float | None) -> Any:
     from redis.asyncio.cluster import RedisCluster
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialWithJitterBackoff
 
-    return RedisCluster.from_url(url, max_connections=MAX_REDIS_CONNECTIONS,
+    retry = Retry(ExponentialWithJitterBackoff(cap=CLUSTER_RETRY_CAP_S, base=0.01),
+                  CLUSTER_RETRIES)
+    return RedisCluster.from_url(url, max_connections=MAX_REDIS_CONNECTIONS, retry=retry,
                                  **_socket_options(url, socket_timeout_s))
 
 

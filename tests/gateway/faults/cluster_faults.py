@@ -97,6 +97,29 @@ def owner(valkey: ValkeyCluster, slot: int) -> Any:
     raise LookupError(f"no master serves slot {slot}")
 
 
+class Promotion(threading.Thread):
+    """Polls the cluster from ``since`` (monotonic s) until a node other than ``victim``
+    serves ``slot``: ``after_s``, how long that took (None if not within ``timeout_s``)."""
+
+    def __init__(self, valkey: ValkeyCluster, slot: int, victim: Any, since: float,
+                 timeout_s: float = 30.0) -> None:
+        super().__init__(daemon=True)
+        self.valkey, self.slot, self.victim, self.since = valkey, slot, victim, since
+        self.timeout_s = timeout_s
+        self.after_s: float | None = None
+        self.start()
+
+    def run(self) -> None:
+        while time.monotonic() - self.since < self.timeout_s:
+            try:
+                if owner(self.valkey, self.slot) is not self.victim:
+                    self.after_s = time.monotonic() - self.since
+                    return
+            except LookupError:  # the victim marked failed, no master for it yet
+                pass
+            time.sleep(0.02)
+
+
 def tenant_slot(keys: RedisKeys, tenant: str) -> int:
     return int(key_slot(keys.concurrency(tenant).encode()))
 

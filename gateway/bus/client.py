@@ -159,13 +159,14 @@ def blocking_client(redis: Any) -> Any:
     import redis.asyncio as aioredis
 
     if not hasattr(redis, "connection_pool"):  # a cluster: PUBLISH reaches every node, so a
-        # subscriber on any one of them hears it; its first startup node
+        # subscriber on any one of them hears it; whichever node accepts (``_AnyClusterNode``)
         node = (redis.get_nodes() or list(redis.nodes_manager.startup_nodes.values()))[0]
-        kwargs = {**redis.get_connection_kwargs(), "socket_timeout": None}
-        kwargs.pop("connection_class", None)
-        return aioredis.Redis(host=node.host, port=node.port,
-                              max_connections=BLOCKING_MAX_CONNECTIONS,
-                              **{k: v for k, v in kwargs.items() if k in _PLAIN_KWARGS})
+        kwargs = {k: v for k, v in redis.get_connection_kwargs().items() if k in _PLAIN_KWARGS}
+        base = aioredis.SSLConnection if kwargs.pop("ssl", False) else aioredis.Connection
+        follows = type("AnyClusterNode", (_AnyClusterNode, base), {"cluster": redis})
+        return aioredis.Redis(connection_pool=aioredis.ConnectionPool(
+            connection_class=follows, host=node.host, port=node.port,
+            max_connections=BLOCKING_MAX_CONNECTIONS, **{**kwargs, "socket_timeout": None}))
     pool = redis.connection_pool
     if hasattr(pool, "service_name"):  # Sentinel: the same service's master, no read timeout
         return pool.sentinel_manager.master_for(
@@ -176,6 +177,40 @@ def blocking_client(redis: Any) -> Any:
     return aioredis.Redis(connection_pool=aioredis.ConnectionPool(
         connection_class=pool.connection_class, max_connections=BLOCKING_MAX_CONNECTIONS,
         **kwargs))
+
+
+class _AnyClusterNode:
+    """Mixed into a connection class for a cluster's listener (a pub/sub subscriber): each
+    connect, a reconnect after its node died included, goes to the first node that accepts:
+    the one it used last, then the masters and replicas the cluster client knows (its node
+    cache, read again whenever its own commands meet a failover). Pinned to the node it
+    started on, a worker's cancel listener stayed deaf once that node died: its requests
+    generated on after their clients had gone (tests/gateway/faults/test_cluster_faults.py)."""
+
+    cluster: Any = None  # the cluster client, set on the class made per listener client
+    host: str
+    port: int
+
+    def _candidates(self) -> list[tuple[str, int]]:
+        nodes = [*self.cluster.get_primaries(), *self.cluster.get_replicas(),
+                 *self.cluster.nodes_manager.startup_nodes.values()]
+        found = [(self.host, self.port)]
+        for node in nodes:
+            if (node.host, node.port) not in found:
+                found.append((node.host, node.port))
+        return found
+
+    async def _connect(self) -> None:
+        failed: BaseException | None = None
+        for host, port in self._candidates():
+            self.host, self.port = host, port
+            try:
+                await super()._connect()  # type: ignore[misc]
+                return
+            except (OSError, TimeoutError) as exc:  # refused, unreachable: the next node
+                failed = exc
+        assert failed is not None
+        raise failed
 
 
 # the connection settings a plain client takes from a cluster client's

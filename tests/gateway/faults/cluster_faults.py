@@ -20,7 +20,7 @@ import httpx
 import redis
 from redis.crc import key_slot
 
-from gateway.bench.redis_servers import ValkeyCluster
+from gateway.bench.redis_servers import ValkeyCluster, wait_until
 from gateway.bus.keys import RedisKeys
 from gateway.process import free_port
 from tests.gateway.procs import Proc, spawn_all
@@ -118,6 +118,37 @@ class Promotion(threading.Thread):
             except LookupError:  # the victim marked failed, no master for it yet
                 pass
             time.sleep(0.02)
+
+
+def subscribed_nodes(valkey: ValkeyCluster) -> list[Any]:
+    """The live nodes that hold a pub/sub subscriber (the workers' cancel listeners)."""
+    found = []
+    for node in valkey.nodes:
+        if node.proc.poll() is not None:
+            continue
+        clients = node.client.client_list()
+        if any(int(c.get("sub", 0)) > 0 for c in clients):
+            found.append(node)
+    return found
+
+
+def wait_healthy(valkey: ValkeyCluster, timeout_s: float = 30.0) -> None:
+    """Until the cluster has marked every dead node failed (a master's replica promoted)
+    and every live node says it is ``ok`` (every slot served)."""
+    dead = {n.port for n in valkey.nodes if n.proc.poll() is not None}
+
+    def healthy() -> bool:
+        failed = {_port(f[1]) for f in _nodes_lines(valkey) if "fail" in f[2].split(",")}
+        return dead <= failed and all(n.info().get("cluster_state") == "ok"
+                                      for n in valkey.nodes if n.proc.poll() is None)
+
+    wait_until(healthy, time.monotonic() + timeout_s, "the failed-over cluster")
+
+
+def live_url(valkey: ValkeyCluster) -> str:
+    """A cluster URL through a live master (the test's own clients: the first master may be
+    dead by now)."""
+    return f"redis://127.0.0.1:{masters(valkey)[0].port}/?cluster=1"
 
 
 def tenant_slot(keys: RedisKeys, tenant: str) -> int:

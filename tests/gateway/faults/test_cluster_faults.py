@@ -16,6 +16,7 @@ within twice the cluster's node timeout plus the replica's election delay
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,13 +37,16 @@ from tests.gateway.faults.cluster_faults import (
     first_success,
     ledger_tokens,
     leftovers,
+    live_url,
     masters,
     migrate_slot,
     owner,
     settle_to_zero,
     stack,
+    subscribed_nodes,
     tenant_on,
     tenant_slot,
+    wait_healthy,
 )
 from tests.gateway.faults.stack import StreamReader
 from tests.gateway.faults.table import FaultRow
@@ -134,9 +138,9 @@ def log_marks(s: Stack) -> list[int]:
     return [len(p.lines) for p in [s.gateway, *(w for w, _ in s.workers)]]
 
 
-def check_nothing_left(s: Stack, tenant: str, tokens: int) -> None:
+def check_nothing_left(valkey: ValkeyCluster, s: Stack, tenant: str, tokens: int) -> None:
     """No lease, no queue entry, no engine request left; the ledger counts ``tokens``."""
-    rc = RedisCluster.from_url(s.redis_url.replace("?cluster=1", ""))
+    rc = RedisCluster.from_url(live_url(valkey).replace("?cluster=1", ""))
     try:
         left = settle_to_zero(lambda: leftovers(rc, s.keys, tenant, list(TIERS)))
         drift = settle_to_zero(lambda: ledger_tokens(rc, s.keys, tenant) - tokens)
@@ -170,7 +174,7 @@ def test_a_slot_moved_while_its_streams_are_open(
     check_answers(load.answers, row)
     fault_rows.append(row)
     assert any(a.status == 200 and a.started > t0 for a in load.answers)
-    check_nothing_left(running, tenant, received([ref, *streams], load.answers))
+    check_nothing_left(valkey, running, tenant, received([ref, *streams], load.answers))
     assert not tracebacks(running, marks)
 
 
@@ -206,6 +210,40 @@ def test_a_master_killed_under_load_fails_over_to_its_replica(
           f"(bound {FAILOVER_BOUND_S:.1f} s), slowest answer meanwhile {slowest:.2f} s, "
           f"{sum(a.status != 200 for a in [*load.answers, *probes])} refused")
     assert recovery <= FAILOVER_BOUND_S, recovery
-    check_nothing_left(running, tenant, received([ref, *streams], load.answers + probes))
+    check_nothing_left(valkey, running, tenant, received([ref, *streams], load.answers + probes))
     assert not tracebacks(running, marks)
 
+
+
+def test_cancels_reach_the_workers_after_the_node_they_listened_on_died(
+        valkey: ValkeyCluster, running: Stack) -> None:
+    """The workers' cancel listeners (pub/sub: any node hears a cluster's PUBLISH) follow
+    the cluster when their node dies: a cancel still stops generation at once."""
+    listened = subscribed_nodes(valkey)
+    assert listened, "no worker listens for cancels"
+    for node in listened:
+        node.kill()
+    wait_healthy(valkey)
+    url = live_url(valkey)
+    key = make_tenant(url, running.ns, "cancelled")
+    body = {"model": model_of(running, key), "prompt": "x", "max_tokens": 1500,
+            "stream": True}  # 30 s of 20 ms steps unless cancelled
+    with httpx.Client(base_url=running.url, timeout=30,
+                      headers={"Authorization": f"Bearer {key}"}) as c:
+        deadline = time.monotonic() + 30
+        while True:  # the failover of a dead master first, if one was
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                if r.status_code == 200:
+                    line = next(ln for ln in r.iter_lines() if ln.startswith("data: "))
+                    rid = json.loads(line[6:])["id"]
+                    cancelled = c.post(f"/v1/requests/{rid}/cancel")
+                    break
+            assert time.monotonic() < deadline, r.status_code
+            time.sleep(0.1)
+    assert cancelled.status_code == 200, cancelled.text
+    t0 = time.monotonic()
+    left = [settle_to_zero(lambda p=port: engine_requests(p), timeout=10)
+            for _, port in running.workers]
+    print(f"\ncancel after the listened node died: engines idle "
+          f"{time.monotonic() - t0:.2f} s after it")
+    assert left == [0, 0], "a cancel did not reach the worker: it generated on"

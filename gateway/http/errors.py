@@ -88,7 +88,8 @@ def output_lost() -> APIError:
 
 
 def request_lost() -> APIError:
-    """A request Redis lost with its data before any output was written (``recovery.py``)."""
+    """A request Redis lost with its data before any output was written (``recovery.py``),
+    or whose admission a failover lost (``relay.py``)."""
     return APIError(503, "the request was lost: the server's backend (Redis) lost its data; "
                          "retry the request", code="backend_unavailable",
                     retry_after=BACKEND_RETRY_AFTER_S)

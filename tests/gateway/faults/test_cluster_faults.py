@@ -131,7 +131,8 @@ def tracebacks(s: Stack, since: list[int]) -> list[str]:
     """The tracebacks the gateway and the workers logged after ``since`` (lines then, per
     process, as ``log_marks`` gave them): an outage is said in one line, not a traceback."""
     procs = [s.gateway, *(w for w, _ in s.workers)]
-    return [line for p, n in zip(procs, since) for line in p.lines[n:] if "Traceback" in line]
+    return ["".join(p.lines[i - 1:i + 30]) for p, n in zip(procs, since)
+            for i in range(n, len(p.lines)) if "Traceback" in p.lines[i]]
 
 
 def log_marks(s: Stack) -> list[int]:

@@ -52,7 +52,7 @@ from tests.gateway.faults.cluster_faults import (
     wait_healthy,
 )
 from tests.gateway.faults.stack import StreamReader
-from tests.gateway.faults.table import FaultRow
+from tests.gateway.faults.table import LEDGER_ROWS, FaultRow, LedgerRow
 from tests.gateway.harness import make_tenant
 
 pytestmark = [pytest.mark.timeout(180),
@@ -143,14 +143,17 @@ def log_marks(s: Stack) -> list[int]:
     return [len(p.lines) for p in [s.gateway, *(w for w, _ in s.workers)]]
 
 
-def check_nothing_left(valkey: ValkeyCluster, s: Stack, tenant: str, tokens: int) -> None:
-    """No lease, no queue entry, no engine request left; the ledger counts ``tokens``."""
+def check_nothing_left(valkey: ValkeyCluster, s: Stack, tenant: str, tokens: int,
+                       row: FaultRow) -> None:
+    """No lease, no queue entry, no engine request left; the ledger counts ``tokens`` (a row
+    of the run's ledger table, named as ``row``)."""
     rc = RedisCluster.from_url(live_url(valkey).replace("?cluster=1", ""))
     try:
         left = settle_to_zero(lambda: leftovers(rc, s.keys, tenant, list(TIERS)))
         drift = settle_to_zero(lambda: ledger_tokens(rc, s.keys, tenant) - tokens)
     finally:
         rc.close()
+    LEDGER_ROWS.append(LedgerRow(row.scenario, tokens, tokens + drift, row.requests + 1))
     assert not any(left.values()), left
     assert drift == 0, f"the ledger counts {drift} tokens more than the clients received"
     for _, port in s.workers:
@@ -179,7 +182,8 @@ def test_a_slot_moved_while_its_streams_are_open(
     check_answers(load.answers, row)
     fault_rows.append(row)
     assert any(a.status == 200 and a.started > t0 for a in load.answers)
-    check_nothing_left(valkey, running, tenant, received([ref, *streams], load.answers))
+    check_nothing_left(valkey, running, tenant, received([ref, *streams], load.answers),
+                       row)
     assert not tracebacks(running, marks)
 
 
@@ -215,7 +219,8 @@ def test_a_master_killed_under_load_fails_over_to_its_replica(
           f"(bound {FAILOVER_BOUND_S:.1f} s), slowest answer meanwhile {slowest:.2f} s, "
           f"{sum(a.status != 200 for a in [*load.answers, *probes])} refused")
     assert recovery <= FAILOVER_BOUND_S, recovery
-    check_nothing_left(valkey, running, tenant, received([ref, *streams], load.answers + probes))
+    check_nothing_left(valkey, running, tenant,
+                       received([ref, *streams], load.answers + probes), row)
     assert not tracebacks(running, marks)
 
 

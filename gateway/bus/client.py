@@ -41,7 +41,7 @@ BLOCKING_MAX_CONNECTIONS = 16
 # A cluster command that meets a failing-over or moving slot (a refused connection,
 # CLUSTERDOWN) is retried, the topology read again before each try, with a backoff from 10 ms
 # that stops growing at CLUSTER_RETRY_CAP_S: with redis-py's 1 s cap, clients noticed a
-# promoted replica 1.3 s after the promotion, with this one 0.4 s after it
+# promoted replica 1.3 s after the promotion, with this one 0.4-0.9 s after it
 # (tests/gateway/faults/test_cluster_faults.py). CLUSTER_RETRIES tries ride out about 4 s (a
 # failover with a node timeout of 1-2 s) before the call fails: the request gets a 503 with
 # Retry-After.

@@ -13,12 +13,17 @@ from __future__ import annotations
 import logging
 import time
 
+from redis.exceptions import ClusterError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # Errors that mean "Redis is not there" (refused, reset, timed out, loading its data):
-# retried quietly. redis-py's BusyLoadingError is a ConnectionError.
-UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+# retried quietly. redis-py's BusyLoadingError is a ConnectionError. On a Redis Cluster, a
+# slot whose master is failing over (CLUSTERDOWN, MASTERDOWN) or that is being moved to
+# another master (TRYAGAIN: a script's keys are split between the two for the moment; redis-py
+# gives up after 16 tries with "TTL exhausted", a ClusterError) is unreachable for as long.
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError, ClusterError,
+               TryAgainError)
 
 _BY_LOGGER: dict[str, OutageLog] = {}
 

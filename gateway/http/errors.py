@@ -78,8 +78,18 @@ def backend_unavailable() -> APIError:
                     code="backend_unavailable", retry_after=BACKEND_RETRY_AFTER_S)
 
 
+def output_lost() -> APIError:
+    """Part of a request's output never reached Redis's new master: a Redis Cluster or
+    Sentinel failover lost writes its old master had acknowledged but not yet replicated
+    (``relay.py``: the token offsets show the gap)."""
+    return APIError(503, "part of the output was lost in a failover of the server's backend "
+                         "(Redis); retry the request", code="output_lost",
+                    retry_after=BACKEND_RETRY_AFTER_S)
+
+
 def request_lost() -> APIError:
-    """A request Redis lost with its data before any output was written (``recovery.py``)."""
+    """A request Redis lost with its data before any output was written (``recovery.py``),
+    or whose admission a failover lost (``relay.py``)."""
     return APIError(503, "the request was lost: the server's backend (Redis) lost its data; "
                          "retry the request", code="backend_unavailable",
                     retry_after=BACKEND_RETRY_AFTER_S)

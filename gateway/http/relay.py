@@ -25,7 +25,13 @@ from starlette.types import Receive, Scope, Send
 from engine.core.finish import FinishReason
 from gateway.bus.messages import FinishMsg, Message, TokenMsg, outcome
 from gateway.http.cancel import wait_for_disconnect
-from gateway.http.errors import APIError, error_bytes, request_lost, server_shutting_down
+from gateway.http.errors import (
+    APIError,
+    error_bytes,
+    output_lost,
+    request_lost,
+    server_shutting_down,
+)
 from gateway.http.openai.format import SSE_DONE, Formatter, sse
 from gateway.tenancy.ledger import LedgerEntry
 from gateway.tenancy.tenants import Tenant
@@ -37,6 +43,9 @@ if TYPE_CHECKING:  # services.py builds what the relay uses: imported for types 
 log = logging.getLogger("carpool.gateway")
 
 CLEANUP_TIMEOUT_S = 5.0
+# A request with no output this long (queued, or its admission lost in a failover) checks
+# that Redis still has it, and again as often: one EXISTS per waiting request per period.
+LOST_CHECK_S = 5.0
 # How long the shutdown's last event may take to send: the relays are ended ``END_MARGIN_S``
 # (1 s, ``cli/serve.py``) before uvicorn cancels them, and a send blocked on a client that
 # stopped reading must not still be waiting then (a traceback), nor delay the cancel after it.
@@ -45,6 +54,19 @@ SHUTDOWN_SEND_TIMEOUT_S = 0.25
 
 class Stalled(Exception):
     """The client stopped reading: a send did not complete within the stall timeout."""
+
+
+class AdmissionLost(Exception):
+    """The request's record is gone from Redis while it waits for output: a failing-over
+    master had acknowledged the admission but not replicated it, so no worker will ever run
+    it. The client is told at once (``request_lost``) instead of at its deadline."""
+
+
+class OutputGap(Exception):
+    """Token messages are missing before the one that came (its ``offset`` is past the
+    tokens received): writes a failing-over Redis master had acknowledged but not yet
+    replicated are gone. The client is told (``output_lost``) rather than sent a text with a
+    hole in it."""
 
 
 @dataclass
@@ -125,6 +147,12 @@ class RelayResponse:
                      f"{self.services.config.request_timeout_s:g}s", code="timeout"))
         except Stalled:
             cancel_source = "stalled"
+        except OutputGap:
+            cancel_source = "output_lost"  # the worker stops generating what nobody reads
+            await self._send_error_end(send, output_lost())
+        except AdmissionLost:
+            cancel_source = "lost"
+            await self._send_error_end(send, request_lost())
         except asyncio.CancelledError:
             if self.ended_by is None or me is None:
                 raise  # cancelled from outside (uvicorn): the clean-up below still runs
@@ -199,21 +227,43 @@ class RelayResponse:
         queue = mux.register(key)
         try:
             while not self.closing:
-                batch = await queue.get()
+                if self.state.first_token_at is not None:
+                    batch = await queue.get()
+                else:  # no output yet: now and then, ask whether Redis still has the request
+                    try:
+                        batch = await asyncio.wait_for(queue.get(), LOST_CHECK_S)
+                    except TimeoutError:
+                        await self._check_admitted()
+                        continue
                 while not queue.empty():
                     batch = batch + queue.get_nowait()
                 yield self._fresh(batch)
         finally:
             mux.unregister(key)
 
+    async def _check_admitted(self) -> None:
+        """Raise ``AdmissionLost`` if the request's record is gone from Redis (it lives
+        past the deadline): only a failover that lost the admission removes it this early.
+        Redis away: nothing is known, the request waits on."""
+        try:
+            found = await self.services.redis.exists(
+                self.services.keys.req(self.ctx.request_id, self.ctx.tenant.id))
+        except RedisError:
+            return
+        if not found:
+            raise AdmissionLost(self.ctx.request_id)
+
     def _fresh(self, batch: list[Message]) -> list[Message]:
         """``batch`` without the token messages already received (an ``offset`` behind the
-        tokens so far): a step write the worker retried after Redis had applied it."""
+        tokens so far): a step write the worker retried after Redis had applied it. A
+        message past them (tokens missing before it) raises ``OutputGap``."""
         out, have = [], self.state.completion_tokens
         for msg in batch:
             if isinstance(msg, TokenMsg) and msg.offset is not None:
                 if msg.offset < have:
                     continue
+                if msg.offset > have:
+                    raise OutputGap(f"tokens {have}..{msg.offset - 1} missing")
                 have = msg.offset + len(msg.token_ids)
             out.append(msg)
         return out
@@ -369,7 +419,8 @@ def _outcome(finish: FinishMsg | None) -> str:
 # The ledger's error code of a relay cancelled by ``cancel_source``
 _CANCEL_CODES = {"disconnect": "cancelled_by_client", "deadline": "timeout",
                  "stalled": "client_stalled", "shutdown": "server_shutdown",
-                 "lost": "request_lost", "error": "gateway_error"}
+                 "lost": "request_lost", "error": "gateway_error",
+                 "output_lost": "output_lost"}
 
 
 def _error_code(cancel_source: str | None, finish: FinishMsg | None) -> str:

@@ -22,6 +22,7 @@ from gateway.bench.sla_load import Prompts, Stream, calibrate, run_row, tokens_p
 from gateway.bench.sla_report import Row
 from gateway.bench.sla_split import gained, preemptions, tier_budget
 from gateway.bench.sla_targets import held_target
+from gateway.worker.urgent_demand import WINDOW_S as DEMAND_WINDOW_S
 from policies.tiers import BATCH, BEST_EFFORT, INTERACTIVE
 
 SECRET = "bench-sla-secret"
@@ -50,7 +51,7 @@ class Bench:
 
     async def row(self, name: str, streams: list[Stream], duration: float) -> Row:
         before = await self.metrics()
-        targets: list[float] = []
+        targets: list[tuple[float, float]] = []
         sampler = asyncio.create_task(self.sample_tpot_target(targets))
         try:
             run = await run_row(self.target, self.prompts, streams, duration, self.args.grace)
@@ -63,11 +64,12 @@ class Bench:
         return Row(name, run, cut_at, kv_used, left,
                    metric_sum(after, "carpool_requests_total")
                    - metric_sum(before, "carpool_requests_total"), await self.step_law(),
-                   budgets, preemptions(d), held_target(targets))
+                   budgets, preemptions(d),
+                   held_target(targets, run.start + DEMAND_WINDOW_S, run.end))
 
-    async def sample_tpot_target(self, into: list[float]) -> None:
-        """Append interactive's TPOT target in force every TARGET_SAMPLE_S while the row
-        runs. Why not once after the drain: a derived target follows interactive's demand
+    async def sample_tpot_target(self, into: list[tuple[float, float]]) -> None:
+        """Append (``time.perf_counter()``, interactive's TPOT target in force) every
+        TARGET_SAMPLE_S while the row runs. Why not once after the drain: a derived target follows interactive's demand
         (its step alone at the rate it asks), and with no demand left after the drain it is
         the small step's (bench sla at 0.5x capacity: 114 ms read after the row against
         115-180 ms held while it ran)."""
@@ -77,7 +79,7 @@ class Bench:
             except (OSError, RedisError):  # a read lost to a busy server: the next one counts
                 target = None
             if target is not None:
-                into.append(target)
+                into.append((time.perf_counter(), target))
             await asyncio.sleep(TARGET_SAMPLE_S)
 
     async def tpot_target(self) -> float | None:

@@ -98,10 +98,14 @@ def budget_ms(alone: Row, row: Row) -> float:
     return DERIVED_TPOT_HEADROOM * alone.tpot_ms("interactive", 0.5)
 
 
-def held_target(samples: list[float]) -> float | None:
-    """The TPOT target a row held: the median of the values read while it ran (None: none
-    read)."""
-    return statistics.median(samples) if samples else None
+def held_target(samples: list[tuple[float, float]], since: float, until: float
+                ) -> float | None:
+    """The TPOT target a row held: the median of the (time, value) samples read from
+    ``since`` (the row's start plus the worker's demand window: a derived target follows the
+    demand it measured over that window, which fills from nothing at the row's start) to
+    ``until`` (its offering's end); all of them when none fall there (None: none read)."""
+    steady = [v for t, v in samples if since <= t <= until] or [v for _, v in samples]
+    return statistics.median(steady) if steady else None
 
 
 def _ratio(a: float, b: float) -> float:

@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from gateway.bench.sla_client import Call, metric_sum, parse_metrics
 from gateway.bench.sla_load import Prompts, tokens_in, tokens_per_request
 from gateway.bench.sla_report import COLUMNS, Row, table, targets
 from gateway.bench.sla_sweep import SweepRow, sweep_table
-from gateway.bench.sla_targets import restated_targets
+from gateway.bench.sla_targets import held_target, restated_targets
 from policies.ttft_split import LABELS
 
 ROWS = ("alone", "overload", "fcfs", "light", "heavy", "backlog")
@@ -325,3 +326,13 @@ def test_the_restated_bulk_target_is_against_the_reach_within_the_budget(
         got = {t.what: t.value for t in restated_targets(by, 0.1)}
         want = _goodput(by["overload"]) / min(reach, _goodput(by["fcfs"]))
         assert math.isclose(got[what], want, rel_tol=1e-9), scale
+
+
+def test_the_held_target_is_the_median_of_the_steady_samples() -> None:
+    """The row's start (the demand window filling) and its grace are left out; with no
+    sample in the steady part, every sample counts."""
+    samples = [(0.0, 0.10), (5.0, 0.12), (11.0, 0.18), (15.0, 0.20), (20.0, 0.19),
+               (30.0, 0.11)]
+    assert held_target(samples, 10.0, 25.0) == 0.19  # the median of 0.18, 0.20, 0.19
+    assert held_target(samples, 40.0, 50.0) == statistics.median(v for _, v in samples)
+    assert held_target([], 0.0, 1.0) is None

@@ -17,7 +17,10 @@ the decode step and the lower rows' prompts (``gateway.worker.step_pricing``).
 The law is corrected by measurement (``policies.tpot_loop``): the target follows interactive's
 measured steps alone (``tpot_target``), and the cap is priced to ``gain`` x the target, the gain
 moved by how far the mean step interactive ran in was from the target, once enough such steps
-gathered (``next_gain``); never to a cap under interactive's own rows, and not further down
+gathered (``next_gain``). Measured steps are *periods* (``MAX_GAP_S``): a row's TPOT is the
+time between the steps that run it, and in one process with the HTTP edge the step thread
+waits for the GIL between steps (bench sla's alone row on a busy 2-core VM: served TPOT 165
+ms against ~100-115 ms targets from compute seconds); never to a cap under interactive's own rows, and not further down
 while that floor holds. Each step's interactive rows are counted on the step thread
 (``ScheduledRequest.priority``).
 
@@ -87,6 +90,11 @@ from policies.tpot_loop import ALONE_MAX_AGE_S, LOOP_STEPS_KEPT, LoopStep, enoug
 log = logging.getLogger("carpool.worker")
 
 REFIT_INTERVAL_S = 1.0
+# A step's period is the time from the previous step's end to its own: its compute plus what
+# the step thread waited between them (the GIL beside the event loop's HTTP, Redis and
+# output work; the inbox), which every running row waits too. At most this much wait
+# counts: a longer one is an idle engine, not a row's wait.
+MAX_GAP_S = 0.25
 # Refit interval while the model is cold (fewer than min_samples steps): the per-row mean
 # costs nothing to fit, and each step without a cap can cost interactive a whole prefill.
 COLD_REFIT_INTERVAL_S = 0.1
@@ -111,7 +119,10 @@ class StepBudget:
         self.refit_interval_s = refit_interval_s
         # Steps seen on the step thread, not yet fed to the model (deque: thread-safe ends):
         # (rows, tokens, context tokens, seconds, prefill rows, interactive rows)
-        self._pending: deque[tuple[int, int, int, float, int, int]] = deque(maxlen=4096)
+        # (rows, tokens, context tokens, seconds, prefill rows, interactive rows, period: from
+        # the last step's end to this one's, what a row waits between its tokens)
+        self._pending: deque[tuple[int, int, int, float, int, int, float]] = deque(maxlen=4096)
+        self._last_step_end: float | None = None  # perf_counter at the last step observed
         self._remove: Callable[[], None] | None = None
         self.clock: Callable[[], float] = time.monotonic
         # what the cap is priced to, as a multiple of the target: the measured loop's
@@ -183,7 +194,11 @@ class StepBudget:
         prefill_rows = sum(len(s.token_ids) > 1 for s in out.scheduled)
         urgent = self.urgent_priority
         urgent_rows = sum(s.priority <= urgent for s in out.scheduled)
-        self._pending.append((rows, tokens, kv_tokens, seconds, prefill_rows, urgent_rows))
+        now = time.perf_counter()
+        last, self._last_step_end = self._last_step_end, now
+        period = seconds if last is None else max(seconds, min(now - last, seconds + MAX_GAP_S))
+        self._pending.append((rows, tokens, kv_tokens, seconds, prefill_rows, urgent_rows,
+                              period))
 
     async def run(self) -> None:
         """Refit and set the cap every ``refit_interval_s`` (a worker task). The fit runs on a
@@ -299,18 +314,20 @@ class StepBudget:
             steps.clear()
 
     def _feed(self) -> list[LoopStep]:
-        """Feed the pending steps to the model and the measured steps (the small decode
-        step, interactive alone); returns them as the loop's window."""
+        """Feed the pending steps to the model (their compute seconds: what the step's shape
+        costs) and the measured steps (the small decode step, interactive alone) and the
+        loop's window (their periods: what a row waits between tokens, the TPOT a client
+        sees); returns the window."""
         pending, window, now = self._pending, [], self.clock()
         while pending:
-            rows, tokens, kv_tokens, seconds, prefill_rows, urgent = pending.popleft()
+            rows, tokens, kv_tokens, seconds, prefill_rows, urgent, period = pending.popleft()
             self.model.observe(rows, tokens, kv_tokens, seconds, prefill_rows)
             if not prefill_rows and rows == SMALL_BATCH_ROWS:
-                self._tpot.small_steps.append(seconds)
+                self._tpot.small_steps.append(period)
             if urgent == rows and self._lower_held == (0, 0):
                 self._tpot.alone_steps.append((now, rows, tokens, kv_tokens, prefill_rows,
-                                               seconds))
-            window.append(LoopStep(seconds, rows, urgent))
+                                               period))
+            window.append(LoopStep(period, rows, urgent))
         alone = self._tpot.alone_steps
         while alone and alone[0][0] < now - ALONE_MAX_AGE_S:
             alone.popleft()

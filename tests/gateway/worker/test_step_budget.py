@@ -4,6 +4,7 @@ the real tiny-model engine inside a worker the cap reaches the engine's schedule
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import redis.asyncio as aioredis
 from engine.core.outputs import ScheduledRequest, SchedulerOutput
 from engine.core.sampling_params import SamplingParams
 from engine.frontend.async_engine import AsyncEngine
-from gateway.worker.step_budget import StepBudget
+from gateway.worker.step_budget import MAX_GAP_S, StepBudget
 from gateway.worker.step_pricing import (
     LOWER_PROMPT_PER_OUTPUT,
     MIN_LOWER_PREFILL_RATE,
@@ -542,3 +543,25 @@ def test_the_tpot_budget_setting_scales_the_derived_target(budget_x: float) -> N
     scaled.update()
     assert default.target_s is not None and scaled.target_s is not None
     assert scaled.target_s == pytest.approx(default.target_s / DERIVED_TPOT_HEADROOM * budget_x)
+
+
+def test_the_loop_sees_each_steps_period_and_the_law_its_compute() -> None:
+    """A step's period runs from the previous step's end to its own (the wait between steps
+    is every row's too), at most ``MAX_GAP_S`` of wait (longer: an idle engine); the
+    step-cost law is fed the compute seconds alone."""
+    engine = RecordingEngine()
+    budget = StepBudget(engine)  # type: ignore[arg-type]
+    budget.attach()
+    out, _ = synthetic_step(4, 100, urgent=4)
+    observe = engine.observers[0]
+    observe(out, 0.01)
+    time.sleep(0.05)
+    observe(out, 0.01)
+    time.sleep(MAX_GAP_S + 0.15)
+    observe(out, 0.01)
+    first, second, third = budget._feed()
+    assert first.seconds == 0.01  # no step before it: its compute
+    assert 0.05 <= second.seconds <= 0.01 + MAX_GAP_S
+    assert third.seconds == pytest.approx(0.01 + MAX_GAP_S)
+    assert budget.model.num_samples == 3
+    assert [s for *_, s in budget.model.rows_and_seconds()][-3:] == [0.01] * 3

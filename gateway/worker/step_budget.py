@@ -92,8 +92,10 @@ log = logging.getLogger("carpool.worker")
 REFIT_INTERVAL_S = 1.0
 # A step's period is the time from the previous step's end to its own: its compute plus what
 # the step thread waited between them (the GIL beside the event loop's HTTP, Redis and
-# output work; the inbox), which every running row waits too. At most this much wait
-# counts: a longer one is an idle engine, not a row's wait.
+# output work; the inbox), which every running row waits too. Only a step with a decode row
+# has one (a step of prompts alone may follow an idle engine: bench sla's alone row, with
+# the idle waits counted, set a 240 ms target beside a 99 ms served TPOT), and at most this
+# much wait counts.
 MAX_GAP_S = 0.25
 # Refit interval while the model is cold (fewer than min_samples steps): the per-row mean
 # costs nothing to fit, and each step without a cap can cost interactive a whole prefill.
@@ -196,7 +198,9 @@ class StepBudget:
         urgent_rows = sum(s.priority <= urgent for s in out.scheduled)
         now = time.perf_counter()
         last, self._last_step_end = self._last_step_end, now
-        period = seconds if last is None else max(seconds, min(now - last, seconds + MAX_GAP_S))
+        # a step of prompts only may follow an idle engine: no row waited for it
+        waited = last is not None and prefill_rows < rows
+        period = max(seconds, min(now - last, seconds + MAX_GAP_S)) if waited else seconds
         self._pending.append((rows, tokens, kv_tokens, seconds, prefill_rows, urgent_rows,
                               period))
 

@@ -547,8 +547,8 @@ def test_the_tpot_budget_setting_scales_the_derived_target(budget_x: float) -> N
 
 def test_the_loop_sees_each_steps_period_and_the_law_its_compute() -> None:
     """A step's period runs from the previous step's end to its own (the wait between steps
-    is every row's too), at most ``MAX_GAP_S`` of wait (longer: an idle engine); the
-    step-cost law is fed the compute seconds alone."""
+    is every decode row's too), at most ``MAX_GAP_S`` of wait; a step of prompts alone has
+    none (it may follow an idle engine); the step-cost law is fed the compute seconds."""
     engine = RecordingEngine()
     budget = StepBudget(engine)  # type: ignore[arg-type]
     budget.attach()
@@ -559,9 +559,13 @@ def test_the_loop_sees_each_steps_period_and_the_law_its_compute() -> None:
     observe(out, 0.01)
     time.sleep(MAX_GAP_S + 0.15)
     observe(out, 0.01)
-    first, second, third = budget._feed()
+    prompts, _ = synthetic_step(0, 100, prefill=30)
+    time.sleep(0.05)
+    observe(prompts, 0.01)  # prompts alone: maybe after an idle engine, no row waited
+    first, second, third, fourth = budget._feed()
     assert first.seconds == 0.01  # no step before it: its compute
     assert 0.05 <= second.seconds <= 0.01 + MAX_GAP_S
     assert third.seconds == pytest.approx(0.01 + MAX_GAP_S)
-    assert budget.model.num_samples == 3
-    assert [s for *_, s in budget.model.rows_and_seconds()][-3:] == [0.01] * 3
+    assert fourth.seconds == 0.01
+    assert budget.model.num_samples == 4
+    assert [s for *_, s in budget.model.rows_and_seconds()][-4:] == [0.01] * 4

@@ -10,6 +10,12 @@ slot. ``docs/architecture.md`` ("Redis key layout") gives the reasons.
     {ns}:{T}:q:{tier}:{tenant}   stream  queued/running SubmitMsg envelopes (group "workers")
     {ns}:{T}:qt:{tier}           set     the shard's tenants that have a stream in the tier
     {ns}:{T}:qa:{tier}           hash    tenant -> entries not yet picked (backlogged tenants)
+    {ns}:{T}:qp                  set     the pending index: "{tier}:{tenant}" of the shard's
+                                         streams that hold picked, unacknowledged entries (at
+                                         most one more member per stream emptied since the
+                                         last reclaim round; ``bus/pending.py``)
+    {ns}:{T}:qc:{worker}         set     "{tier}:{tenant}" of the shard's streams where the
+                                         worker is a consumer (emptied at its departure)
     {ns}:{T}:qd                  hash    tier -> the shard's queued + running entries;
                                          "b:{tier}" -> its entries not yet picked
     {ns}:{T}:vtc:{tier}          hash    tenant -> virtual token counter; ":s:{tenant}" -> its
@@ -96,6 +102,12 @@ class RedisKeys:
 
     def backlogged(self, tier: str, shard: int) -> str:
         return f"{self.tag(shard)}:qa:{tier}"
+
+    def pending(self, shard: int) -> str:
+        return f"{self.tag(shard)}:qp"
+
+    def consumed(self, worker: str, shard: int) -> str:
+        return f"{self.tag(shard)}:qc:{worker}"
 
     def depth(self, shard: int) -> str:
         return f"{self.tag(shard)}:qd"

@@ -167,7 +167,8 @@ return 1
 
 
 # KEYS: backlogged (hash), vtc (hash) of one tier in one shard, the shard's depth hash (its
-#       'b:' .. tier count of entries not yet picked), then the candidates' streams
+#       'b:' .. tier count of entries not yet picked), the shard's pending index (set) and the
+#       consumer's streams there (set; ``bus/pending.py``), then the candidates' streams
 # ARGV: group, consumer, count, virtual time ('' = none), ceiling ('' = none), tier, placement
 # wait (ms; 0 = preferences ignored), then the candidates (tenants, one per stream key, in order: those the caller's backlog view listed,
 # less the tenants over their seat share, ``policies.tenant_seats``, whose entries stay queued)
@@ -188,8 +189,10 @@ return 1
 # ('' = none held). Placement (wait > 0): a candidate whose next entry names another worker
 # ('p', set by ADMIT_LUA) and is younger than the wait (by its id's milliseconds, on Redis's
 # clock) is passed over, the next candidate in fair order taken instead: the named worker
-# takes it at once, anyone after the wait. Every key it touches is declared: one slot on a
-# cluster.
+# takes it at once, anyone after the wait. A stream an entry was read from joins the shard's
+# pending index and the consumer's set, in the same step as the read (member tier .. ':' ..
+# tenant): a pending entry is always found by the reclaim. Every key it touches is declared:
+# one slot on a cluster.
 PICK_LUA = """
 local group, consumer = ARGV[1], ARGV[2]
 local wait_ms = tonumber(ARGV[7])
@@ -199,8 +202,8 @@ local waiting = 'b:' .. ARGV[6]
 local function unwait(n)
   if redis.call('HINCRBY', KEYS[3], waiting, -n) < 0 then redis.call('HSET', KEYS[3], waiting, 0) end
 end
-for i = 4, #KEYS do
-  local t = ARGV[i + 4]
+for i = 6, #KEYS do
+  local t = ARGV[i + 2]
   cand[#cand + 1] = t
   stream[t] = KEYS[i]
 end
@@ -303,6 +306,8 @@ while #out < tonumber(ARGV[3]) do
     redis.call('HINCRBYFLOAT', KEYS[2], best, cost)
     redis.call('HINCRBYFLOAT', KEYS[2], ':s:' .. best, cost)
     redis.call('HSET', KEYS[2], ':last', best)
+    redis.call('SADD', KEYS[4], ARGV[6] .. ':' .. best)
+    redis.call('SADD', KEYS[5], ARGV[6] .. ':' .. best)
     out[#out + 1] = {key, entry[1], f, at}
   end
 end
@@ -319,7 +324,7 @@ return {out, left, held_ms and tostring(held_ms) or ''}
 # -- cancellation (``http/cancel.py``, through ``queues.py``) ---------------------------------
 
 # KEYS (the tenant's shard): req, out, stats, queue (the request's tier stream of its tenant),
-#       backlogged (that tier's), depth, the tier's tenant set
+#       backlogged (that tier's), depth, the tier's tenant set, the pending index
 # ARGV: reader_gone (0/1), cancel payload, channel, finish type, finish data, ttl, group, tier
 # Returns the state found: queued | running | finished | cancelled | unknown. An entry deleted
 # before any worker picked it leaves its tenant's backlog count and the tier's depth.
@@ -344,6 +349,7 @@ if st == 'queued' then
     if redis.call('XLEN', q) == 0 then  -- an empty stream goes, and its tenant leaves the set
       redis.call('DEL', q)
       redis.call('SREM', KEYS[7], t)
+      redis.call('SREM', KEYS[8], ARGV[8] .. ':' .. t)
     end
   end
   if ARGV[1] == '1' then
@@ -368,7 +374,8 @@ return st
 
 # -- one engine step's outputs (``worker/writer.py``, through ``queues.py``) -----------------
 
-# KEYS (one shard: the writer sends a call per shard): stats, depth, then per request: req,
+# KEYS (one shard: the writer sends a call per shard): stats, depth, the pending index
+#       (``bus/pending.py``: a deleted stream leaves it), then per request: req,
 #       out, queue, vtc (its tier's counters), usage (its ledger hash, ``tenancy/ledger.py``),
 #       the tier's tenant set
 # ARGV: ttl, (unused), group, token type, finish type, ledger retention (s), then per
@@ -391,8 +398,8 @@ return st
 # writes the delivered), once, with the finish.
 STEP_LUA = """
 local ttl, group = tonumber(ARGV[1]), ARGV[3]
-for i = 0, (#KEYS - 2) / 6 - 1 do
-  local req, out, queue = KEYS[3 + 6 * i], KEYS[4 + 6 * i], KEYS[5 + 6 * i]
+for i = 0, (#KEYS - 3) / 6 - 1 do
+  local req, out, queue = KEYS[4 + 6 * i], KEYS[5 + 6 * i], KEYS[6 + 6 * i]
   local a = 7 + 12 * i
   local gone, tok = ARGV[a + 1] == '1', ARGV[a + 2]
   local fresh = true
@@ -409,8 +416,8 @@ for i = 0, (#KEYS - 2) / 6 - 1 do
       redis.call('HSET', req, 'state', 'finished')
       redis.call('HINCRBY', KEYS[1], ARGV[a + 5], 1)
       if ARGV[a + 8] ~= '' then
-        redis.call('HINCRBY', KEYS[7 + 6 * i], ARGV[a + 8] .. 'x', ARGV[a + 9])
-        redis.call('EXPIRE', KEYS[7 + 6 * i], tonumber(ARGV[6]))
+        redis.call('HINCRBY', KEYS[8 + 6 * i], ARGV[a + 8] .. 'x', ARGV[a + 9])
+        redis.call('EXPIRE', KEYS[8 + 6 * i], tonumber(ARGV[6]))
       end
     else
       fresh = false
@@ -421,8 +428,9 @@ for i = 0, (#KEYS - 2) / 6 - 1 do
       redis.call('HSET', KEYS[2], ARGV[a + 10], 0)
     end
     if redis.call('XLEN', queue) == 0 then  -- an idle tenant's stream goes, and its tenant
-      redis.call('DEL', queue)              -- leaves the set: idle tenants cost no reclaim
-      redis.call('SREM', KEYS[8 + 6 * i], ARGV[a + 6])
+      redis.call('DEL', queue)              -- leaves the sets: idle tenants cost no reclaim
+      redis.call('SREM', KEYS[9 + 6 * i], ARGV[a + 6])
+      redis.call('SREM', KEYS[3], ARGV[a + 10] .. ':' .. ARGV[a + 6])
     end
   elseif not gone and tok ~= '' then
     redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok)
@@ -432,8 +440,8 @@ for i = 0, (#KEYS - 2) / 6 - 1 do
     end
   end
   if fresh and ARGV[a + 7] ~= '' then
-    redis.call('HINCRBYFLOAT', KEYS[6 + 6 * i], ARGV[a + 6], ARGV[a + 7])
-    redis.call('HINCRBYFLOAT', KEYS[6 + 6 * i], ':s:' .. ARGV[a + 6], ARGV[a + 7])
+    redis.call('HINCRBYFLOAT', KEYS[7 + 6 * i], ARGV[a + 6], ARGV[a + 7])
+    redis.call('HINCRBYFLOAT', KEYS[7 + 6 * i], ':s:' .. ARGV[a + 6], ARGV[a + 7])
   end
 end
 """

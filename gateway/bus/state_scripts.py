@@ -79,11 +79,12 @@ return out
 
 # -- an entry dropped unrun (``bus/queues.py``) -----------------------------------------------
 
-# KEYS: a tenant's stream, its shard's depth hash, the tier's tenant set of that shard
+# KEYS: a tenant's stream, its shard's depth hash, the tier's tenant set of that shard, the
+#       shard's pending index (``bus/pending.py``)
 # ARGV: group, entry id, tier, tenant
 # Acknowledges and deletes an entry dropped unrun (cancelled, finished, a duplicate); a
 # delete that found the entry leaves the tier's depth. A stream left empty is deleted and its
-# tenant leaves the set (``_PRUNE``).
+# tenant leaves the set and the index.
 DONE_LUA = """
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 then
@@ -92,7 +93,38 @@ end
 if redis.call('XLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[1])
   redis.call('SREM', KEYS[3], ARGV[4])
+  redis.call('SREM', KEYS[4], ARGV[3] .. ':' .. ARGV[4])
 end
+return 1
+"""
+
+
+# -- the pending index and departures (``bus/pending.py``) ---------------------------------
+
+# KEYS: the shard's pending index, a stream of it;  ARGV: group, the stream's member
+# The member leaves the index when the stream is gone or has no pending entry (checked in
+# the same step, so a pick that made one pending since the caller's read keeps it).
+PRUNE_LUA = """
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  local s = redis.pcall('XPENDING', KEYS[2], ARGV[1])
+  if type(s) == 'table' and not s.err and tonumber(s[1]) > 0 then return 0 end
+end
+redis.call('SREM', KEYS[1], ARGV[2])
+return 1
+"""
+
+# KEYS: the worker's streams set of one shard, a stream of it;  ARGV: group, worker, member
+# The worker leaves the stream's group if it holds no pending entry there (then the member
+# leaves its set; returns 1), else nothing changes (0: its entries are still to take over).
+DEPART_LUA = """
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  local rows = redis.pcall('XPENDING', KEYS[2], ARGV[1], '-', '+', 1, ARGV[2])
+  if type(rows) == 'table' and not rows.err then
+    if #rows > 0 then return 0 end
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[2], ARGV[1], ARGV[2])
+  end
+end
+redis.call('SREM', KEYS[1], ARGV[3])
 return 1
 """
 

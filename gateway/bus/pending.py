@@ -86,12 +86,12 @@ class PendingIndex:
                                for s, member, key in stale))
         return out
 
-    async def autoclaim(self, tier: str, consumer: str, min_idle_ms: int,
+    async def autoclaim(self, tier: str | None, consumer: str, min_idle_ms: int,
                         count: int = 16) -> list[Raw]:
-        """Take over entries of ``tier`` idle for ``min_idle_ms`` (their worker died), from
-        every indexed stream."""
+        """Take over entries of ``tier`` (None: every tier) idle for ``min_idle_ms`` (their
+        worker died), from every indexed stream."""
         out: list[Raw] = []
-        for s, member, key in await self.streams([tier]):
+        for s, member, key in await self.streams(None if tier is None else [tier]):
             try:
                 res = await self.redis.xautoclaim(key, GROUP, consumer, min_idle_ms, "0-0",
                                                   count=count)
@@ -106,11 +106,12 @@ class PendingIndex:
             out += got
         return out
 
-    async def claim_from(self, tier: str, dead: str, consumer: str, min_idle_ms: int,
+    async def claim_from(self, tier: str | None, dead: str, consumer: str, min_idle_ms: int,
                          count: int = 100) -> list[Raw]:
-        """Take over ``dead``'s pending entries of ``tier`` idle for ``min_idle_ms``."""
+        """Take over ``dead``'s pending entries of ``tier`` (None: every tier) idle for
+        ``min_idle_ms``."""
         out: list[Raw] = []
-        for s, member, key in await self.streams([tier]):
+        for s, member, key in await self.streams(None if tier is None else [tier]):
             try:
                 rows = await self.redis.xpending_range(key, GROUP, "-", "+", count,
                                                        consumername=dead, idle=min_idle_ms)

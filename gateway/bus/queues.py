@@ -232,10 +232,10 @@ class TierQueues:
                 if not _nogroup(exc):
                     raise  # NOGROUP: Redis lost the stream, and our entries with it
 
-    async def autoclaim(self, tier: str, consumer: str, min_idle_ms: int,
+    async def autoclaim(self, tier: str | None, consumer: str, min_idle_ms: int,
                         count: int = 16) -> list[Envelope]:
         """Take over entries idle for ``min_idle_ms`` (their worker died), from every stream
-        of ``tier`` in the pending index (``pending.py``)."""
+        of ``tier`` (None: every tier) in the pending index (``pending.py``)."""
         return [self._envelope(*r) for r in await self.pending.autoclaim(
             tier, consumer, min_idle_ms, count)]
 
@@ -243,9 +243,10 @@ class TierQueues:
         """The consumers that hold pending entries of ``tier`` (None: any tier)."""
         return await self.pending.holders(None if tier is None else [tier])
 
-    async def claim_from(self, tier: str, dead: str, consumer: str, min_idle_ms: int,
+    async def claim_from(self, tier: str | None, dead: str, consumer: str, min_idle_ms: int,
                          count: int = 100) -> list[Envelope]:
-        """Take over ``dead``'s pending entries of ``tier`` idle for ``min_idle_ms`` (a
+        """Take over ``dead``'s pending entries of ``tier`` (None: every tier) idle for
+        ``min_idle_ms`` (a
         worker known dead before the visibility timeout: ``recovery.DeadWorkers``)."""
         return [self._envelope(*r) for r in await self.pending.claim_from(
             tier, dead, consumer, min_idle_ms, count)]

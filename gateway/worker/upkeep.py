@@ -54,8 +54,8 @@ class Upkeep:
             by_stream.setdefault((rec.tier, rec.tenant), []).append(rec.entry_id)
         for (tier, tenant), ids in by_stream.items():
             await self.queues.heartbeat(tier, tenant, self.consumer, ids)
-        for tier in self.queues.tiers if not self._draining() else ():
-            reclaimed = await self.queues.autoclaim(tier, self.consumer, min_idle_ms)
+        if not self._draining():
+            reclaimed = await self.queues.autoclaim(None, self.consumer, min_idle_ms)
             if reclaimed:
                 await self._start(reclaimed, True)
 
@@ -69,11 +69,10 @@ class Upkeep:
         for dead in dead_ones if not self._draining() else ():
             log.warning("worker %s: status unchanged for %.0f s: taking over its requests",
                         dead, STALE_AFTER_S)
-            for tier in self.queues.tiers:
-                envs = await self.queues.claim_from(tier, dead, self.consumer,
-                                                    int(STALE_AFTER_S * 1000))
-                if envs:
-                    await self._start(envs, True)
+            envs = await self.queues.claim_from(None, dead, self.consumer,
+                                                int(STALE_AFTER_S * 1000))
+            if envs:
+                await self._start(envs, True)
             await self.depart(dead)
 
     async def depart(self, worker: str) -> int:

@@ -199,10 +199,9 @@ class Worker:
 
     async def _take_over(self, source: str) -> None:
         """Run every entry ``source`` holds (its ``HandoffMsg``): as a dead worker's."""
-        for tier in self.queues.tiers:
-            envs = await self.queues.claim_from(tier, source, self.consumer, 0)
-            if envs:
-                await self._start(envs, reclaim=True)
+        envs = await self.queues.claim_from(None, source, self.consumer, 0)
+        if envs:
+            await self._start(envs, reclaim=True)
 
     async def _writer_idle(self) -> None:
         while not self.writer.idle:

@@ -115,14 +115,23 @@ class TierQueues:
                 await conn.close()
 
     async def backlogs(self) -> dict[str, int]:
-        """Entries not yet delivered to any worker, per tier (every shard read, one script
-        call per shard; the view ``pick`` plans with)."""
+        """Entries not yet delivered to any worker, per tier (every shard read; the view
+        ``pick`` plans with)."""
         await self._read_shards(self.keys.shard_range())
         return self.view.totals()
 
     async def _read_shards(self, shards: Iterable[int]) -> None:
-        shards = list(shards)
+        """Each shard's count of entries not yet picked (one HMGET each), then the backlog
+        script only on the shards that have some: an idle shard costs one command."""
         k = self.keys
+        fields = [f"b:{t}" for t in self.tiers]
+        shards = list(shards)
+        counts = await asyncio.gather(*(self._call("HMGET", k.depth(s), *fields)
+                                        for s in shards))
+        for s, n in zip(shards, counts):
+            if not any(int(x or 0) > 0 for x in n):
+                self.view.update(s, [(0, [])] * len(self.tiers))
+        shards = [s for s, n in zip(shards, counts) if any(int(x or 0) > 0 for x in n)]
         res = await asyncio.gather(*(self._backlogs(
             keys=[*(key for t in self.tiers for key in (k.backlogged(t, s), k.vtc(t, s))),
                   k.depth(s)],
@@ -130,6 +139,11 @@ class TierQueues:
         for s, per_tier in zip(shards, res):
             self.view.update(s, per_tier)
         self.view.fresh = True
+
+    async def _call(self, *args: Any) -> Any:
+        if self._conn is not None:
+            return await self._conn.call(*args)
+        return await self.redis.execute_command(*args)
 
     async def pick(self, tier: str, consumer: str, count: int = 1,
                    skip: Iterable[str] = ()) -> list[Envelope]:

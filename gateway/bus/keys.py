@@ -7,7 +7,10 @@ tenant, of its requests and of the shard's part of each tier carries the shard's
 slot ranges), so admission, the fair pick, cancel, settle and a step's write each run in one
 slot. ``docs/architecture.md`` ("Redis key layout") gives the reasons.
 
-    {ns}:{T}:q:{tier}:{tenant}   stream  queued/running SubmitMsg envelopes (group "workers")
+    {ns}:{T}:q:{tier}:{tenant}   stream  queued/running SubmitMsg envelopes (group "workers");
+                                         bounded: the tier's queued + running entries are at
+                                         most queue_max_len (admission), a finished or
+                                         cancelled entry is deleted, an empty stream too
     {ns}:{T}:qt:{tier}           set     the shard's tenants that have a stream in the tier
     {ns}:{T}:qa:{tier}           hash    tenant -> entries not yet picked (backlogged tenants)
     {ns}:{T}:qp                  set     the pending index: "{tier}:{tenant}" of the shard's
@@ -20,7 +23,11 @@ slot. ``docs/architecture.md`` ("Redis key layout") gives the reasons.
                                          "b:{tier}" -> its entries not yet picked
     {ns}:{T}:vtc:{tier}          hash    tenant -> virtual token counter; ":s:{tenant}" -> its
                                          service (the pick's tie-break); ":last" -> last picked
-    {ns}:{T}:out:{request}       stream  TokenMsg... FinishMsg; expires; deleted by its reader
+    {ns}:{T}:out:{request}       stream  TokenMsg... FinishMsg; bounded: one entry per step
+                                         written (each >= 1 token) and the finish, so at most
+                                         max_tokens + 1, never trimmed (a resumed request reads
+                                         it back whole, ``worker/recovery.py``); expires (TTL
+                                         from its first write); deleted by its reader
     {ns}:{T}:req:{request}       hash    owner tenant, tier, state, queue entry id (BOLA checks)
     {ns}:{T}:stats               hash    the shard's counters (admitted, rejected:*, completed...)
     {ns}:{T}:rl:{id}:{kind}      hash    token bucket {level, ts} for rpm / tpm
@@ -44,8 +51,10 @@ slot. ``docs/architecture.md`` ("Redis key layout") gives the reasons.
     {ns}:{dir}:admin_keys        set     digests of admin keys
     {ns}:{dir}:admin_keys_ro     set     digests of read-only admin keys (GET /admin/* only)
     {ns}:usage_models            hash    model id -> model name (the ledger's fields)
-    {ns}:audit                   stream  admin actions, bounded (``tenancy/audit.py``)
-    {ns}:tier_status             hash    worker id -> its tier status JSON (worker/tier_status.py)
+    {ns}:audit                   stream  admin actions, bounded: XADD MAXLEN ~ max_len (10,000;
+                                         ``tenancy/audit.py``)
+    {ns}:tier_status             hash    worker id -> its tier status JSON (worker/tier_status.py);
+                                         a worker's field goes at its departure
     {ns}:metrics                 hash    process id -> its metrics samples JSON
     {ns}:metrics:watch           string  set while someone reads the stats
 """

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from engine.core.finish import FinishReason
 from gateway.bus.client import text
 from gateway.bus.keys import GROUP, RedisKeys
-from gateway.bus.messages import FinishMsg, SubmitMsg
+from gateway.bus.messages import FinishMsg, SubmitMsg, TokenMsg
 from gateway.bus.queues import Envelope, QueueEntries, TierQueues
 from policies.tiers import TIERS
 
@@ -176,3 +176,23 @@ async def test_a_departed_worker_leaves_the_groups_where_it_holds_nothing(bus: A
     assert await queues.pending.depart("w1") == 0
     assert "w1" not in await consumers(client, beta)
     assert not [s for s in keys.shard_range() if await client.exists(keys.consumed("w1", s))]
+
+
+async def test_an_output_stream_is_bounded_by_its_steps_and_expires(bus: Any) -> None:
+    """The out stream's bound (``keys.py``): one entry per step written (each has >= 1
+    token), plus the finish, so at most max_tokens + 1; never trimmed (a resumed request reads
+    it back whole), with a TTL from its first write."""
+    client, keys, queues, entries = bus
+    await admit(entries, "o1", "acme")
+    (env,) = await queues.pick(TIER, "w1", 1)
+    assert env.msg is not None
+    steps = 5
+    for i in range(steps):
+        step = entries.step(600)
+        step.add("o1", TIER, env.entry_id, False, TokenMsg([i, i + 1], "xy", offset=2 * i),
+                 None, tenant="acme", refresh=i == 0)
+        await entries.write_step(step)
+    await finish(entries, env)
+    out = keys.out("o1", "acme")
+    assert await client.xlen(out) == steps + 1 <= 2 * steps + 1  # steps + finish <= tokens + 1
+    assert 0 < await client.ttl(out) <= 600

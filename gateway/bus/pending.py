@@ -139,6 +139,26 @@ class PendingIndex:
             args=[GROUP, worker, member]) for s, member in calls))
         return sum(1 for r in res if not int(r))
 
+    async def seed(self) -> int:
+        """Add to the index every stream of the tiers' tenant sets (``qt``) that holds pending
+        entries: once at a worker's start, so entries picked by a version that kept no index
+        are still found (O(tenant streams), once; adding a member is always safe). Returns
+        how many streams it found."""
+        k = self.keys
+        found = 0
+        for s in k.shard_range():
+            for tier in self.tiers:
+                members = [text(m) for m in await self.redis.smembers(k.queue_tenants(tier, s))]
+                for tenant in members:
+                    try:
+                        summary = await self.redis.xpending(k.queue(tier, tenant), GROUP)
+                    except ResponseError:
+                        continue  # no stream or no group: nothing pending there
+                    if summary.get("pending"):
+                        await self.redis.sadd(k.pending(s), f"{tier}:{tenant}")
+                        found += 1
+        return found
+
     async def _recreate_group(self, key: str) -> None:
         with contextlib.suppress(ResponseError):  # BUSYGROUP: another worker was first
             await self.redis.xgroup_create(key, GROUP, id="0", mkstream=True)

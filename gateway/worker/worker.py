@@ -107,6 +107,7 @@ class Worker:
         self._listen_redis = blocking_client(self.redis)
         self._pubsub = self._listen_redis.pubsub(ignore_subscribe_messages=True)
         await self._pubsub.subscribe(self.keys.cancel_channel)
+        await self.queues.pending.seed()  # entries picked before the index existed
         for coro, name in ((self.writer.run(), "writer"), (self.drainer.run(), "drainer"),
                            (run_forever(self._cancel_step, "cancel listener", log), "cancels"),
                            (run_forever(self._maintain, "maintenance", log), "maintenance"),

@@ -196,3 +196,16 @@ async def test_an_output_stream_is_bounded_by_its_steps_and_expires(bus: Any) ->
     out = keys.out("o1", "acme")
     assert await client.xlen(out) == steps + 1 <= 2 * steps + 1  # steps + finish <= tokens + 1
     assert 0 < await client.ttl(out) <= 600
+
+
+async def test_the_seed_indexes_streams_picked_without_the_index(bus: Any) -> None:
+    client, keys, queues, entries = bus
+    for i in range(6):
+        await admit(entries, f"s{i}", f"t{i}")
+    await queues.pick(TIER, "old", 3)
+    for s in keys.shard_range():  # as a version without the index left them
+        await client.delete(keys.pending(s))
+    assert await queues.pending_consumers() == set()
+    assert await queues.pending.seed() == 3
+    assert await indexed(client, keys) == await pending_streams(client, keys)
+    assert await queues.pending_consumers() == {"old"}

@@ -38,9 +38,9 @@ slot. ``docs/architecture.md`` ("Redis key layout") gives the reasons.
     {ns}:{T}:usage_tenants       set     the shard's tenants that have ledger rows
     {ns}:{T}:budget:{id}:{period} string what the tenant spent in the period (d20261206 /
                                          m202612), in its budget's units (``policies/budget.py``)
-    {ns}:{wake}:wake:{tier}      list    a shard index per admission, for an idle drainer's
+    {ns}:{wake.2}:wake:{tier}    list    a shard index per admission, for an idle drainer's
                                          BLPOP over its tiers (one slot for every tier)
-    {ns}:{wake}:wakew:{worker}:{tier} list  a token per admission that prefers this worker
+    {ns}:{wake.2}:wakew:{worker}:{tier} list  a token per admission that prefers this worker
                                          (prefix-aware placement)
     {ns}:cancel                  channel CancelMsg, HandoffMsg to every worker
     {ns}:{dir}:tenants           set     tenant ids (the directory: one slot, so the
@@ -74,6 +74,9 @@ SHARD_TAGS = ("s0.1081", "s1.803", "s2.2297", "s3.2661", "s4.1470", "s5.3636", "
               "s7.1766", "s8.3165", "s9.4383", "s10.2240", "s11.4917", "s12.3231", "s13.3493",
               "s14.1461", "s15.1161")
 SHARDS = len(SHARD_TAGS)
+# The wake lists' tag: its slot (15102) is in the third master's range, one of the two that
+# hold 5 shards, not the 6 of the first (carpool bench redis: the busiest node's share)
+WAKE_TAG = "wake.2"
 
 
 @dataclass(frozen=True)
@@ -125,13 +128,13 @@ class RedisKeys:
         return f"{self.tag(shard)}:vtc:{tier}"
 
     def wake(self, tier: str) -> str:
-        return f"{self.ns}:{{wake}}:wake:{tier}"
+        return f"{self.ns}:{{{WAKE_TAG}}}:wake:{tier}"
 
     def wake_worker(self, worker: str, tier: str) -> str:
         """The wake list of the admissions that prefer ``worker`` (prefix-aware placement);
         in the wake lists' slot, and ends with the tier, as ``wake`` does (``TierQueues.wait``
         blocks on both and reads the tier back)."""
-        return f"{self.ns}:{{wake}}:wakew:{worker}:{tier}"
+        return f"{self.ns}:{{{WAKE_TAG}}}:wakew:{worker}:{tier}"
 
     # -- a request's keys: in its tenant's shard ---------------------------------------------
 

@@ -38,6 +38,9 @@ def test_the_shard_tags_spread_evenly_over_three_masters() -> None:
         per_master[master] += 1
     assert sorted(per_master.values()) == [5, 5, 6]  # at most 6/16 of the shards on one
     assert len({key_slot(t.encode()) for t in SHARD_TAGS}) == len(SHARD_TAGS)
+    # the wake lists sit on a master with 5 shards
+    wake = key_slot(RedisKeys("carpool").wake("batch").encode())
+    assert next(m for m, (lo, hi) in enumerate(MASTERS) if lo <= wake <= hi) != 0
 
 
 def test_a_tenants_keys_and_its_requests_share_its_shards_slot() -> None:

@@ -198,9 +198,10 @@ class TierQueues:
     async def wait(self, tiers: Iterable[str], timeout_s: float,
                    consumer: str | None = None) -> str | None:
         """Block until an admission to one of ``tiers`` (its wake token), up to
-        ``timeout_s``; the tier woken for, or None. Every shard's backlog is then read for
-        the pick that follows (the token names its shard, but an older token may come first:
-        one pipelined round trip). A token may be stale (another worker took the entry):
+        ``timeout_s``; the tier woken for, or None. The backlog of the shards named by the
+        token and by those still queued, and of the shards the view lists with entries, is
+        then read for the pick that follows (``backlogs`` reads them all). A token naming a
+        shard whose entries another worker took was stale: that shard's read finds nothing. A token may be stale (another worker took the entry):
         that pick then finds nothing. With placement on, the admissions that prefer
         ``consumer`` wake it too."""
         tiers = tuple(tiers)
@@ -215,7 +216,13 @@ class TierQueues:
             res = await self.redis.blpop(keys, timeout=timeout_s)
         if not res:
             return None
-        await self.backlogs()
+        # the woken shard, the shards the tokens still queued name (an older token may come
+        # first), and those the view lists with entries: the others were empty at the last
+        # full read and have had no admission since whose token is still there
+        queued = await asyncio.gather(*(self._call("LRANGE", key, 0, -1) for key in keys))
+        named = {int(text(x)) % self.keys.shards for got in [[res[1]], *queued]
+                 for x in got or ()}
+        await self._read_shards(sorted(named | self.view.busy()))
         return text(res[0]).rsplit(":", 1)[1]
 
     async def claim_many(self, requests: list[tuple[str, str]], consumer: str,

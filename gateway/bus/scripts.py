@@ -207,12 +207,27 @@ for i = 6, #KEYS do
   cand[#cand + 1] = t
   stream[t] = KEYS[i]
 end
+-- the candidates' backlog counts, counters and services, read once (two HMGETs) and kept
+-- here as the script changes them: back[t] (nil: not backlogged), ctr[t] and svc[t] hold
+-- what Redis stores
+local back, ctr, svc = {}, {}, {}
+if #cand > 0 then
+  local fields = {}
+  for _, t in ipairs(cand) do fields[#fields + 1] = t; fields[#fields + 1] = ':s:' .. t end
+  local qa = redis.call('HMGET', KEYS[1], unpack(cand))
+  local vs = redis.call('HMGET', KEYS[2], unpack(fields))
+  for i, t in ipairs(cand) do
+    if qa[i] then back[t] = tonumber(qa[i]) end
+    ctr[t] = vs[2 * i - 1] or nil
+    svc[t] = vs[2 * i] or nil
+  end
+end
 if ARGV[4] ~= '' then
   local vt = tonumber(ARGV[4])
   for _, t in ipairs(cand) do
-    local c = redis.call('HGET', KEYS[2], t)
-    if redis.call('HEXISTS', KEYS[1], t) == 1 and tonumber(c or '0') < vt then
+    if back[t] and tonumber(ctr[t] or '0') < vt then
       redis.call('HSET', KEYS[2], t, ARGV[4])
+      ctr[t] = ARGV[4]
     end
   end
 end
@@ -267,16 +282,16 @@ end
 while #out < tonumber(ARGV[3]) do
   local best, best_c, best_s
   for _, t in ipairs(cand) do
-    if not passed[t] and redis.call('HEXISTS', KEYS[1], t) == 1 then
-      local c = tonumber(redis.call('HGET', KEYS[2], t) or '0')
-      local s = tonumber(redis.call('HGET', KEYS[2], ':s:' .. t) or '0')
+    if not passed[t] and back[t] then
+      local c = tonumber(ctr[t] or '0')
+      local s = tonumber(svc[t] or '0')
       if not best or before(t, c, s, best, best_c, best_s) then best, best_c, best_s = t, c, s end
     end
   end
   if not best then break end
   if ARGV[5] ~= '' and #out > 0 and best_c > tonumber(ARGV[5]) then break end
   local key = stream[best]
-  local at = redis.call('HGET', KEYS[2], best) or '0'
+  local at = ctr[best] or '0'
   local got = false
   local held = wait_ms > 0 and held_for(best) or 0
   if held > 0 then
@@ -292,19 +307,24 @@ while #out < tonumber(ARGV[3]) do
   end
   if held > 0 then  -- nothing was read: the tenant stays backlogged
   elseif not got or #got == 0 then
-    unwait(tonumber(redis.call('HGET', KEYS[1], best) or '0'))
+    unwait(back[best])
     redis.call('HDEL', KEYS[1], best)
+    back[best] = nil
   else
     unwait(1)
-    if redis.call('HINCRBY', KEYS[1], best, -1) <= 0 then redis.call('HDEL', KEYS[1], best) end
+    back[best] = redis.call('HINCRBY', KEYS[1], best, -1)
+    if back[best] <= 0 then
+      redis.call('HDEL', KEYS[1], best)
+      back[best] = nil
+    end
     local entry = got[1][2][1]
     local f, n, w = entry[2], 0, 1
     for j = 1, #f, 2 do
       if f[j] == 'n' then n = tonumber(f[j + 1]) elseif f[j] == 'w' then w = tonumber(f[j + 1]) end
     end
     local cost = string.format('%.17g', n / w)
-    redis.call('HINCRBYFLOAT', KEYS[2], best, cost)
-    redis.call('HINCRBYFLOAT', KEYS[2], ':s:' .. best, cost)
+    ctr[best] = redis.call('HINCRBYFLOAT', KEYS[2], best, cost)
+    svc[best] = redis.call('HINCRBYFLOAT', KEYS[2], ':s:' .. best, cost)
     redis.call('HSET', KEYS[2], ':last', best)
     redis.call('SADD', KEYS[4], ARGV[6] .. ':' .. best)
     redis.call('SADD', KEYS[5], ARGV[6] .. ':' .. best)
@@ -313,9 +333,9 @@ while #out < tonumber(ARGV[3]) do
 end
 local left = {}
 for _, t in ipairs(cand) do
-  if redis.call('HEXISTS', KEYS[1], t) == 1 then
+  if back[t] then
     left[#left + 1] = t
-    left[#left + 1] = redis.call('HGET', KEYS[2], t) or '0'
+    left[#left + 1] = ctr[t] or '0'
   end
 end
 return {out, left, held_ms and tostring(held_ms) or ''}

@@ -55,9 +55,17 @@ for i = 1, #KEYS - 1, 2 do
   local n, rows = 0, {}
   local h = {}
   if tonumber(waiting[(i + 1) / 2] or '0') > 0 then h = redis.call('HGETALL', KEYS[i]) end
+  local counters = {}  -- one HMGET per 1000 tenants (unpack's stack is bounded)
+  for lo = 1, #h, 2000 do
+    local names = {}
+    for j = lo, math.min(#h, lo + 1998), 2 do names[#names + 1] = h[j] end
+    for _, c in ipairs(redis.call('HMGET', KEYS[i + 1], unpack(names))) do
+      counters[#counters + 1] = c
+    end
+  end
   for j = 1, #h, 2 do
     n = n + tonumber(h[j + 1])
-    rows[#rows + 1] = {h[j], redis.call('HGET', KEYS[i + 1], h[j]) or '0'}
+    rows[#rows + 1] = {h[j], counters[(j + 1) / 2] or '0'}
   end
   table.sort(rows, function(x, y)
     if tonumber(x[2]) ~= tonumber(y[2]) then return tonumber(x[2]) < tonumber(y[2]) end

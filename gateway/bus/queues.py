@@ -62,9 +62,9 @@ from gateway.bus.messages import (
 )
 from gateway.bus.pending import PendingIndex
 from gateway.bus.resp import LuaScript, RespConnection
-from gateway.bus.scripts import ADMIT_LUA, CANCEL_LUA, PICK_LUA, STEP_LUA
+from gateway.bus.scripts import ADMIT_LUA, PICK_LUA, STEP_LUA
 from gateway.bus.shard_view import BacklogView, DepthView
-from gateway.bus.state_scripts import BACKLOG_LUA, CLAIM_LUA, DONE_LUA
+from gateway.bus.state_scripts import BACKLOG_LUA, CANCEL_LUA, CLAIM_LUA, DONE_LUA
 from gateway.bus.step_write import StepWrite
 
 

@@ -1,4 +1,5 @@
-"""The worker's claim, backlog-read and done scripts and the audit append, beside
+"""The worker's claim, backlog-read and done scripts, the cancel, the pending index's prune and
+departures, and the audit append, beside
 ``scripts.py`` (which holds the rest): each one atomic step of the protocol named above it,
 called through ``resp.LuaScript``."""
 
@@ -104,6 +105,57 @@ if redis.call('XLEN', KEYS[1]) == 0 then
   redis.call('SREM', KEYS[4], ARGV[3] .. ':' .. ARGV[4])
 end
 return 1
+"""
+
+
+# -- cancellation (``http/cancel.py``, through ``queues.py``) ---------------------------------
+
+# KEYS (the tenant's shard): req, out, stats, queue (the request's tier stream of its tenant),
+#       backlogged (that tier's), depth, the tier's tenant set, the pending index
+# ARGV: reader_gone (0/1), cancel payload, channel, finish type, finish data, ttl, group, tier
+# Returns the state found: queued | running | finished | cancelled | unknown. An entry deleted
+# before any worker picked it leaves its tenant's backlog count and the tier's depth.
+CANCEL_LUA = """
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return 'unknown' end
+if st == 'queued' then
+  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'cancel', ARGV[1] == '1' and 'gone' or 'live')
+  local e, t = redis.call('HGET', KEYS[1], 'entry'), redis.call('HGET', KEYS[1], 'tenant')
+  if e and t and redis.call('HGET', KEYS[1], 'tier') == ARGV[8] then
+    local q = KEYS[4]
+    local picked = redis.call('EXISTS', q) == 0 or #redis.call('XPENDING', q, ARGV[7], e, e, 1) > 0
+    if redis.call('XDEL', q, e) == 1 then
+      if not picked then
+        if redis.call('HINCRBY', KEYS[5], t, -1) <= 0 then redis.call('HDEL', KEYS[5], t) end
+        if redis.call('HINCRBY', KEYS[6], 'b:' .. ARGV[8], -1) < 0 then
+          redis.call('HSET', KEYS[6], 'b:' .. ARGV[8], 0)
+        end
+      end
+      if redis.call('HINCRBY', KEYS[6], ARGV[8], -1) < 0 then redis.call('HSET', KEYS[6], ARGV[8], 0) end
+    end
+    if redis.call('XLEN', q) == 0 then  -- an empty stream goes, and its tenant leaves the set
+      redis.call('DEL', q)
+      redis.call('SREM', KEYS[7], t)
+      redis.call('SREM', KEYS[8], ARGV[8] .. ':' .. t)
+    end
+  end
+  if ARGV[1] == '1' then
+    redis.call('DEL', KEYS[2])
+  else
+    redis.call('XADD', KEYS[2], '*', 't', ARGV[4], 'd', ARGV[5])
+    redis.call('EXPIRE', KEYS[2], tonumber(ARGV[6]))
+  end
+  redis.call('HINCRBY', KEYS[3], 'aborted', 1)
+  return 'queued'
+end
+if st == 'running' then
+  if not redis.call('HGET', KEYS[1], 'cancel') then
+    redis.call('HSET', KEYS[1], 'cancel', ARGV[1] == '1' and 'gone' or 'live')
+    redis.call('PUBLISH', ARGV[3], ARGV[2])
+  end
+  return 'running'
+end
+return st
 """
 
 

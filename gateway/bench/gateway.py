@@ -171,6 +171,7 @@ def start_server(redis_url: str, port: int, args: argparse.Namespace,
            "--echo-step-ms", str(args.step_ms)]
     if args.model:
         cmd += ["--model", args.model]
+    cmd += getattr(args, "extra", [])  # more ``carpool serve`` flags
     env = child_env(REDIS_URL=redis_url, CARPOOL_SECRET=SECRET, **env_extra)
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -1,121 +1,169 @@
-"""carpool bench redis: what Redis does per streamed token, on one server and on a
-three-master Valkey Cluster (the embedded binary, ``redis_servers.py``), with the FAKE echo
-engine served by ``carpool serve`` (gateway + worker in one process).
+"""carpool bench redis: what Redis does per streamed token, over a grid of tenants x workers,
+on one server and on a three-master Valkey Cluster (the embedded binary,
+``redis_servers.py``), with the FAKE echo engine (``redis_fleet.py`` runs the processes).
 
-Each row: ``--tenants`` tenants, ``--streams`` concurrent streaming requests of ``--tokens``
-tokens from them, run twice (the first fills the connection pools); the second batch is
-measured with every node's ``INFO commandstats``: server-side commands (a script's inner
-commands included) per streamed token, commands per second per node, the busiest node's share
-and the token rate. From the per-token cost: the token rate one node would saturate at,
-taking ``--node-commands-s`` commands per second as a node's capacity."""
+Each row: one gateway and ``workers`` worker processes, each worker given ``--streams``
+concurrent streaming requests of ``--tokens`` tokens (``--streams`` rows a worker), the
+requests spread round-robin over the row's ``tenants`` tenants (a new slice of them each
+row). Every node's ``INFO commandstats`` (a script's inner commands included) and ``INFO cpu``
+are read around the row's batch (after a warm-up batch per fleet).
+
+Columns: server-side commands per streamed token, commands per second per node, the busiest
+node's share of the commands, and the busiest node's own CPU seconds (``used_cpu_user`` +
+``used_cpu_sys``) per token. A node's main thread saturates at one core, so the token rate at
+which the busiest node saturates is 1 / (its CPU seconds per token): measured, not assumed.
+The fleet size at saturation divides that rate by a worker's token rate at ``--streams``
+streams and ``--tpot-ms`` per token. The 1 -> 3 master ratio of the saturating token rate is
+derived the same way (the single node's CPU per token over the busiest of three masters'),
+since on a small machine the clients saturate before Redis does."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import time
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
-from gateway.bench.gateway import SECRET, cpu_model, serving
-from gateway.process import free_port
+from gateway.bench.gateway import cpu_model
+from gateway.bench.redis_fleet import Sample, fleet, make_tenants, measure, stream_batch
 
 
-def _calls(client: Any) -> int:
-    return sum(v["calls"] for v in client.info("commandstats").values())
+@dataclass
+class Row:
+    masters: int
+    workers: int
+    tenants: int
+    sample: Sample
+
+    @property
+    def per_node(self) -> list[int]:
+        return [sum(c.values()) for c in self.sample.commands]
+
+    @property
+    def per_token(self) -> float:
+        return sum(self.per_node) / max(1, self.sample.tokens)
+
+    @property
+    def top_share(self) -> float:
+        return max(self.per_node) / max(1, sum(self.per_node))
+
+    @property
+    def cpu_per_token(self) -> float:
+        """The busiest node's CPU seconds per token."""
+        return max(self.sample.cpu_s) / max(1, self.sample.tokens)
 
 
-async def _tenants(url: str, n: int) -> list[str]:
-    from gateway.bus.client import redis_client
-    from gateway.bus.keys import RedisKeys
-    from gateway.tenancy.tenants import Tenant, TenantStore
-
-    client = redis_client(url)
-    try:
-        store = TenantStore(client, RedisKeys("bench"), SECRET.encode())
-        keys = []
-        for i in range(n):
-            await store.put(Tenant(f"tenant{i}"))
-            keys.append((await store.issue_key(f"tenant{i}"))[0])
-        return keys
-    finally:
-        await client.aclose()
-
-
-async def _batch(base: str, keys: list[str], streams: int, tokens: int) -> int:
-    import httpx
-
-    body = {"model": "any", "prompt": "one two three", "max_tokens": tokens, "stream": True,
-            "ignore_eos": True}
-
-    async def one(c: Any, key: str) -> int:
-        got = 0
-        async with c.stream("POST", "/v1/completions", json=body,
-                            headers={"Authorization": f"Bearer {key}"}) as s:
-            async for line in s.aiter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    got += 1
-        return got
-
-    async with httpx.AsyncClient(base_url=base, timeout=120) as c:
-        body["model"] = (await c.get("/v1/models", headers={
-            "Authorization": f"Bearer {keys[0]}"})).json()["data"][0]["id"]
-        return sum(await asyncio.gather(*(one(c, keys[i % len(keys)])
-                                          for i in range(streams))))
-
-
-def _row(masters: int, args: argparse.Namespace) -> dict[str, Any]:
+def _servers(masters: int) -> tuple[Any, str, list[Any]]:
     import redis as sync_redis
 
     from gateway.bench.redis_servers import ValkeyCluster
     from gateway.bus.embedded import EmbeddedRedis
 
-    cluster = ValkeyCluster(masters=masters) if masters > 1 else None
-    single = EmbeddedRedis() if masters == 1 else None
-    url = cluster.start().url if cluster else single.start()  # type: ignore[union-attr]
+    if masters > 1:
+        cluster = ValkeyCluster(masters=masters).start()
+        return cluster, cluster.url, [n.client for n in cluster.masters]
+    single = EmbeddedRedis()
+    url = single.start()
+    return single, url, [sync_redis.Redis.from_url(url)]
+
+
+def run_masters(masters: int, args: argparse.Namespace) -> list[Row]:
+    server, url, nodes = _servers(masters)
+    rows = []
     try:
-        nodes = ([n.client for n in cluster.masters] if cluster
-                 else [sync_redis.Redis.from_url(url)])
-        port = free_port()
-        with serving(url, port, args, ("all",)):
-            keys = asyncio.run(_tenants(url, args.tenants))
-            base = f"http://127.0.0.1:{port}"
-            asyncio.run(_batch(base, keys, args.streams, args.tokens))
-            before = [_calls(n) for n in nodes]
-            t0 = time.monotonic()
-            asyncio.run(_batch(base, keys, args.streams, args.tokens))
-            secs = time.monotonic() - t0
-            per_node = [_calls(n) - b for n, b in zip(nodes, before)]
+        keys = asyncio.run(make_tenants(url, max(args.tenants), []))
+        for workers in args.workers:
+            streams = args.streams * workers
+            with fleet(url, workers, args) as base:
+                asyncio.run(stream_batch(base, keys, streams, args.tokens, 0))  # warm-up
+                offset = streams
+                for n in args.tenants:
+                    sample = measure(nodes, lambda n=n, o=offset, s=streams: asyncio.run(stream_batch(
+                        base, keys[:n], s, args.tokens, o)))
+                    offset += streams
+                    rows.append(Row(masters, workers, n, sample))
+                    print(f"  {masters} master(s), {workers} worker(s), {n} tenants: "
+                          f"{rows[-1].per_token:.2f} commands/token", flush=True)
     finally:
-        if cluster:
-            cluster.stop()
-        if single:
-            single.stop()
-    total, toks = sum(per_node), args.streams * args.tokens
-    return {"masters": masters, "per_token": total / toks, "tokens_s": toks / secs,
-            "node_s": [n / secs for n in per_node], "top_share": max(per_node) / total}
+        server.stop()
+    return rows
+
+
+def print_table(rows: list[Row], args: argparse.Namespace) -> None:
+    worker_rate = args.streams * 1000 / args.tpot_ms
+    print("| masters | workers | tenants | commands / token | tokens / s | commands / s per "
+          "node | busiest node | busiest node CPU us / token | tokens / s one node saturates "
+          "at | workers at saturation |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        s = r.sample
+        nodes = ", ".join(f"{n / s.secs:,.0f}" for n in r.per_node)
+        sat = 1 / r.cpu_per_token if r.cpu_per_token > 0 else float("inf")
+        print(f"| {r.masters} | {r.workers} | {r.tenants:,} | {r.per_token:.2f} | "
+              f"{s.tokens / s.secs:,.0f} | {nodes} | {r.top_share:.0%} | "
+              f"{r.cpu_per_token * 1e6:.1f} | {sat:,.0f} | {sat / worker_rate:,.0f} |")
+
+
+def print_breakdown(rows: list[Row]) -> None:
+    """Commands per token by name, summed over the nodes, of each master count's rows."""
+    by: dict[int, Counter[str]] = {}
+    tokens: Counter[int] = Counter()
+    for r in rows:
+        by.setdefault(r.masters, Counter()).update(
+            sum(r.sample.commands, Counter()))
+        tokens[r.masters] += r.sample.tokens
+    names = sorted({n for c in by.values() for n in c}, key=lambda n: -max(
+        c[n] / tokens[m] for m, c in by.items()))
+    print("\n| command | " + " | ".join(f"{m} master(s) / token" for m in by) + " |")
+    print("|---|" + "---|" * len(by))
+    for n in names:
+        cells = [by[m][n] / tokens[m] for m in by]
+        if max(cells) >= 0.005:
+            print(f"| {n} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+
+
+def print_ratio(rows: list[Row]) -> None:
+    """The 1 -> 3 master ratio of the saturating token rate, per (workers, tenants) cell and
+    over all rows, derived from the measured per-node cost."""
+    one = {(r.workers, r.tenants): r for r in rows if r.masters == 1}
+    three = {(r.workers, r.tenants): r for r in rows if r.masters == 3}
+    both = sorted(one.keys() & three.keys())
+    if not both:
+        return
+    cpu = [one[k].cpu_per_token / three[k].cpu_per_token for k in both]
+    cmd = [one[k].per_token / (three[k].per_token * three[k].top_share) for k in both]
+    print(f"\n1 -> 3 masters, saturating token rate, derived from the measured per-node cost "
+          f"(not a measured saturation): by CPU per token {min(cpu):.2f}x to {max(cpu):.2f}x "
+          f"(median {sorted(cpu)[len(cpu) // 2]:.2f}x); by commands per token on the busiest "
+          f"node {min(cmd):.2f}x to {max(cmd):.2f}x; busiest of three masters at most "
+          f"{max(three[k].top_share for k in both):.0%} of the commands")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="carpool bench redis", description=__doc__)
-    p.add_argument("--tenants", type=int, default=32)
-    p.add_argument("--streams", type=int, default=32, help="concurrent streams (one worker)")
+    p.add_argument("--tenants", type=_ints, default=[100, 1000, 10000], help="comma list")
+    p.add_argument("--workers", type=_ints, default=[1, 4, 16], help="comma list")
+    p.add_argument("--masters", type=_ints, default=[1, 3], help="comma list of 1 and 3")
+    p.add_argument("--streams", type=int, default=32, help="concurrent streams per worker")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--step-ms", type=float, default=5.0, help="echo engine step time")
+    p.add_argument("--tpot-ms", type=float, default=25.0,
+                   help="a production worker's time per output token, for the fleet column")
     p.add_argument("--model", default=None, help="tokenizer source dir (default: SmolLM2)")
-    p.add_argument("--node-commands-s", type=float, default=100_000.0,
-                   help="a node's capacity in commands per second, for the saturation column")
     args = p.parse_args(argv)
-    rows = [_row(m, args) for m in (1, 3)]
-    print(f"carpool bench redis: FAKE echo engine ({args.step_ms:g} ms steps), one gateway + "
-          f"worker process, {args.tenants} tenants, {args.streams} streams x {args.tokens} "
-          f"tokens (second batch measured); {cpu_model()}\n")
-    print("| masters | commands / token | tokens / s | commands / s per node | busiest node "
-          "| tokens / s one node saturates at |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        nodes = ", ".join(f"{n:,.0f}" for n in r["node_s"])
-        print(f"| {r['masters']} | {r['per_token']:.2f} | {r['tokens_s']:,.0f} | {nodes} | "
-              f"{r['top_share']:.0%} | {args.node_commands_s / r['per_token']:,.0f} |")
+    if set(args.masters) - {1, 3}:
+        p.error("--masters takes 1 and/or 3")
+    rows = [r for m in args.masters for r in run_masters(m, args)]
+    print(f"\ncarpool bench redis: FAKE echo engine ({args.step_ms:g} ms steps), one gateway, "
+          f"{args.streams} streams x {args.tokens} tokens per worker; {cpu_model()}\n")
+    print_table(rows, args)
+    print_breakdown(rows)
+    print_ratio(rows)
     return 0
 
 

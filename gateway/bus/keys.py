@@ -7,14 +7,27 @@ tenant, of its requests and of the shard's part of each tier carries the shard's
 slot ranges), so admission, the fair pick, cancel, settle and a step's write each run in one
 slot. ``docs/architecture.md`` ("Redis key layout") gives the reasons.
 
-    {ns}:{T}:q:{tier}:{tenant}   stream  queued/running SubmitMsg envelopes (group "workers")
+    {ns}:{T}:q:{tier}:{tenant}   stream  queued/running SubmitMsg envelopes (group "workers");
+                                         bounded: the tier's queued + running entries are at
+                                         most queue_max_len (admission), a finished or
+                                         cancelled entry is deleted, an empty stream too
     {ns}:{T}:qt:{tier}           set     the shard's tenants that have a stream in the tier
     {ns}:{T}:qa:{tier}           hash    tenant -> entries not yet picked (backlogged tenants)
+    {ns}:{T}:qp                  set     the pending index: "{tier}:{tenant}" of the shard's
+                                         streams that hold picked, unacknowledged entries (at
+                                         most one more member per stream emptied since the
+                                         last reclaim round; ``bus/pending.py``)
+    {ns}:{T}:qc:{worker}         set     "{tier}:{tenant}" of the shard's streams where the
+                                         worker is a consumer (emptied at its departure)
     {ns}:{T}:qd                  hash    tier -> the shard's queued + running entries;
                                          "b:{tier}" -> its entries not yet picked
     {ns}:{T}:vtc:{tier}          hash    tenant -> virtual token counter; ":s:{tenant}" -> its
                                          service (the pick's tie-break); ":last" -> last picked
-    {ns}:{T}:out:{request}       stream  TokenMsg... FinishMsg; expires; deleted by its reader
+    {ns}:{T}:out:{request}       stream  TokenMsg... FinishMsg; bounded: one entry per step
+                                         written (each >= 1 token) and the finish, so at most
+                                         max_tokens + 1, never trimmed (a resumed request reads
+                                         it back whole, ``worker/recovery.py``); expires (TTL
+                                         from its first write); deleted by its reader
     {ns}:{T}:req:{request}       hash    owner tenant, tier, state, queue entry id (BOLA checks)
     {ns}:{T}:stats               hash    the shard's counters (admitted, rejected:*, completed...)
     {ns}:{T}:rl:{id}:{kind}      hash    token bucket {level, ts} for rpm / tpm
@@ -25,9 +38,9 @@ slot. ``docs/architecture.md`` ("Redis key layout") gives the reasons.
     {ns}:{T}:usage_tenants       set     the shard's tenants that have ledger rows
     {ns}:{T}:budget:{id}:{period} string what the tenant spent in the period (d20261206 /
                                          m202612), in its budget's units (``policies/budget.py``)
-    {ns}:{wake}:wake:{tier}      list    a shard index per admission, for an idle drainer's
+    {ns}:{wake.2}:wake:{tier}    list    a shard index per admission, for an idle drainer's
                                          BLPOP over its tiers (one slot for every tier)
-    {ns}:{wake}:wakew:{worker}:{tier} list  a token per admission that prefers this worker
+    {ns}:{wake.2}:wakew:{worker}:{tier} list  a token per admission that prefers this worker
                                          (prefix-aware placement)
     {ns}:cancel                  channel CancelMsg, HandoffMsg to every worker
     {ns}:{dir}:tenants           set     tenant ids (the directory: one slot, so the
@@ -38,8 +51,10 @@ slot. ``docs/architecture.md`` ("Redis key layout") gives the reasons.
     {ns}:{dir}:admin_keys        set     digests of admin keys
     {ns}:{dir}:admin_keys_ro     set     digests of read-only admin keys (GET /admin/* only)
     {ns}:usage_models            hash    model id -> model name (the ledger's fields)
-    {ns}:audit                   stream  admin actions, bounded (``tenancy/audit.py``)
-    {ns}:tier_status             hash    worker id -> its tier status JSON (worker/tier_status.py)
+    {ns}:audit                   stream  admin actions, bounded: XADD MAXLEN ~ max_len (10,000;
+                                         ``tenancy/audit.py``)
+    {ns}:tier_status             hash    worker id -> its tier status JSON (worker/tier_status.py);
+                                         a worker's field goes at its departure
     {ns}:metrics                 hash    process id -> its metrics samples JSON
     {ns}:metrics:watch           string  set while someone reads the stats
 """
@@ -59,6 +74,9 @@ SHARD_TAGS = ("s0.1081", "s1.803", "s2.2297", "s3.2661", "s4.1470", "s5.3636", "
               "s7.1766", "s8.3165", "s9.4383", "s10.2240", "s11.4917", "s12.3231", "s13.3493",
               "s14.1461", "s15.1161")
 SHARDS = len(SHARD_TAGS)
+# The wake lists' tag: its slot (15102) is in the third master's range, one of the two that
+# hold 5 shards, not the 6 of the first (carpool bench redis: the busiest node's share)
+WAKE_TAG = "wake.2"
 
 
 @dataclass(frozen=True)
@@ -97,6 +115,12 @@ class RedisKeys:
     def backlogged(self, tier: str, shard: int) -> str:
         return f"{self.tag(shard)}:qa:{tier}"
 
+    def pending(self, shard: int) -> str:
+        return f"{self.tag(shard)}:qp"
+
+    def consumed(self, worker: str, shard: int) -> str:
+        return f"{self.tag(shard)}:qc:{worker}"
+
     def depth(self, shard: int) -> str:
         return f"{self.tag(shard)}:qd"
 
@@ -104,13 +128,13 @@ class RedisKeys:
         return f"{self.tag(shard)}:vtc:{tier}"
 
     def wake(self, tier: str) -> str:
-        return f"{self.ns}:{{wake}}:wake:{tier}"
+        return f"{self.ns}:{{{WAKE_TAG}}}:wake:{tier}"
 
     def wake_worker(self, worker: str, tier: str) -> str:
         """The wake list of the admissions that prefer ``worker`` (prefix-aware placement);
         in the wake lists' slot, and ends with the tier, as ``wake`` does (``TierQueues.wait``
         blocks on both and reads the tier back)."""
-        return f"{self.ns}:{{wake}}:wakew:{worker}:{tier}"
+        return f"{self.ns}:{{{WAKE_TAG}}}:wakew:{worker}:{tier}"
 
     # -- a request's keys: in its tenant's shard ---------------------------------------------
 

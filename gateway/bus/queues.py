@@ -13,7 +13,9 @@ they are written and, when the request has finished, the entry is XACKed and XDE
 tier's summed ``XLEN`` is always queued + running. A cancel while queued XDELs it
 (``QueueEntries.cancel``). A worker keeps its pending entries fresh with an idle-resetting
 XCLAIM heartbeat; entries of a worker that went silent for the visibility timeout are taken
-over by another worker with XAUTOCLAIM, over every tenant stream of the tier.
+over by another worker with XAUTOCLAIM, over the streams of the tier that hold pending
+entries (the pending index, ``pending.py``: reclaim costs O(pending entries), not O(tenant
+streams)).
 
 Each admission also pushes its shard on the tier's wake list: an idle drainer BLPOPs the
 lists of its tiers (``wait``) instead of blocking on streams it cannot know in advance.
@@ -40,7 +42,6 @@ keys and arguments and runs them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,10 +60,11 @@ from gateway.bus.messages import (
     encode,
     encode_payload,
 )
+from gateway.bus.pending import PendingIndex
 from gateway.bus.resp import LuaScript, RespConnection
-from gateway.bus.scripts import ADMIT_LUA, CANCEL_LUA, PICK_LUA, STEP_LUA
+from gateway.bus.scripts import ADMIT_LUA, PICK_LUA, STEP_LUA
 from gateway.bus.shard_view import BacklogView, DepthView
-from gateway.bus.state_scripts import BACKLOG_LUA, CLAIM_LUA, DONE_LUA
+from gateway.bus.state_scripts import BACKLOG_LUA, CANCEL_LUA, CLAIM_LUA, DONE_LUA
 from gateway.bus.step_write import StepWrite
 
 
@@ -105,6 +107,7 @@ class TierQueues:
         self._backlogs = LuaScript(redis, self._conn, BACKLOG_LUA)
         self._pick = LuaScript(redis, self._conn, PICK_LUA)
         self.view = BacklogView(self.tiers, keys.shards)
+        self.pending = PendingIndex(redis, keys, self.tiers)  # where the reclaim looks
 
     async def close(self) -> None:
         for conn in (self._block_conn, self._conn):
@@ -112,14 +115,23 @@ class TierQueues:
                 await conn.close()
 
     async def backlogs(self) -> dict[str, int]:
-        """Entries not yet delivered to any worker, per tier (every shard read, one script
-        call per shard; the view ``pick`` plans with)."""
+        """Entries not yet delivered to any worker, per tier (every shard read; the view
+        ``pick`` plans with)."""
         await self._read_shards(self.keys.shard_range())
         return self.view.totals()
 
     async def _read_shards(self, shards: Iterable[int]) -> None:
-        shards = list(shards)
+        """Each shard's count of entries not yet picked (one HMGET each), then the backlog
+        script only on the shards that have some: an idle shard costs one command."""
         k = self.keys
+        fields = [f"b:{t}" for t in self.tiers]
+        shards = list(shards)
+        counts = await asyncio.gather(*(self._call("HMGET", k.depth(s), *fields)
+                                        for s in shards))
+        for s, n in zip(shards, counts):
+            if not any(int(x or 0) > 0 for x in n):
+                self.view.update(s, [(0, [])] * len(self.tiers))
+        shards = [s for s, n in zip(shards, counts) if any(int(x or 0) > 0 for x in n)]
         res = await asyncio.gather(*(self._backlogs(
             keys=[*(key for t in self.tiers for key in (k.backlogged(t, s), k.vtc(t, s))),
                   k.depth(s)],
@@ -127,6 +139,11 @@ class TierQueues:
         for s, per_tier in zip(shards, res):
             self.view.update(s, per_tier)
         self.view.fresh = True
+
+    async def _call(self, *args: Any) -> Any:
+        if self._conn is not None:
+            return await self._conn.call(*args)
+        return await self.redis.execute_command(*args)
 
     async def pick(self, tier: str, consumer: str, count: int = 1,
                    skip: Iterable[str] = ()) -> list[Envelope]:
@@ -153,8 +170,8 @@ class TierQueues:
             s, cands, ceiling = step
             want = count - len(out)
             got, left, held = await self._pick(
-                keys=[k.backlogged(tier, s), k.vtc(tier, s), k.depth(s),
-                      *(k.queue(tier, t) for t in cands)],
+                keys=[k.backlogged(tier, s), k.vtc(tier, s), k.depth(s), k.pending(s),
+                      k.consumed(consumer, s), *(k.queue(tier, t) for t in cands)],
                 args=[GROUP, consumer, want, self.view.virtual_time(tier), ceiling, tier,
                       int(self.placement_wait_ms), *cands])
             if text(held):  # ms until an entry held for another worker is stealable
@@ -181,9 +198,10 @@ class TierQueues:
     async def wait(self, tiers: Iterable[str], timeout_s: float,
                    consumer: str | None = None) -> str | None:
         """Block until an admission to one of ``tiers`` (its wake token), up to
-        ``timeout_s``; the tier woken for, or None. Every shard's backlog is then read for
-        the pick that follows (the token names its shard, but an older token may come first:
-        one pipelined round trip). A token may be stale (another worker took the entry):
+        ``timeout_s``; the tier woken for, or None. The backlog of the shards named by the
+        token and by those still queued, and of the shards the view lists with entries, is
+        then read for the pick that follows (``backlogs`` reads them all). A token naming a
+        shard whose entries another worker took was stale: that shard's read finds nothing. A token may be stale (another worker took the entry):
         that pick then finds nothing. With placement on, the admissions that prefer
         ``consumer`` wake it too."""
         tiers = tuple(tiers)
@@ -198,7 +216,13 @@ class TierQueues:
             res = await self.redis.blpop(keys, timeout=timeout_s)
         if not res:
             return None
-        await self.backlogs()
+        # the woken shard, the shards the tokens still queued name (an older token may come
+        # first), and those the view lists with entries: the others were empty at the last
+        # full read and have had no admission since whose token is still there
+        queued = await asyncio.gather(*(self._call("LRANGE", key, 0, -1) for key in keys))
+        named = {int(text(x)) % self.keys.shards for got in [[res[1]], *queued]
+                 for x in got or ()}
+        await self._read_shards(sorted(named | self.view.busy()))
         return text(res[0]).rsplit(":", 1)[1]
 
     async def claim_many(self, requests: list[tuple[str, str]], consumer: str,
@@ -229,71 +253,33 @@ class TierQueues:
                 if not _nogroup(exc):
                     raise  # NOGROUP: Redis lost the stream, and our entries with it
 
-    async def _streams(self, tier: str) -> list[str]:
-        """Every tenant stream of ``tier``, over the shards."""
-        sets = await asyncio.gather(*(self.redis.smembers(self.keys.queue_tenants(tier, s))
-                                      for s in self.keys.shard_range()))
-        return [self.keys.queue(tier, text(raw)) for members in sets for raw in members]
+    async def autoclaim(self, tier: str | None, consumer: str, min_idle_ms: int,
+                        count: int = 16) -> list[Envelope]:
+        """Take over entries idle for ``min_idle_ms`` (their worker died), from every stream
+        of ``tier`` (None: every tier) in the pending index (``pending.py``)."""
+        return [self._envelope(*r) for r in await self.pending.autoclaim(
+            tier, consumer, min_idle_ms, count)]
 
-    async def autoclaim(self, tier: str, consumer: str, min_idle_ms: int, count: int = 16) -> list[Envelope]:
-        """Take over entries idle for ``min_idle_ms`` (their worker died), from every tenant
-        stream of ``tier``."""
-        out: list[Envelope] = []
-        for key in await self._streams(tier):
-            try:
-                res = await self.redis.xautoclaim(key, GROUP, consumer, min_idle_ms, "0-0",
-                                                  count=count)
-            except ResponseError as exc:
-                if not _nogroup(exc):
-                    raise
-                await self._recreate_group(key)  # Redis came back without it: nothing to take
-                continue
-            out += [self._envelope(key, eid, fields) for eid, fields in (res[1] if res else [])]
-        return out
+    async def pending_consumers(self, tier: str | None = None) -> set[str]:
+        """The consumers that hold pending entries of ``tier`` (None: any tier)."""
+        return await self.pending.holders(None if tier is None else [tier])
 
-    async def pending_consumers(self, tier: str) -> set[str]:
-        """The consumers that hold pending entries of ``tier`` (any tenant stream)."""
-        out: set[str] = set()
-        for key in await self._streams(tier):
-            try:
-                summary = await self.redis.xpending(key, GROUP)
-            except ResponseError as exc:
-                if not _nogroup(exc):
-                    raise
-                continue
-            out |= {text(c["name"]) for c in summary.get("consumers") or ()}
-        return out
-
-    async def claim_from(self, tier: str, dead: str, consumer: str, min_idle_ms: int,
+    async def claim_from(self, tier: str | None, dead: str, consumer: str, min_idle_ms: int,
                          count: int = 100) -> list[Envelope]:
-        """Take over ``dead``'s pending entries of ``tier`` idle for ``min_idle_ms`` (a
+        """Take over ``dead``'s pending entries of ``tier`` (None: every tier) idle for
+        ``min_idle_ms`` (a
         worker known dead before the visibility timeout: ``recovery.DeadWorkers``)."""
-        out: list[Envelope] = []
-        for key in await self._streams(tier):
-            try:
-                rows = await self.redis.xpending_range(key, GROUP, "-", "+", count,
-                                                       consumername=dead, idle=min_idle_ms)
-                ids = [r["message_id"] for r in rows]
-                claimed = await self.redis.xclaim(key, GROUP, consumer, min_idle_ms,
-                                                  ids) if ids else []
-            except ResponseError as exc:
-                if not _nogroup(exc):
-                    raise
-                continue
-            out += [self._envelope(key, eid, fields) for eid, fields in claimed]
-        return out
-
-    async def _recreate_group(self, key: str) -> None:
-        with contextlib.suppress(ResponseError):  # BUSYGROUP: another worker was first
-            await self.redis.xgroup_create(key, GROUP, id="0", mkstream=True)
+        return [self._envelope(*r) for r in await self.pending.claim_from(
+            tier, dead, consumer, min_idle_ms, count)]
 
     def done_commands(self, env: Envelope) -> list[tuple[Any, ...]]:
         """The command that acknowledges and deletes a finished entry (and counts it out of
         its tier's depth), for ``execute``."""
         k = self.keys
         shard = k.shard_of(env.tenant)
-        return [("EVAL", DONE_LUA, 3, k.queue(env.tier, env.tenant), k.depth(shard),
-                 k.queue_tenants(env.tier, shard), GROUP, env.entry_id, env.tier, env.tenant)]
+        return [("EVAL", DONE_LUA, 4, k.queue(env.tier, env.tenant), k.depth(shard),
+                 k.queue_tenants(env.tier, shard), k.pending(shard), GROUP, env.entry_id,
+                 env.tier, env.tenant)]
 
     async def execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Run ``commands`` in one round trip; raw replies in order (the first error raises
@@ -405,7 +391,7 @@ class QueueEntries:
         res = await self._cancel(
             keys=[k.req(request_id, tenant), k.out(request_id, tenant), k.stats(shard),
                   k.queue(tier, tenant), k.backlogged(tier, shard), k.depth(shard),
-                  k.queue_tenants(tier, shard)],
+                  k.queue_tenants(tier, shard), k.pending(shard)],
             args=[1 if reader_gone else 0,
                   encode_payload(CancelMsg(request_id, reader_gone, reason)),
                   k.cancel_channel, finish["t"], finish["d"], stream_ttl_s, GROUP, tier],

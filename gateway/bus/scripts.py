@@ -1,5 +1,5 @@
-"""The Lua scripts Carpool runs in Redis (the worker's claim and the
-backlog read are in ``state_scripts.py``): each is one atomic step of a protocol
+"""The Lua scripts Carpool runs in Redis (the worker's claim, the
+backlog read and the cancel are in ``state_scripts.py``): each is one atomic step of a protocol
 whose owner calls it (named in each section) through ``resp.LuaScript``. Keys and arguments
 are documented above each script; key names come from ``keys.py``.
 
@@ -167,7 +167,8 @@ return 1
 
 
 # KEYS: backlogged (hash), vtc (hash) of one tier in one shard, the shard's depth hash (its
-#       'b:' .. tier count of entries not yet picked), then the candidates' streams
+#       'b:' .. tier count of entries not yet picked), the shard's pending index (set) and the
+#       consumer's streams there (set; ``bus/pending.py``), then the candidates' streams
 # ARGV: group, consumer, count, virtual time ('' = none), ceiling ('' = none), tier, placement
 # wait (ms; 0 = preferences ignored), then the candidates (tenants, one per stream key, in order: those the caller's backlog view listed,
 # less the tenants over their seat share, ``policies.tenant_seats``, whose entries stay queued)
@@ -188,8 +189,10 @@ return 1
 # ('' = none held). Placement (wait > 0): a candidate whose next entry names another worker
 # ('p', set by ADMIT_LUA) and is younger than the wait (by its id's milliseconds, on Redis's
 # clock) is passed over, the next candidate in fair order taken instead: the named worker
-# takes it at once, anyone after the wait. Every key it touches is declared: one slot on a
-# cluster.
+# takes it at once, anyone after the wait. A stream an entry was read from joins the shard's
+# pending index and the consumer's set, in the same step as the read (member tier .. ':' ..
+# tenant): a pending entry is always found by the reclaim. Every key it touches is declared:
+# one slot on a cluster.
 PICK_LUA = """
 local group, consumer = ARGV[1], ARGV[2]
 local wait_ms = tonumber(ARGV[7])
@@ -199,17 +202,32 @@ local waiting = 'b:' .. ARGV[6]
 local function unwait(n)
   if redis.call('HINCRBY', KEYS[3], waiting, -n) < 0 then redis.call('HSET', KEYS[3], waiting, 0) end
 end
-for i = 4, #KEYS do
-  local t = ARGV[i + 4]
+for i = 6, #KEYS do
+  local t = ARGV[i + 2]
   cand[#cand + 1] = t
   stream[t] = KEYS[i]
+end
+-- the candidates' backlog counts, counters and services, read once (two HMGETs) and kept
+-- here as the script changes them: back[t] (nil: not backlogged), ctr[t] and svc[t] hold
+-- what Redis stores
+local back, ctr, svc = {}, {}, {}
+if #cand > 0 then
+  local fields = {}
+  for _, t in ipairs(cand) do fields[#fields + 1] = t; fields[#fields + 1] = ':s:' .. t end
+  local qa = redis.call('HMGET', KEYS[1], unpack(cand))
+  local vs = redis.call('HMGET', KEYS[2], unpack(fields))
+  for i, t in ipairs(cand) do
+    if qa[i] then back[t] = tonumber(qa[i]) end
+    ctr[t] = vs[2 * i - 1] or nil
+    svc[t] = vs[2 * i] or nil
+  end
 end
 if ARGV[4] ~= '' then
   local vt = tonumber(ARGV[4])
   for _, t in ipairs(cand) do
-    local c = redis.call('HGET', KEYS[2], t)
-    if redis.call('HEXISTS', KEYS[1], t) == 1 and tonumber(c or '0') < vt then
+    if back[t] and tonumber(ctr[t] or '0') < vt then
       redis.call('HSET', KEYS[2], t, ARGV[4])
+      ctr[t] = ARGV[4]
     end
   end
 end
@@ -264,16 +282,16 @@ end
 while #out < tonumber(ARGV[3]) do
   local best, best_c, best_s
   for _, t in ipairs(cand) do
-    if not passed[t] and redis.call('HEXISTS', KEYS[1], t) == 1 then
-      local c = tonumber(redis.call('HGET', KEYS[2], t) or '0')
-      local s = tonumber(redis.call('HGET', KEYS[2], ':s:' .. t) or '0')
+    if not passed[t] and back[t] then
+      local c = tonumber(ctr[t] or '0')
+      local s = tonumber(svc[t] or '0')
       if not best or before(t, c, s, best, best_c, best_s) then best, best_c, best_s = t, c, s end
     end
   end
   if not best then break end
   if ARGV[5] ~= '' and #out > 0 and best_c > tonumber(ARGV[5]) then break end
   local key = stream[best]
-  local at = redis.call('HGET', KEYS[2], best) or '0'
+  local at = ctr[best] or '0'
   local got = false
   local held = wait_ms > 0 and held_for(best) or 0
   if held > 0 then
@@ -289,86 +307,44 @@ while #out < tonumber(ARGV[3]) do
   end
   if held > 0 then  -- nothing was read: the tenant stays backlogged
   elseif not got or #got == 0 then
-    unwait(tonumber(redis.call('HGET', KEYS[1], best) or '0'))
+    unwait(back[best])
     redis.call('HDEL', KEYS[1], best)
+    back[best] = nil
   else
     unwait(1)
-    if redis.call('HINCRBY', KEYS[1], best, -1) <= 0 then redis.call('HDEL', KEYS[1], best) end
+    back[best] = redis.call('HINCRBY', KEYS[1], best, -1)
+    if back[best] <= 0 then
+      redis.call('HDEL', KEYS[1], best)
+      back[best] = nil
+    end
     local entry = got[1][2][1]
     local f, n, w = entry[2], 0, 1
     for j = 1, #f, 2 do
       if f[j] == 'n' then n = tonumber(f[j + 1]) elseif f[j] == 'w' then w = tonumber(f[j + 1]) end
     end
     local cost = string.format('%.17g', n / w)
-    redis.call('HINCRBYFLOAT', KEYS[2], best, cost)
-    redis.call('HINCRBYFLOAT', KEYS[2], ':s:' .. best, cost)
+    ctr[best] = redis.call('HINCRBYFLOAT', KEYS[2], best, cost)
+    svc[best] = redis.call('HINCRBYFLOAT', KEYS[2], ':s:' .. best, cost)
     redis.call('HSET', KEYS[2], ':last', best)
+    redis.call('SADD', KEYS[4], ARGV[6] .. ':' .. best)
+    redis.call('SADD', KEYS[5], ARGV[6] .. ':' .. best)
     out[#out + 1] = {key, entry[1], f, at}
   end
 end
 local left = {}
 for _, t in ipairs(cand) do
-  if redis.call('HEXISTS', KEYS[1], t) == 1 then
+  if back[t] then
     left[#left + 1] = t
-    left[#left + 1] = redis.call('HGET', KEYS[2], t) or '0'
+    left[#left + 1] = ctr[t] or '0'
   end
 end
 return {out, left, held_ms and tostring(held_ms) or ''}
 """
 
-# -- cancellation (``http/cancel.py``, through ``queues.py``) ---------------------------------
-
-# KEYS (the tenant's shard): req, out, stats, queue (the request's tier stream of its tenant),
-#       backlogged (that tier's), depth, the tier's tenant set
-# ARGV: reader_gone (0/1), cancel payload, channel, finish type, finish data, ttl, group, tier
-# Returns the state found: queued | running | finished | cancelled | unknown. An entry deleted
-# before any worker picked it leaves its tenant's backlog count and the tier's depth.
-CANCEL_LUA = """
-local st = redis.call('HGET', KEYS[1], 'state')
-if not st then return 'unknown' end
-if st == 'queued' then
-  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'cancel', ARGV[1] == '1' and 'gone' or 'live')
-  local e, t = redis.call('HGET', KEYS[1], 'entry'), redis.call('HGET', KEYS[1], 'tenant')
-  if e and t and redis.call('HGET', KEYS[1], 'tier') == ARGV[8] then
-    local q = KEYS[4]
-    local picked = redis.call('EXISTS', q) == 0 or #redis.call('XPENDING', q, ARGV[7], e, e, 1) > 0
-    if redis.call('XDEL', q, e) == 1 then
-      if not picked then
-        if redis.call('HINCRBY', KEYS[5], t, -1) <= 0 then redis.call('HDEL', KEYS[5], t) end
-        if redis.call('HINCRBY', KEYS[6], 'b:' .. ARGV[8], -1) < 0 then
-          redis.call('HSET', KEYS[6], 'b:' .. ARGV[8], 0)
-        end
-      end
-      if redis.call('HINCRBY', KEYS[6], ARGV[8], -1) < 0 then redis.call('HSET', KEYS[6], ARGV[8], 0) end
-    end
-    if redis.call('XLEN', q) == 0 then  -- an empty stream goes, and its tenant leaves the set
-      redis.call('DEL', q)
-      redis.call('SREM', KEYS[7], t)
-    end
-  end
-  if ARGV[1] == '1' then
-    redis.call('DEL', KEYS[2])
-  else
-    redis.call('XADD', KEYS[2], '*', 't', ARGV[4], 'd', ARGV[5])
-    redis.call('EXPIRE', KEYS[2], tonumber(ARGV[6]))
-  end
-  redis.call('HINCRBY', KEYS[3], 'aborted', 1)
-  return 'queued'
-end
-if st == 'running' then
-  if not redis.call('HGET', KEYS[1], 'cancel') then
-    redis.call('HSET', KEYS[1], 'cancel', ARGV[1] == '1' and 'gone' or 'live')
-    redis.call('PUBLISH', ARGV[3], ARGV[2])
-  end
-  return 'running'
-end
-return st
-"""
-
-
 # -- one engine step's outputs (``worker/writer.py``, through ``queues.py``) -----------------
 
-# KEYS (one shard: the writer sends a call per shard): stats, depth, then per request: req,
+# KEYS (one shard: the writer sends a call per shard): stats, depth, the pending index
+#       (``bus/pending.py``: a deleted stream leaves it), then per request: req,
 #       out, queue, vtc (its tier's counters), usage (its ledger hash, ``tenancy/ledger.py``),
 #       the tier's tenant set
 # ARGV: ttl, (unused), group, token type, finish type, ledger retention (s), then per
@@ -391,8 +367,8 @@ return st
 # writes the delivered), once, with the finish.
 STEP_LUA = """
 local ttl, group = tonumber(ARGV[1]), ARGV[3]
-for i = 0, (#KEYS - 2) / 6 - 1 do
-  local req, out, queue = KEYS[3 + 6 * i], KEYS[4 + 6 * i], KEYS[5 + 6 * i]
+for i = 0, (#KEYS - 3) / 6 - 1 do
+  local req, out, queue = KEYS[4 + 6 * i], KEYS[5 + 6 * i], KEYS[6 + 6 * i]
   local a = 7 + 12 * i
   local gone, tok = ARGV[a + 1] == '1', ARGV[a + 2]
   local fresh = true
@@ -409,8 +385,8 @@ for i = 0, (#KEYS - 2) / 6 - 1 do
       redis.call('HSET', req, 'state', 'finished')
       redis.call('HINCRBY', KEYS[1], ARGV[a + 5], 1)
       if ARGV[a + 8] ~= '' then
-        redis.call('HINCRBY', KEYS[7 + 6 * i], ARGV[a + 8] .. 'x', ARGV[a + 9])
-        redis.call('EXPIRE', KEYS[7 + 6 * i], tonumber(ARGV[6]))
+        redis.call('HINCRBY', KEYS[8 + 6 * i], ARGV[a + 8] .. 'x', ARGV[a + 9])
+        redis.call('EXPIRE', KEYS[8 + 6 * i], tonumber(ARGV[6]))
       end
     else
       fresh = false
@@ -421,8 +397,9 @@ for i = 0, (#KEYS - 2) / 6 - 1 do
       redis.call('HSET', KEYS[2], ARGV[a + 10], 0)
     end
     if redis.call('XLEN', queue) == 0 then  -- an idle tenant's stream goes, and its tenant
-      redis.call('DEL', queue)              -- leaves the set: idle tenants cost no reclaim
-      redis.call('SREM', KEYS[8 + 6 * i], ARGV[a + 6])
+      redis.call('DEL', queue)              -- leaves the sets: idle tenants cost no reclaim
+      redis.call('SREM', KEYS[9 + 6 * i], ARGV[a + 6])
+      redis.call('SREM', KEYS[3], ARGV[a + 10] .. ':' .. ARGV[a + 6])
     end
   elseif not gone and tok ~= '' then
     redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok)
@@ -432,8 +409,8 @@ for i = 0, (#KEYS - 2) / 6 - 1 do
     end
   end
   if fresh and ARGV[a + 7] ~= '' then
-    redis.call('HINCRBYFLOAT', KEYS[6 + 6 * i], ARGV[a + 6], ARGV[a + 7])
-    redis.call('HINCRBYFLOAT', KEYS[6 + 6 * i], ':s:' .. ARGV[a + 6], ARGV[a + 7])
+    redis.call('HINCRBYFLOAT', KEYS[7 + 6 * i], ARGV[a + 6], ARGV[a + 7])
+    redis.call('HINCRBYFLOAT', KEYS[7 + 6 * i], ':s:' .. ARGV[a + 6], ARGV[a + 7])
   end
 end
 """

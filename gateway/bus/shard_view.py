@@ -42,6 +42,10 @@ class BacklogView:
             names = [_text(x) for x in flat[::2]]
             self._cands[tier][shard] = [(t, float(_text(c))) for t, c in zip(names, flat[1::2])]
 
+    def busy(self) -> set[int]:
+        """The shards with entries not yet picked, as last read."""
+        return {s for per in self._n.values() for s, n in per.items() if n > 0}
+
     def totals(self) -> dict[str, int]:
         return {t: sum(self._n[t].values()) for t in self.tiers}
 

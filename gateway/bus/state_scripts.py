@@ -1,4 +1,5 @@
-"""The worker's claim, backlog-read and done scripts and the audit append, beside
+"""The worker's claim, backlog-read and done scripts, the cancel, the pending index's prune and
+departures, and the audit append, beside
 ``scripts.py`` (which holds the rest): each one atomic step of the protocol named above it,
 called through ``resp.LuaScript``."""
 
@@ -55,9 +56,17 @@ for i = 1, #KEYS - 1, 2 do
   local n, rows = 0, {}
   local h = {}
   if tonumber(waiting[(i + 1) / 2] or '0') > 0 then h = redis.call('HGETALL', KEYS[i]) end
+  local counters = {}  -- one HMGET per 1000 tenants (unpack's stack is bounded)
+  for lo = 1, #h, 2000 do
+    local names = {}
+    for j = lo, math.min(#h, lo + 1998), 2 do names[#names + 1] = h[j] end
+    for _, c in ipairs(redis.call('HMGET', KEYS[i + 1], unpack(names))) do
+      counters[#counters + 1] = c
+    end
+  end
   for j = 1, #h, 2 do
     n = n + tonumber(h[j + 1])
-    rows[#rows + 1] = {h[j], redis.call('HGET', KEYS[i + 1], h[j]) or '0'}
+    rows[#rows + 1] = {h[j], counters[(j + 1) / 2] or '0'}
   end
   table.sort(rows, function(x, y)
     if tonumber(x[2]) ~= tonumber(y[2]) then return tonumber(x[2]) < tonumber(y[2]) end
@@ -79,11 +88,12 @@ return out
 
 # -- an entry dropped unrun (``bus/queues.py``) -----------------------------------------------
 
-# KEYS: a tenant's stream, its shard's depth hash, the tier's tenant set of that shard
+# KEYS: a tenant's stream, its shard's depth hash, the tier's tenant set of that shard, the
+#       shard's pending index (``bus/pending.py``)
 # ARGV: group, entry id, tier, tenant
 # Acknowledges and deletes an entry dropped unrun (cancelled, finished, a duplicate); a
 # delete that found the entry leaves the tier's depth. A stream left empty is deleted and its
-# tenant leaves the set (``_PRUNE``).
+# tenant leaves the set and the index.
 DONE_LUA = """
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 if redis.call('XDEL', KEYS[1], ARGV[2]) == 1 then
@@ -92,7 +102,89 @@ end
 if redis.call('XLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[1])
   redis.call('SREM', KEYS[3], ARGV[4])
+  redis.call('SREM', KEYS[4], ARGV[3] .. ':' .. ARGV[4])
 end
+return 1
+"""
+
+
+# -- cancellation (``http/cancel.py``, through ``queues.py``) ---------------------------------
+
+# KEYS (the tenant's shard): req, out, stats, queue (the request's tier stream of its tenant),
+#       backlogged (that tier's), depth, the tier's tenant set, the pending index
+# ARGV: reader_gone (0/1), cancel payload, channel, finish type, finish data, ttl, group, tier
+# Returns the state found: queued | running | finished | cancelled | unknown. An entry deleted
+# before any worker picked it leaves its tenant's backlog count and the tier's depth.
+CANCEL_LUA = """
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return 'unknown' end
+if st == 'queued' then
+  redis.call('HSET', KEYS[1], 'state', 'cancelled', 'cancel', ARGV[1] == '1' and 'gone' or 'live')
+  local e, t = redis.call('HGET', KEYS[1], 'entry'), redis.call('HGET', KEYS[1], 'tenant')
+  if e and t and redis.call('HGET', KEYS[1], 'tier') == ARGV[8] then
+    local q = KEYS[4]
+    local picked = redis.call('EXISTS', q) == 0 or #redis.call('XPENDING', q, ARGV[7], e, e, 1) > 0
+    if redis.call('XDEL', q, e) == 1 then
+      if not picked then
+        if redis.call('HINCRBY', KEYS[5], t, -1) <= 0 then redis.call('HDEL', KEYS[5], t) end
+        if redis.call('HINCRBY', KEYS[6], 'b:' .. ARGV[8], -1) < 0 then
+          redis.call('HSET', KEYS[6], 'b:' .. ARGV[8], 0)
+        end
+      end
+      if redis.call('HINCRBY', KEYS[6], ARGV[8], -1) < 0 then redis.call('HSET', KEYS[6], ARGV[8], 0) end
+    end
+    if redis.call('XLEN', q) == 0 then  -- an empty stream goes, and its tenant leaves the set
+      redis.call('DEL', q)
+      redis.call('SREM', KEYS[7], t)
+      redis.call('SREM', KEYS[8], ARGV[8] .. ':' .. t)
+    end
+  end
+  if ARGV[1] == '1' then
+    redis.call('DEL', KEYS[2])
+  else
+    redis.call('XADD', KEYS[2], '*', 't', ARGV[4], 'd', ARGV[5])
+    redis.call('EXPIRE', KEYS[2], tonumber(ARGV[6]))
+  end
+  redis.call('HINCRBY', KEYS[3], 'aborted', 1)
+  return 'queued'
+end
+if st == 'running' then
+  if not redis.call('HGET', KEYS[1], 'cancel') then
+    redis.call('HSET', KEYS[1], 'cancel', ARGV[1] == '1' and 'gone' or 'live')
+    redis.call('PUBLISH', ARGV[3], ARGV[2])
+  end
+  return 'running'
+end
+return st
+"""
+
+
+# -- the pending index and departures (``bus/pending.py``) ---------------------------------
+
+# KEYS: the shard's pending index, a stream of it;  ARGV: group, the stream's member
+# The member leaves the index when the stream is gone or has no pending entry (checked in
+# the same step, so a pick that made one pending since the caller's read keeps it).
+PRUNE_LUA = """
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  local s = redis.pcall('XPENDING', KEYS[2], ARGV[1])
+  if type(s) == 'table' and not s.err and tonumber(s[1]) > 0 then return 0 end
+end
+redis.call('SREM', KEYS[1], ARGV[2])
+return 1
+"""
+
+# KEYS: the worker's streams set of one shard, a stream of it;  ARGV: group, worker, member
+# The worker leaves the stream's group if it holds no pending entry there (then the member
+# leaves its set; returns 1), else nothing changes (0: its entries are still to take over).
+DEPART_LUA = """
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  local rows = redis.pcall('XPENDING', KEYS[2], ARGV[1], '-', '+', 1, ARGV[2])
+  if type(rows) == 'table' and not rows.err then
+    if #rows > 0 then return 0 end
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[2], ARGV[1], ARGV[2])
+  end
+end
+redis.call('SREM', KEYS[1], ARGV[3])
 return 1
 """
 

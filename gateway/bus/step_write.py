@@ -41,7 +41,8 @@ class StepWrite:
         k = self._k
         shard = k.shard_of(tenant)
         if shard not in self._shards:
-            self._shards[shard] = ([k.stats(shard), k.depth(shard)], list(self._args))
+            self._shards[shard] = ([k.stats(shard), k.depth(shard), k.pending(shard)],
+                                 list(self._args))
         keys, args = self._shards[shard]
         hour, prefix = ledger if self._ledger and finish is not None else ("", "")
         keys += [k.req(request_id, tenant), k.out(request_id, tenant), k.queue(tier, tenant),

@@ -1,13 +1,15 @@
 """One reader per gateway process for every in-flight request's output stream.
 
-Instead of one blocking XREAD (and one Redis connection) per request, a single loop issues
-one XREAD per shard over its active ``out:{id}`` streams (a command's keys share one hash
-slot, ``bus/keys.py``) and hands each request its new entries. Under load one round trip
-serves every stream that moved; a newly registered stream joins at the next turn. With one
-shard in use the read blocks (``BLOCK_MS``); with several the reads go out together without
-blocking, and a round that found nothing sleeps ``BLOCK_MS`` instead. A failed read (Redis away) is retried with a
-backoff and said once per outage (``bus/outage.py``); the streams wait meanwhile, and those
-whose worker can still write finish once Redis is back.
+Instead of one blocking XREAD (and one Redis connection) per request, a single loop reads
+every active ``out:{id}`` stream and hands each request its new entries; a newly registered
+stream joins at the next read. On one server that is one blocking XREAD over every stream
+(keys of several hash slots are fine there), which returns as soon as any of them moved: a
+read per step write, whatever the shards. A cluster refuses a command over several slots, so
+there each shard (``bus/keys.py``) with open streams has its own blocking XREAD in flight,
+and a round hands over the reads that returned, leaving the others waiting: a shard costs a
+read per write to it (or per ``BLOCK_MS`` while it is idle), never a busy poll. A failed read
+(Redis away) is retried with a backoff and said once per outage (``bus/outage.py``); the
+streams wait meanwhile, and those whose worker can still write finish once Redis is back.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class OutputMux:
         self._streams: dict[str, _Stream] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._per_shard = _is_cluster(redis)
+        self._reads: dict[str, asyncio.Future[Any]] = {}  # shard tag -> its read (cluster)
 
     def start(self) -> None:
         if self._task is None:
@@ -54,6 +58,9 @@ class OutputMux:
             # and shutdown must not hang on it.
             await stop_tasks([self._task], log)
             self._task = None
+        for read in self._reads.values():
+            read.cancel()
+        self._reads.clear()
         if self._conn is not None:
             await self._conn.close()
 
@@ -96,25 +103,47 @@ class OutputMux:
                     stream.queue.put_nowait(msgs)
 
     async def _read(self) -> Any:
-        """An XREAD per shard over its registered streams: ``[(key, [(id, fields), ...]),
-        ...]``."""
+        """The entries of the streams that moved: ``[(key, [(id, fields), ...]), ...]``."""
+        if not self._per_shard:
+            return await self._read_group(list(self._streams), BLOCK_MS)
         groups: dict[str, list[str]] = {}
         for key in self._streams:
             groups.setdefault(_slot_tag(key), []).append(key)
-        block = BLOCK_MS if len(groups) == 1 else None
-        res = await asyncio.gather(*(self._read_group(keys, block) for keys in groups.values()))
-        out = [row for rows in res for row in rows or []]
-        if not out and block is None:
-            await asyncio.sleep(BLOCK_MS / 1000)
+        for tag, keys in groups.items():
+            if tag not in self._reads:
+                self._reads[tag] = asyncio.ensure_future(self._read_group(keys, BLOCK_MS))
+        await asyncio.wait(self._reads.values(), return_when=asyncio.FIRST_COMPLETED)
+        out: list[Any] = []
+        for tag, read in list(self._reads.items()):
+            if read.done():
+                del self._reads[tag]
+                out += read.result() or []
         return out
 
-    async def _read_group(self, keys: list[str], block: int | None) -> Any:
+    async def _read_group(self, keys: list[str], block: int) -> Any:
+        keys = [k for k in keys if k in self._streams]  # one may have left since
+        if not keys:
+            return []
+        if self._per_shard:
+            # routed by the first key's slot: redis-py's own routing would ask the server
+            # COMMAND GETKEYS for every XREAD (a command per read); after a MOVED the client's
+            # refreshed slot map routes the retry
+            node = self.redis.get_node_from_key(keys[0])
+            return await self.redis.execute_command(
+                "XREAD", "COUNT", COUNT, "BLOCK", block, "STREAMS", *keys,
+                *(self._streams[k].last for k in keys), target_nodes=node)
         if self._conn is None:
             return await self.redis.xread({k: self._streams[k].last for k in keys},
                                           count=COUNT, block=block)
         ids = [self._streams[k].last for k in keys]
-        blocking = ("BLOCK", block) if block is not None else ()
-        return await self._conn.call("XREAD", "COUNT", COUNT, *blocking, "STREAMS", *keys, *ids)
+        return await self._conn.call("XREAD", "COUNT", COUNT, "BLOCK", block, "STREAMS", *keys,
+                                     *ids)
+
+
+def _is_cluster(redis: Any) -> bool:
+    from redis.asyncio.cluster import RedisCluster
+
+    return isinstance(redis, RedisCluster)
 
 
 def _slot_tag(key: str) -> str:

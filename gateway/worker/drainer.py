@@ -58,6 +58,9 @@ NO_ROOM_WAIT_S = 0.05
 # wait on the open tiers is then this short (bench sla's heavy row, traced: a light request
 # arriving while its tier was full waited out the whole IDLE_BLOCK_S and missed a step).
 CLOSED_BLOCK_S = NO_ROOM_WAIT_S
+# A wait that timed out counts the backlogs next only when the last count is this old: an
+# idle worker's rounds would otherwise read every shard 1 / IDLE_BLOCK_S times a second
+RECOUNT_S = 1.0
 QUIET_COUNT = 2  # per tier, when waiting without a backlog count: two tell a burst from a lone entry
 
 log = logging.getLogger("carpool.worker")
@@ -98,6 +101,7 @@ class Drainer:
         self.quiet = False
         self.steps_done = steps_done  # the engine's steps ended so far
         self.read_at = (0.0, 0)  # (wall clock, engine steps ended) of the last entries read
+        self.counted_at = float("-inf")  # when (monotonic) a pull last counted the backlogs
 
     async def run(self) -> None:
         # Entries read before a failure stay pending for us; the worker's maintenance
@@ -179,6 +183,7 @@ class Drainer:
         if self.quiet:
             return await self._wait_for_work(open_tiers, min(QUIET_COUNT, self._batch_size()))
         backlog = await self.queues.backlogs()
+        self.counted_at = time.monotonic()
         left = {t: backlog.get(t, 0) for t in open_tiers
                 if backlog.get(t, 0) > 0 and self.weights[t] > 0}
         if not left:
@@ -202,12 +207,13 @@ class Drainer:
         each. One entry in all keeps the drainer quiet; more (a burst, or several tiers) and
         the next pull counts the backlogs to batch them and keep the tiers' weights. A wait
         that timed out counts the backlogs next too (a wake token may have been trimmed or
-        taken by another worker while an entry remains). While a tier is closed for want of
+        taken by another worker while an entry remains), when the last count is
+        ``RECOUNT_S`` old: an idle worker reads every shard about once a second. While a tier is closed for want of
         room the wait is short: a step's end opens it and wakes nobody."""
         closed = len(tiers) < sum(1 for w in self.weights.values() if w > 0)
         if await self.queues.wait(tiers, CLOSED_BLOCK_S if closed else IDLE_BLOCK_S,
                                   self.consumer) is None:
-            self.quiet = False
+            self.quiet = time.monotonic() - self.counted_at < RECOUNT_S
             return []
         counts = {t: min(count, self.lower_seats, 1 if t in self.single else count)
                   if _lower(t) else count for t in tiers}

@@ -84,10 +84,7 @@ async def hand_to(redis: Any, keys: RedisKeys, queues: TierQueues, me: str, targ
     loop = asyncio.get_running_loop()
     end = loop.time() + wait_s
     while loop.time() < end:
-        holders: set[str] = set()
-        for tier in queues.tiers:
-            holders |= await queues.pending_consumers(tier)
-        if me not in holders:
+        if me not in await queues.pending_consumers():
             return True
         await asyncio.sleep(0.05)
     log.warning("worker %s did not take our requests within %.0f s: they are taken over "

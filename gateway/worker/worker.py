@@ -44,7 +44,8 @@ from gateway.worker.handoff import find_target, hand_to
 from gateway.worker.recovery import DeadWorkers, delivered_tokens, resumed_submit
 from gateway.worker.step_budget import StepBudget
 from gateway.worker.stop_ends import DRAINED_ERROR, STOPPED_ERROR, stop_end
-from gateway.worker.tier_status import STALE_AFTER_S, TierStatusPublisher
+from gateway.worker.tier_status import TierStatusPublisher
+from gateway.worker.upkeep import DEAD_CHECK_S, Upkeep
 from gateway.worker.writer import Inflight, OutputWriter, inflight_record
 from policies.tiers import INTERACTIVE, TIERS
 
@@ -52,7 +53,6 @@ log = logging.getLogger("carpool.worker")
 
 LOST_ERROR = "worker lost mid-generation; partial output was already streamed"
 STOP_TIMEOUT_S = 5.0  # for the ends of the requests in flight to be written at stop
-DEAD_CHECK_S = 2.0  # how often a worker looks for dead workers' requests to take over
 
 
 def default_worker_id() -> str:
@@ -91,6 +91,9 @@ class Worker:
         self.draining = False  # set by ``drain``: no new work, published in the tier status
         self.tier_status.draining = lambda: self.draining
         self.tier_status.running = lambda: len(self.inflight)
+        self.upkeep = Upkeep(redis, self.keys, self.queues, self.consumer, self.dead_workers,
+                             self._start, lambda: list(self.inflight.values()),
+                             lambda: self.draining)
         self._takeovers: set[asyncio.Task[None]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._pubsub: Any = None
@@ -104,6 +107,7 @@ class Worker:
         self._listen_redis = blocking_client(self.redis)
         self._pubsub = self._listen_redis.pubsub(ignore_subscribe_messages=True)
         await self._pubsub.subscribe(self.keys.cancel_channel)
+        await self.queues.pending.seed()  # entries picked before the index existed
         for coro, name in ((self.writer.run(), "writer"), (self.drainer.run(), "drainer"),
                            (run_forever(self._cancel_step, "cancel listener", log), "cancels"),
                            (run_forever(self._maintain, "maintenance", log), "maintenance"),
@@ -145,6 +149,8 @@ class Worker:
         self.step_budget.detach()
         with contextlib.suppress(Exception):  # readers also drop it once stale
             await self.tier_status.withdraw()
+        with contextlib.suppress(Exception):  # else the groups keep it: a cost, not a loss
+            await self.upkeep.depart(self.consumer)
         await self.writer.close()
         await self.queues.close()
         if self._pubsub is not None:
@@ -194,10 +200,9 @@ class Worker:
 
     async def _take_over(self, source: str) -> None:
         """Run every entry ``source`` holds (its ``HandoffMsg``): as a dead worker's."""
-        for tier in self.queues.tiers:
-            envs = await self.queues.claim_from(tier, source, self.consumer, 0)
-            if envs:
-                await self._start(envs, reclaim=True)
+        envs = await self.queues.claim_from(None, source, self.consumer, 0)
+        if envs:
+            await self._start(envs, reclaim=True)
 
     async def _writer_idle(self) -> None:
         while not self.writer.idle:
@@ -412,37 +417,15 @@ class Worker:
     # -- liveness -------------------------------------------------------------------------
 
     async def _maintain(self) -> None:
-        """One maintenance round, a third of the visibility timeout after the last."""
+        """One maintenance round (``upkeep.py``), a third of the visibility timeout after
+        the last."""
         await asyncio.sleep(self.config.visibility_timeout_s / 3)
-        min_idle_ms = int(self.config.visibility_timeout_s * 1000)
-        by_stream: dict[tuple[str, str], list[str]] = {}
-        for rec in list(self.inflight.values()):
-            by_stream.setdefault((rec.tier, rec.tenant), []).append(rec.entry_id)
-        for (tier, tenant), ids in by_stream.items():
-            await self.queues.heartbeat(tier, tenant, self.consumer, ids)
-        for tier in self.queues.tiers if not self.draining else ():
-            reclaimed = await self.queues.autoclaim(tier, self.consumer, min_idle_ms)
-            if reclaimed:
-                await self._start(reclaimed, reclaim=True)
+        await self.upkeep.maintain(self.config.visibility_timeout_s)
 
     async def _claim_dead(self) -> None:
-        """One check for dead workers (``recovery.DeadWorkers``) every ``DEAD_CHECK_S``: their
-        requests are taken over without waiting for the visibility timeout."""
+        """One check for dead workers (``upkeep.py``) every ``DEAD_CHECK_S``."""
         await asyncio.sleep(DEAD_CHECK_S)
-        holders: set[str] = set()
-        for tier in self.queues.tiers:
-            holders |= await self.queues.pending_consumers(tier)
-        # every round, holders or not: liveness is when each status last changed, seen here
-        statuses = await self.redis.hgetall(self.keys.tier_status)
-        dead_ones = self.dead_workers.update(statuses, holders, time.monotonic())
-        for dead in dead_ones if not self.draining else ():
-            log.warning("worker %s: status unchanged for %.0f s: taking over its requests",
-                        dead, STALE_AFTER_S)
-            for tier in self.queues.tiers:
-                envs = await self.queues.claim_from(tier, dead, self.consumer,
-                                                    int(STALE_AFTER_S * 1000))
-                if envs:
-                    await self._start(envs, reclaim=True)
+        await self.upkeep.claim_dead()
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

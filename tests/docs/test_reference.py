@@ -26,7 +26,7 @@ from tests.docs.markdown import (
 
 PAGE = {name: REPO / "docs" / f"{name}.md" for name in
         ("deployment", "slo", "api", "operations", "planning", "benchmarks")}
-BENCHES = ("engine", "kernels", "gateway", "sla", "serve", "gpu")
+BENCHES = ("engine", "kernels", "gateway", "sla", "serve", "gpu", "redis")
 
 
 def table_rows(path: Path) -> str:

@@ -1,7 +1,7 @@
 """The key layout is one Redis Cluster accepts (``bus/keys.py``, docs/architecture.md): the
 shards' tags spread over three masters' default slot ranges, and every script call of a
 request's life (admission with ledger and budget, backlog read, pick, claim, step writes,
-cancel, settle, a dropped entry) names keys of one hash slot only. The slots are computed by
+cancel, settle, a dropped entry, the pending index's prune, a departure) names keys of one hash slot only. The slots are computed by
 redis-py's own CRC16 (``redis.crc.key_slot``), which a cluster client routes by."""
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ def test_the_shard_tags_spread_evenly_over_three_masters() -> None:
         per_master[master] += 1
     assert sorted(per_master.values()) == [5, 5, 6]  # at most 6/16 of the shards on one
     assert len({key_slot(t.encode()) for t in SHARD_TAGS}) == len(SHARD_TAGS)
+    # the wake lists sit on a master with 5 shards
+    wake = key_slot(RedisKeys("carpool").wake("batch").encode())
+    assert next(m for m, (lo, hi) in enumerate(MASTERS) if lo <= wake <= hi) != 0
 
 
 def test_a_tenants_keys_and_its_requests_share_its_shards_slot() -> None:
@@ -96,6 +99,11 @@ async def test_every_script_call_names_keys_of_one_slot(redis_url: str, monkeypa
         await queues.execute(done)
         assert done[0][0] == "EVAL"
         calls.append(("done", [str(k) for k in done[0][3:3 + done[0][2]]]))
+        # the pending index's prune and a departure (``bus/pending.py``)
+        n = len(calls)
+        await queues.pending_consumers()
+        await queues.pending.depart("w1")  # r0 is still pending: it stays there
+        assert len(calls) > n
     finally:
         await queues.close()
         await client.delete(*[k async for k in client.scan_iter(f"{keys.ns}:*")])

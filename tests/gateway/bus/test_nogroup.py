@@ -51,7 +51,7 @@ async def test_a_reclaim_round_and_a_heartbeat_survive_nogroup(setup: Any) -> No
     client, keys, queues = setup
     key = keys.queue(TIER, "acme")
     await client.xadd(key, {"t": "submit", "d": "{}"})
-    await client.sadd(keys.queue_tenants(TIER, keys.shard_of("acme")), "acme")
+    await client.sadd(keys.pending(keys.shard_of("acme")), f"{TIER}:acme")  # in the index
     assert await queues.autoclaim(TIER, "w1", 0) == []
     assert await groups(client, key) == [GROUP]
     await queues.heartbeat(TIER, "gone", "w1", ["1-0"])  # its stream is gone: no error

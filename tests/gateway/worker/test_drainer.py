@@ -10,7 +10,7 @@ from typing import Any
 
 from gateway.bus.messages import SubmitMsg
 from gateway.bus.queues import Envelope
-from gateway.worker.drainer import CLOSED_BLOCK_S, IDLE_BLOCK_S, Drainer
+from gateway.worker.drainer import CLOSED_BLOCK_S, IDLE_BLOCK_S, RECOUNT_S, Drainer
 from policies.admission import EngineLoad
 from policies.tiers import DEFAULT_TIER_WEIGHTS, TIERS
 
@@ -75,7 +75,15 @@ async def test_a_lone_arrival_keeps_the_drainer_waiting_without_counting_backlog
         await drainer._step()
     assert queues.calls == ["backlogs", "wait", "read count=1", "wait", "read count=2", "wait"]
     assert started == [1, 1]
-    # a wait that timed out: the next pull counts the backlogs (a wake token may be lost)
+    # a wait that timed out right after a count: the drainer waits again (an idle worker
+    # does not read every shard each IDLE_BLOCK_S)
+    assert drainer.quiet
+    await drainer._step()
+    assert queues.calls[-1:] == ["wait"] and queues.calls.count("backlogs") == 1
+    # one that timed out RECOUNT_S after the last count: the next pull counts the backlogs
+    # (a wake token may be lost)
+    drainer.counted_at -= RECOUNT_S
+    await drainer._step()
     assert not drainer.quiet
     await drainer._step()
     assert queues.calls[-2:] == ["backlogs", "wait"]

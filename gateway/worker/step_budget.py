@@ -198,9 +198,9 @@ class StepBudget:
         urgent_rows = sum(s.priority <= urgent for s in out.scheduled)
         now = time.perf_counter()
         last, self._last_step_end = self._last_step_end, now
-        # a step of prompts only may follow an idle engine: no row waited for it
-        waited = last is not None and prefill_rows < rows
-        period = max(seconds, min(now - last, seconds + MAX_GAP_S)) if waited else seconds
+        period = seconds  # a step of prompts only may follow an idle engine: no row waited
+        if last is not None and prefill_rows < rows:
+            period = max(seconds, min(now - last, seconds + MAX_GAP_S))
         self._pending.append((rows, tokens, kv_tokens, seconds, prefill_rows, urgent_rows,
                               period))
 

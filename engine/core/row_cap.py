@@ -114,6 +114,7 @@ class PrefillCredit:
     step may compute all of it, and what it computed is spent."""
 
     tokens: float = 0.0
+    scores: dict[int, int] = field(default_factory=dict)  # whose chunk is next (smooth WRR)
 
     def release(self, per_step: int, chunk: int) -> int:
         """Bank a step's ``per_step`` tokens; the tokens this step may compute (0 until the
@@ -237,7 +238,7 @@ def plan_step(cap: RowCap, running: Iterable[Request], waiting: RequestQueue,
         released = bank.release(cap.lower_prefill_tokens + owed,
                                 cap.lower_prefill_chunk) if prompting else 0
         given = released if not urgent_first else 0
-        prefill = _split_tokens(given, prompting, cap.weights) if given else {}
+        prefill = _give(given, prompting, cap, bank) if given else {}
     return StepRowCap(urgent + sum(alloc.values()), up, held, starts, prefill)
 
 
@@ -270,6 +271,19 @@ def _first_token_step(cap: RowCap, lower: Mapping[int, list[Request]], waiting: 
     held = frozenset(r.request_id for rows in others.values() for r in rows
                      if r.request_id not in kept)
     return StepRowCap(len(protected) + len(kept), cap.urgent_priority, held, {}, {}, ids)
+
+
+def _give(tokens: int, prompting: set[int], cap: RowCap, bank: PrefillCredit
+          ) -> dict[int, int]:
+    """The lower prompt tokens this step computes, per priority: with a chunk (banked
+    allowance) all of them to one priority, picked by smooth WRR over ``cap.weights`` (each
+    chunk one prefill row: split, it was two, each paying the row's fixed cost), so the
+    shares hold over the chunks; else split by weight in every step."""
+    if cap.lower_prefill_chunk <= 1 or len(prompting) == 1:
+        return _split_tokens(tokens, prompting, cap.weights)
+    weights = {p: max(1, cap.weights.get(p, 1)) for p in sorted(prompting)}
+    pick, bank.scores = smooth_wrr_pick(weights, bank.scores, weights)
+    return {} if pick is None else {pick: tokens}
 
 
 def _split_tokens(tokens: int, priorities: Iterable[int], weights: Mapping[int, int]

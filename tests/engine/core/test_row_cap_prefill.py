@@ -264,3 +264,31 @@ def test_a_step_beside_an_urgent_prompt_banks_the_allowance_it_gives_none_of() -
     run_to_completion(sched, runner)
     for r in (inter, bulk, late):
         assert r.output_token_ids == reference_tokens(r)
+
+
+def test_each_banked_chunk_goes_whole_to_one_tier_by_weight() -> None:
+    """With a chunk, one lower tier computes the whole release (one prefill row, not one a
+    tier), the tiers taking turns by weight: 3:1 over the chunks, every chunk 16 tokens."""
+    sched = make_scheduler(num_blocks=512, max_num_seqs=16, max_num_batched_tokens=512)
+    runner = FakeRunner(sched)
+    (inter,) = make_requests(1, prompt_len=5, max_tokens=400, priority=0)
+    sched.add_request(inter)
+    step(sched, runner)
+    sched.set_urgent_row_cap(8, urgent_priority=0, weights={0: 6, 1: 3, 2: 1},
+                             lower_prefill_tokens=4, lower_prefill_chunk=16)
+    batch = make_requests(2, prompt_len=400, max_tokens=2, priority=1, start_time=2.0)
+    best = make_requests(2, prompt_len=400, max_tokens=2, priority=2, start_time=3.0)
+    for r in batch + best:
+        sched.add_request(r)
+    chunks: list[tuple[int, int]] = []  # (tier, tokens) of each step with lower prompt work
+    for _ in range(64):
+        rows = scheduled(sched, runner)
+        got = {p: prompt_tokens(rows, reqs) for p, reqs in ((1, batch), (2, best))}
+        given = [(p, n) for p, n in got.items() if n]
+        assert len(given) <= 1  # never both tiers in one step
+        chunks += given
+    assert len(chunks) == 16 and all(n == 16 for _, n in chunks)
+    assert [p for p, _ in chunks].count(1) == 12  # 3:1, by smooth WRR
+    run_to_completion(sched, runner)
+    for r in [inter, *batch, *best]:
+        assert r.output_token_ids == reference_tokens(r)

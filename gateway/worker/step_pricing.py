@@ -35,7 +35,8 @@ from policies.step_cost import StepCostModel
 MIN_LOWER_PREFILL_TOKENS = 16
 LOWER_PREFILL_CHUNK = MIN_LOWER_PREFILL_TOKENS
 # The least a warm allowance gives, on average a step: a chunk every 8 steps, so a short
-# lower prompt still starts within a few dozen steps when the cap leaves no time to spare.
+# lower prompt still starts within a few dozen steps when the cap leaves no time to spare
+# (while interactive is backlogged, MIN_LOWER_PREFILL_TOKENS: ``prefill_allowance``).
 MIN_LOWER_PREFILL_RATE = LOWER_PREFILL_CHUNK // 8
 # Prompt tokens a lower-tier request computes per output token it yields, about (bench sla's
 # requests: ~44 prompt tokens, 32-64 output tokens): what a lower row under the cap costs on
@@ -93,11 +94,15 @@ def priced_cap(model: StepCostModel, cap: int, target: float, urgent_rows: int,
 
 
 def prefill_allowance(model: StepCostModel, cap: int | None, cap_target_s: float | None,
-                      cold: bool) -> int | None:
+                      cold: bool, backlogged: bool = False) -> int | None:
     """Lower-tier prompt tokens a step under ``cap`` may compute on average (the engine banks
     them into chunks of ``LOWER_PREFILL_CHUNK``): what the target, as the cap is priced
     (``cap_target_s``), leaves beside ``cap`` decode rows, in the model's cost per token, at
-    least ``MIN_LOWER_PREFILL_RATE`` (None: no cap, or tokens cost nothing in the model)."""
+    least ``MIN_LOWER_PREFILL_RATE``, or ``MIN_LOWER_PREFILL_TOKENS`` while interactive is
+    ``backlogged``: its TPOT is no longer promised and the weights need the lower tiers'
+    prompts started (bench sla's backlog row with the smaller floor: best-effort 0.44 of its
+    WRR share, 0.62-0.66 with this one) (None: no cap, or tokens cost nothing in the
+    model)."""
     per_token = prompt_token_s(model)
     if cap is None or cap_target_s is None:
         return None
@@ -106,7 +111,8 @@ def prefill_allowance(model: StepCostModel, cap: int | None, cap_target_s: float
     if per_token <= 0:
         return None
     spare = cap_target_s - model.predict_decode(cap, model.mean_kv_per_row())
-    return max(MIN_LOWER_PREFILL_RATE, int(spare / per_token))
+    floor = MIN_LOWER_PREFILL_TOKENS if backlogged else MIN_LOWER_PREFILL_RATE
+    return max(floor, int(spare / per_token))
 
 
 def fitted_law(model: StepCostModel) -> dict[str, float]:

@@ -13,6 +13,7 @@ from gateway.worker.step_pricing import (
     LOWER_PROMPT_PER_OUTPUT,
     MIN_LOWER_PREFILL_RATE,
     MIN_LOWER_PREFILL_TOKENS,
+    prefill_allowance,
 )
 from gateway.worker.urgent_demand import UrgentDemand
 from tests.gateway.worker.test_step_budget import MAX_SEQS, RecordingEngine
@@ -129,3 +130,21 @@ def test_the_allowance_prices_a_prompt_token_with_its_prefill_row_whichever_colu
     expected = max(MIN_LOWER_PREFILL_RATE, int(spare / per_token))
     (allowance,) = engine.prefill
     assert allowance is not None and abs(allowance - expected) <= 1
+
+
+@pytest.mark.parametrize("backlogged", [False, True])
+def test_the_allowance_floor_is_a_chunk_a_step_only_while_interactive_is_backlogged(
+        backlogged: bool) -> None:
+    """A cap whose decode rows leave nothing of the target: the allowance is its floor,
+    MIN_LOWER_PREFILL_RATE on average (banked into chunks by the engine) while interactive's
+    TPOT is promised, a whole MIN_LOWER_PREFILL_TOKENS a step while it is backlogged (the
+    weights need the lower prompts started)."""
+    budget = fed_budget(0.0)
+    budget.update()  # the model fitted
+    model = budget.model
+    assert not budget.cold
+    cap = MAX_SEQS // 2
+    over = model.predict_decode(cap, model.mean_kv_per_row()) * 0.9  # a target it passes
+    got = prefill_allowance(model, cap, over, cold=False, backlogged=backlogged)
+    assert got == (MIN_LOWER_PREFILL_TOKENS if backlogged else MIN_LOWER_PREFILL_RATE)
+    assert MIN_LOWER_PREFILL_RATE < MIN_LOWER_PREFILL_TOKENS

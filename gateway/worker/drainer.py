@@ -58,8 +58,11 @@ NO_ROOM_WAIT_S = 0.05
 # wait on the open tiers is then this short (bench sla's heavy row, traced: a light request
 # arriving while its tier was full waited out the whole IDLE_BLOCK_S and missed a step).
 CLOSED_BLOCK_S = NO_ROOM_WAIT_S
-# A wait that timed out counts the backlogs next only when the last count is this old: an
-# idle worker's rounds would otherwise read every shard 1 / IDLE_BLOCK_S times a second
+# A wait that timed out counts the backlogs next only when the last count, which found the
+# tiers empty, is this old: an idle worker's rounds would otherwise read every shard
+# 1 / IDLE_BLOCK_S times a second. After a count that found entries it counts at once: a
+# burst's wake tokens may be trimmed while its entries wait (held a second, the tier status
+# published them as waiting with no starts, and the edge shed the next burst: tier_saturated)
 RECOUNT_S = 1.0
 QUIET_COUNT = 2  # per tier, when waiting without a backlog count: two tell a burst from a lone entry
 
@@ -101,7 +104,9 @@ class Drainer:
         self.quiet = False
         self.steps_done = steps_done  # the engine's steps ended so far
         self.read_at = (0.0, 0)  # (wall clock, engine steps ended) of the last entries read
-        self.counted_at = float("-inf")  # when (monotonic) a pull last counted the backlogs
+        # when (monotonic) a pull's backlog count last found the tiers empty (-inf: the last
+        # count found entries)
+        self.counted_at = float("-inf")
 
     async def run(self) -> None:
         # Entries read before a failure stay pending for us; the worker's maintenance
@@ -183,11 +188,12 @@ class Drainer:
         if self.quiet:
             return await self._wait_for_work(open_tiers, min(QUIET_COUNT, self._batch_size()))
         backlog = await self.queues.backlogs()
-        self.counted_at = time.monotonic()
         left = {t: backlog.get(t, 0) for t in open_tiers
                 if backlog.get(t, 0) > 0 and self.weights[t] > 0}
         if not left:
+            self.counted_at = time.monotonic()  # found idle: the next count may wait
             return await self._wait_for_work(open_tiers, 1)
+        self.counted_at = float("-inf")  # entries waited: a wait that times out recounts
         plan: list[str] = []
         seats = self._batch_size()  # one engine load snapshot per plan, not one per pick
         lower_seats = self.lower_seats

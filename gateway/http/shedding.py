@@ -169,7 +169,6 @@ def budget_line(worker: str, state: dict[str, Any]) -> str:
     return (f"worker {worker}: interactive TPOT target {ms('target_s')}, cap priced at "
             f"x{state.get('gain', 1.0):.2f} = {ms('cap_target_s')}: "
             + ("no row cap" if cap is None else f"row cap {cap}")
-            + ", alone bias " + ("-" if bias is None else
-                                 f"x{bias:.2f}" + (" (applied)" if bias > 1 else ""))
+            + ", alone bias " + ("-" if bias is None else f"x{bias:.2f}")
             + (", interactive backlogged (seats owed for every row)"
                if state.get("backlogged") else ""))

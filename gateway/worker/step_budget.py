@@ -99,8 +99,11 @@ REFIT_INTERVAL_S = 1.0
 MAX_GAP_S = 0.25
 # The loop steers the mean period interactive runs in to this share of its TPOT target, not
 # to the target itself: a window's mean is +-15 % noise, and held at the target, bench sla's
-# overload TPOT p50 landed 2 % and 7 % over it on a quiet machine.
-TPOT_AIM = 0.9
+# overload TPOT p50 landed 2 % and 7 % over it on a quiet machine; at 0.9 bulk goodput fell
+# to 0.49-0.69 of its reach within the budget.
+TPOT_AIM = 0.95
+# Interactive decode steps whose rows' context prices its step alone (``urgent_kv_per_row``).
+URGENT_CONTEXT_STEPS = 256
 # Refit interval while the model is cold (fewer than min_samples steps): the per-row mean
 # costs nothing to fit, and each step without a cap can cost interactive a whole prefill.
 COLD_REFIT_INTERVAL_S = 0.1
@@ -124,10 +127,13 @@ class StepBudget:
         self._tpot = TpotTarget(slo, self.model, share)  # the target, and the steps it reads
         self.refit_interval_s = refit_interval_s
         # Steps seen on the step thread, not yet fed to the model (deque: thread-safe ends):
-        # (rows, tokens, context tokens, seconds, prefill rows, interactive rows)
         # (rows, tokens, context tokens, seconds, prefill rows, interactive rows, period: from
-        # the last step's end to this one's, what a row waits between its tokens)
-        self._pending: deque[tuple[int, int, int, float, int, int, float]] = deque(maxlen=4096)
+        # the last step's end to this one's, what a row waits between its tokens,
+        # interactive's decode rows and their context tokens)
+        self._pending: deque[tuple[int, int, int, float, int, int, float, int, int]] = deque(
+            maxlen=4096)
+        # (decode rows, context tokens) of interactive's rows in the last steps that ran some
+        self._urgent_context: deque[tuple[int, int]] = deque(maxlen=URGENT_CONTEXT_STEPS)
         self._last_step_end: float | None = None  # perf_counter at the last step observed
         self._remove: Callable[[], None] | None = None
         self.clock: Callable[[], float] = time.monotonic
@@ -200,13 +206,15 @@ class StepBudget:
         prefill_rows = sum(len(s.token_ids) > 1 for s in out.scheduled)
         urgent = self.urgent_priority
         urgent_rows = sum(s.priority <= urgent for s in out.scheduled)
+        urgent_decode = [s.start_pos + 1 for s in out.scheduled
+                         if s.priority <= urgent and len(s.token_ids) == 1]
         now = time.perf_counter()
         last, self._last_step_end = self._last_step_end, now
         period = seconds  # a step of prompts only may follow an idle engine: no row waited
         if last is not None and prefill_rows < rows:
             period = max(seconds, min(now - last, seconds + MAX_GAP_S))
         self._pending.append((rows, tokens, kv_tokens, seconds, prefill_rows, urgent_rows,
-                              period))
+                              period, len(urgent_decode), sum(urgent_decode)))
 
     async def run(self) -> None:
         """Refit and set the cap every ``refit_interval_s`` (a worker task). The fit runs on a
@@ -257,12 +265,16 @@ class StepBudget:
         bring (owing on it would judge interactive backlogged whenever lower prompts cost).
         Its own prompts count, at the model's cost per token: decode steps alone were 0.75 of
         the real ones (bench sla, 0.7x per tier: 51 ms modelled against 64-84 ms, 10-13
-        interactive rows beside the target's 10, never judged backlogged)."""
+        interactive rows beside the target's 10, never judged backlogged). And whenever it
+        is past its weight's share of each second (``TpotTarget.past_share``)."""
         assert self.target_s is not None  # set by plan
-        rows = self.model.max_rows_within(self.target_s, limit=max_rows)
+        if self._tpot.past_share:
+            return True  # past its weight's share of each second (``TpotTarget``)
         margin = BACKLOG_EXIT if self.urgent_backlogged else BACKLOG_ENTER
-        return urgent_backlogged(urgent_tokens_s, rows,
-                                 self.model.predict_decode(rows, self.model.mean_kv_per_row()),
+        kv = self.urgent_kv_per_row()
+        kv = self.model.mean_kv_per_row() if kv is None else kv  # interactive's own rows'
+        rows = self.model.max_rows_within(self.target_s, kv, limit=max_rows)
+        return urgent_backlogged(urgent_tokens_s, rows, self.model.predict_decode(rows, kv),
                                  self.urgent_prompt_s, prompt_token_s(self.model), margin)
 
     def plan(self, max_rows: int, urgent_rows: int = SMALL_BATCH_ROWS,
@@ -282,7 +294,8 @@ class StepBudget:
                 self._log_bound(bound, max_rows, law)
                 self.row_limit = bound
         self.law = None if self.cold else fitted_law(self.model)
-        target = self._tpot.derive(urgent_tokens_s, max_rows, self._urgent_prompts_busy())
+        target = self._tpot.derive(urgent_tokens_s, max_rows, self._urgent_prompts_busy(),
+                                   self.urgent_kv_per_row())
         self._steer(window, target * TPOT_AIM)
         self.cap_target_s = target * self.gain
         cap = self._cap_within(target, max_rows, urgent_rows)
@@ -328,8 +341,11 @@ class StepBudget:
         sees); returns the window."""
         pending, window, now = self._pending, [], self.clock()
         while pending:
-            rows, tokens, kv_tokens, seconds, prefill_rows, urgent, period = pending.popleft()
+            (rows, tokens, kv_tokens, seconds, prefill_rows, urgent, period, urgent_decode,
+             urgent_kv) = pending.popleft()
             self.model.observe(rows, tokens, kv_tokens, seconds, prefill_rows)
+            if urgent_decode:
+                self._urgent_context.append((urgent_decode, urgent_kv))
             if not prefill_rows and rows == SMALL_BATCH_ROWS:
                 self._tpot.small_steps.append(period)
             if urgent == rows and self._lower_held == (0, 0):
@@ -382,6 +398,11 @@ class StepBudget:
                 a * 1e3, m * 1e3)
         if big:
             self._bound_said = bound
+
+    def urgent_kv_per_row(self) -> float | None:
+        """Context tokens per interactive decode row over its last steps (None: none seen)."""
+        rows = sum(r for r, _ in self._urgent_context)
+        return sum(kv for _, kv in self._urgent_context) / rows if rows else None
 
     def _urgent_prompts_busy(self) -> float:
         return prompts_busy(self.model, self.urgent_prompt_s, self.urgent_starts_s)

@@ -25,7 +25,7 @@ from policies.tiers import (
     SMALL_BATCH_ROWS,
     SMALL_STEPS_KEPT,
     TierSLO,
-    alone_step,
+    alone_step_within_share,
     derived_tpot_target,
     measured_small_step,
 )
@@ -41,6 +41,11 @@ TARGET_LOG_STEP = 0.1
 # Interactive, once judged over its weight's share of the machine, counts as under it again
 # only below this fraction of the share (``_alone_step``).
 SHARE_HYSTERESIS = 0.9
+# Past its share of each second by this much, interactive is past it (the weights decide: the
+# small step's target, and seats owed); back under it only below PAST_SHARE_EXIT. In between,
+# its target is the step at its share (``policies.tiers.alone_step_within_share``).
+PAST_SHARE_ENTER = 1.25
+PAST_SHARE_EXIT = 1.05
 
 # (when fed, rows, tokens, context tokens, prefill rows, seconds) of a step interactive ran alone
 AloneStep = tuple[float, int, int, int, int, float]
@@ -59,7 +64,11 @@ class TpotTarget:
         self.alone_steps: deque[AloneStep] = deque(maxlen=ALONE_STEPS_KEPT)
         self.value: float | None = None  # the TPOT target in force (None: no data yet)
         self.last_alone_bias: float | None = None  # the last measured alone bias
-        self._over_share = False  # interactive asked its weight's share or more (hysteresis)
+        self._over_share = False  # interactive's rows passed its share of the seats
+        self.past_share = False  # it asks PAST_SHARE_ENTER x its share of each second
+        # the share of each second interactive's rows and prompts ask (the law scaled by its
+        # alone bias), at the last derive; None: not known (configured target, cold, no demand)
+        self.asked_share: float | None = None
         self._said: float | None = None  # the target last logged at info
         self._source_said: str | None = None  # and what it was derived from
 
@@ -67,7 +76,8 @@ class TpotTarget:
     def cold(self) -> bool:
         return self.model.num_samples < self.model.min_samples
 
-    def derive(self, urgent_tokens_s: float | None, max_rows: int, prompts_busy: float) -> float:
+    def derive(self, urgent_tokens_s: float | None, max_rows: int, prompts_busy: float,
+               kv_per_row: float | None = None) -> float:
         """The TPOT target in force: the configured one, else ``derived_tpot_target`` of the
         small-batch step or, when longer, of the step interactive's own load runs in alone
         (``_alone_step``; ``prompts_busy``: the share of each second its prompts take). Why
@@ -90,14 +100,14 @@ class TpotTarget:
                 how = (f"derived from the predicted {SMALL_BATCH_ROWS}-row step, "
                        f"{small * 1000:.0f} ms")
             target = derived_tpot_target(small, self.slo.tpot_budget_x)
-            alone = self._alone_step(urgent_tokens_s, max_rows, measured, prompts_busy)
-            basis = f"at its {urgent_tokens_s or 0:.0f} tokens/s"
-            bias = self._alone_bias(measured) if alone is not None else None
+            bias = self._alone_bias(measured) if urgent_tokens_s and not self.cold else None
             self.last_alone_bias = bias
-            if alone is not None and bias is not None and bias > 1.0:
-                alone *= bias  # the law's figure ran short of its steps alone, measured
-                basis += (f", x{bias:.2f} as its {len(self.alone_steps)} steps alone "
-                          f"measured")
+            alone = self._alone_step(urgent_tokens_s, max_rows, measured, prompts_busy,
+                                     kv_per_row, bias or 1.0)
+            basis = f"at its {urgent_tokens_s or 0:.0f} tokens/s"
+            if bias is not None:
+                basis += (f", the law x{bias:.2f} as its {len(self.alone_steps)} steps "
+                          f"alone measured")
             if alone is not None and derived_tpot_target(alone, self.slo.tpot_budget_x) > target:
                 target = derived_tpot_target(alone, self.slo.tpot_budget_x)
                 how = f"derived from interactive's step alone, {alone * 1000:.0f} ms {basis}"
@@ -123,27 +133,40 @@ class TpotTarget:
             log.debug("interactive TPOT target %.0f ms (%s)", target * 1000, how)
 
     def _alone_step(self, urgent_tokens_s: float | None, max_rows: int,
-                    measured: float | None, prompts_busy: float) -> float | None:
+                    measured: float | None, prompts_busy: float,
+                    kv_per_row: float | None = None, bias: float = 1.0) -> float | None:
         """The mean step interactive, asking ``urgent_tokens_s`` decode tokens a second with
         its prompts at their rate, would run in alone on ``max_rows`` seats
-        (``policies.tiers.alone_step``): None while cold, with no demand known, or when it
-        asks its weight's share of the machine or more (then backlogged: the weights decide,
-        not its TPOT). Once over the share it must fall to ``SHARE_HYSTERESIS`` of it to
-        count as under again: its demand is ~25 starts in a 10 s window, +-20 %, and each
-        crossing moves the target and the cap (a refit at a time flipped both)."""
+        (``policies.tiers.alone_step``), its rows at their own context (``kv_per_row``;
+        None: the mean of every row's) and the law scaled by ``bias`` (what its steps alone
+        measured against it). Past its weight's share of each second, the step at that share
+        (``policies.tiers.alone_step_within_share``), continuous in the demand: bench sla's
+        interactive at 0.5x capacity asks about its share, its demand is ~25 starts in a 10 s
+        window (+-20 %), and each crossing to the small step's target moved the target and the
+        cap (82 to 60 ms; seats owed; TPOT 1.26x its budget). None while cold, with no demand
+        known, ``past_share`` (PAST_SHARE_ENTER x its share, until under PAST_SHARE_EXIT x),
+        or when its rows pass the share of the seats (under ``SHARE_HYSTERESIS`` of it to
+        count as under again): then backlogged, the weights decide, not its TPOT."""
         if self.cold or not urgent_tokens_s:
+            self.asked_share, self.past_share = None, False
             return None
         model = self.model
-        marginal = model.decode_row_cost(model.mean_kv_per_row())
+        # interactive's own context, not the mean row's: under overload the bulk's longer
+        # contexts priced its rows, and its step alone, up with them
+        kv = model.mean_kv_per_row() if kv_per_row is None else kv_per_row
+        marginal = model.decode_row_cost(kv)
         share = self.share * SHARE_HYSTERESIS if self._over_share else self.share
         # the base through the measured small step where there is one (``measured``): the
         # fit's own split of base and per-row cost moves between refits and servers (34-60 ms
         # bases on one machine; a 41 ms one put interactive's step alone at 75 ms against a
         # measured 56 ms TPOT alone), the small step and the slope far less
-        alone = alone_step(self._alone_base(measured), marginal, urgent_tokens_s,
-                           prompts_busy, share, max_rows)
+        alone = alone_step_within_share(bias * self._alone_base(measured), bias * marginal,
+                                        urgent_tokens_s, bias * prompts_busy, share, max_rows)
         self._over_share = alone is None
-        return alone
+        asked = self.asked_share = bias * (prompts_busy + marginal * urgent_tokens_s)
+        margin = PAST_SHARE_EXIT if self.past_share else PAST_SHARE_ENTER
+        self.past_share = asked >= margin * self.share
+        return None if self.past_share else alone
 
     def _alone_base(self, measured: float | None) -> float:
         """The base of interactive's step alone: through the measured small step where there

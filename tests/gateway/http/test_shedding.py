@@ -148,7 +148,7 @@ def test_tenants_tiers_prints_each_live_workers_step_law() -> None:
                     "2.50 us/context token + 19.2 ms/prompt row (512 steps, 87 context tokens "
                     "a row)\n"
                     "worker w2: interactive TPOT target 36 ms, cap priced at x0.75 = 27 ms: "
-                    "row cap 6, alone bias x1.12 (applied), interactive backlogged (seats owed for every "
+                    "row cap 6, alone bias x1.12, interactive backlogged (seats owed for every "
                     "row)\n"
                     "worker w1: interactive TPOT target 36 ms, cap priced at x0.75 = 27 ms: "
                     "no row cap, alone bias -\n")

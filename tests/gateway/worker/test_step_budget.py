@@ -20,7 +20,7 @@ from gateway.worker.step_pricing import (
     MIN_LOWER_PREFILL_RATE,
     MIN_LOWER_PREFILL_TOKENS,
 )
-from gateway.worker.tpot_target import SHARE_HYSTERESIS, TARGET_LOG_STEP
+from gateway.worker.tpot_target import PAST_SHARE_ENTER, PAST_SHARE_EXIT, TARGET_LOG_STEP
 from gateway.worker.urgent_demand import UrgentDemand
 from gateway.worker.worker import Worker
 from policies.admission import EngineLoad
@@ -450,12 +450,11 @@ def warm_budget() -> tuple[StepBudget, Clock, float]:
 def test_the_derived_target_covers_interactives_own_step_alone(share_used: float,
                                                                 prompt: int) -> None:
     """Interactive whose rows and prompts take ``share_used`` of each second (its prompts at
-    the true law's cost per token; its rows far under the 256 seats):
-    under its weight's share (0.6) the target is the headroom over the step its load runs in
-    alone (Little's law: rows = tokens/s x step) when that is longer than the small step's
-    target, and interactive is not backlogged; past the share, the small-step target stays
-    and it is backlogged (the weights decide) once it asks BACKLOG_ENTER x the rows that
-    target allows."""
+    the true law's cost per token; its rows far under the 256 seats): the target is the
+    headroom over the step its load runs in alone (Little's law: rows = tokens/s x step),
+    past its weight's share (0.6) the step at the share, when that is longer than the small
+    step's target. Under the share it is not backlogged; past it, it is once it asks
+    BACKLOG_ENTER x the rows that target allows."""
     budget, clock, small_target = warm_budget()
     kv = budget.model.mean_kv_per_row()
     marginal = B + C + D * kv  # a decode row of the true law
@@ -467,14 +466,13 @@ def test_the_derived_target_covers_interactives_own_step_alone(share_used: float
     assert asked == pytest.approx(tokens_s, rel=0.02)  # whole starts in the window
     budget.update()
     busy = per_prompt_s * budget.demand.starts_per_s()
-    alone = A / (1.0 - busy - marginal * asked)
+    alone = A / (1.0 - min(busy + marginal * asked, 0.6))
+    expected = max(small_target, DERIVED_TPOT_HEADROOM * alone)
+    assert budget.target_s == pytest.approx(expected, rel=2e-3)
     if share_used < 0.6:
-        expected = max(small_target, DERIVED_TPOT_HEADROOM * alone)
-        assert budget.target_s == pytest.approx(expected, rel=2e-3)
         assert budget.urgent_backlogged is False
         assert budget.model.max_rows_within(budget.target_s) >= asked * alone
     else:
-        assert budget.target_s == pytest.approx(small_target, rel=1e-6)
         # backlogged once its demand keeps BACKLOG_ENTER x the target's decode rows (true
         # law) running, its prompts' tokens stretching each step
         rows = max(r for r in range(MAX_SEQS + 1) if A + marginal * r <= budget.target_s)
@@ -485,24 +483,46 @@ def test_the_derived_target_covers_interactives_own_step_alone(share_used: float
         assert budget.target_s > 1.05 * small_target
 
 
-def test_over_the_share_interactive_must_fall_well_under_it_to_count_as_under() -> None:
-    """Its demand is +-20 % between refits: once over the share, the alone step's target
-    returns only under SHARE_HYSTERESIS of the share, so a noisy demand near it does not flip
-    the target and the cap at every refit."""
+def test_past_its_share_the_target_is_the_step_at_the_share_and_never_flips() -> None:
+    """Its demand is +-20 % between refits: past the share the target is that of the step at
+    the share, so a noisy demand near it moves the target a little, never from its step
+    alone down to the small step's and back."""
     budget, clock, small_target = warm_budget()
     marginal = B + C + D * budget.model.mean_kv_per_row()
-    per_token = marginal
-    # 0.57 of the machine: under the share, and its step alone sets the target; the same
-    # load just after one over the share does not, until one under 0.9 x 0.6 (0.5 here)
-    for used, alone_target in ((0.57, True), (0.65, False), (0.57, False), (0.5, True),
-                               (0.57, True), (0.62, False)):
-        asked = demand(budget, clock, used / per_token, tokens=10)
+    targets = {}
+    for used in (0.57, 0.65, 0.57, 0.5, 0.62, 0.7, 0.59):
+        asked = demand(budget, clock, used / marginal, tokens=10)
         budget.update()
-        alone = DERIVED_TPOT_HEADROOM * A / (1.0 - marginal * asked)
-        assert alone > 1.03 * small_target or used == 0.5  # the two targets differ
-        expected = max(small_target, alone) if alone_target else small_target
-        assert budget.target_s == pytest.approx(expected, rel=2e-3), used
-    assert SHARE_HYSTERESIS * 0.6 < 0.57 / (1 + 0.02)  # 0.57 sits inside the band
+        expected = DERIVED_TPOT_HEADROOM * A / (1.0 - min(marginal * asked, 0.6))
+        assert budget.target_s == pytest.approx(max(small_target, expected), rel=2e-3), used
+        targets[used] = budget.target_s
+    assert targets[0.65] == pytest.approx(targets[0.7], rel=1e-6)  # flat past the share
+    assert targets[0.57] < targets[0.62] and targets[0.57] > 1.05 * small_target
+
+
+def test_past_its_share_by_the_margins_interactive_is_backlogged_at_the_small_target(
+        ) -> None:
+    """Past PAST_SHARE_ENTER x its 0.6 share of each second interactive is backlogged
+    whatever rows its target holds, at the small step's target (the weights decide), and
+    within again only under PAST_SHARE_EXIT x the share (a plain state machine over the
+    asked shares; the rows' judgement alone lets it out at 0.64); in between, the step at
+    its share."""
+    budget, clock, small_target = warm_budget()
+    marginal = B + C + D * budget.model.mean_kv_per_row()
+    at_share = DERIVED_TPOT_HEADROOM * A / (1 - 0.6)
+    state = False
+    for used in (0.5, 0.7, 0.8, 0.7, 0.64, 0.62, 0.7, 0.76, 0.3):
+        demand(budget, clock, used / marginal, tokens=10)
+        budget.update()
+        asked = budget._tpot.asked_share
+        assert asked == pytest.approx(used, rel=0.02)
+        state = asked >= 0.6 * (PAST_SHARE_EXIT if state else PAST_SHARE_ENTER)
+        assert budget.urgent_backlogged is state, used
+        if state:
+            assert budget.target_s == pytest.approx(small_target, rel=1e-6)
+        elif asked >= 0.6:
+            assert budget.target_s == pytest.approx(at_share, rel=2e-3)
+    assert budget.urgent_backlogged is False
 
 
 def test_the_alone_step_takes_its_base_from_the_measured_small_step() -> None:

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import pytest
 
+from engine.core.outputs import ScheduledRequest, SchedulerOutput
+from engine.core.sampling_params import SamplingParams
 from gateway.worker.step_budget import TPOT_AIM, StepBudget
-from policies.tiers import TierSLO
+from policies.tiers import DERIVED_TPOT_HEADROOM, TierSLO
 from policies.tpot_loop import MIN_ALONE_STEPS
 from tests.gateway.worker.test_step_budget import (
+    LOWER,
+    URGENT,
+    A,
     B,
     C,
     D,
@@ -33,14 +38,15 @@ def step_of(rows: int, urgent: int, slower: float = 1.0) -> tuple[object, float]
     return out, seconds * slower
 
 
-def target_after_alone_steps(slower: float, lower_held: int) -> float:
-    """The target once interactive, asking 0.58 of the machine (its step alone past the small
-    step's), ran MIN_ALONE_STEPS steps alone at ``slower`` times the true law, beside
-    ``lower_held`` lower-tier requests held."""
+def target_after_alone_steps(slower: float, lower_held: int, used: float = 0.4) -> float:
+    """The target once interactive, asking ``used`` of the machine by the law (0.4: its
+    step alone past the small step's at 1.3x the law; under its 0.6 share even then), ran
+    MIN_ALONE_STEPS steps alone at ``slower`` times the true law, beside ``lower_held``
+    lower-tier requests held."""
     budget, clock, _ = warm_budget()
     budget.lower_held = lambda: lower_held
     marginal = B + C + D * budget.model.mean_kv_per_row()
-    demand(budget, clock, 0.58 / marginal, tokens=10)
+    demand(budget, clock, used / marginal, tokens=10)
     budget.update()
     (observe,) = budget.engine.observers  # type: ignore[attr-defined]
     for i in range(MIN_ALONE_STEPS):
@@ -59,6 +65,59 @@ def test_the_target_follows_interactives_steps_alone_where_the_law_runs_short() 
     alone, beside_lower = target_after_alone_steps(1.3, 0), target_after_alone_steps(1.3, 3)
     assert alone > 1.1 * beside_lower
     assert target_after_alone_steps(1.0, 0) == pytest.approx(target_after_alone_steps(1.0, 3))
+
+
+def target_after_overload(slower: float) -> tuple[float, float | None]:
+    """The target and the alone bias once interactive, asking 0.58 of the machine, ran
+    MIN_ALONE_STEPS steps alone at ``slower`` times the true law, and then lower work came
+    and the law refit on 400 more steps, at the true law."""
+    budget, clock, _ = warm_budget()
+    marginal = B + C + D * budget.model.mean_kv_per_row()
+    demand(budget, clock, 0.58 / marginal, tokens=10)
+    budget.update()
+    (observe,) = budget.engine.observers  # type: ignore[attr-defined]
+    for i in range(MIN_ALONE_STEPS):
+        observe(*step_of(URGENT_ROWS + 2 + i % 3, URGENT_ROWS + 2 + i % 3, slower=slower))
+    budget.update()
+    budget.lower_held = lambda: 3
+    feed(budget, budget.engine, 400)  # type: ignore[arg-type]
+    budget.update()
+    assert budget.target_s is not None
+    return budget.target_s, budget.last_alone_bias
+
+
+def test_a_law_that_overprices_interactives_steps_alone_no_longer_holds_the_target_up(
+        ) -> None:
+    """Interactive's steps alone ran 0.7x the law that holds once lower work arrived (under
+    overload the law refits on bulk rows and prices interactive's step alone up): the target
+    follows its step alone as measured, lower than the law's figure, which stands where its
+    steps alone ran at the law."""
+    at_law, at_law_bias = target_after_overload(1.0)
+    faster, bias = target_after_overload(0.7)
+    assert at_law_bias == pytest.approx(1.0, abs=0.02)
+    assert bias == pytest.approx(0.7, abs=0.03)
+    assert faster < 0.9 * at_law
+
+
+def test_interactives_step_alone_is_priced_at_its_own_rows_context() -> None:
+    """Interactive's rows at 40 tokens of context beside lower rows at 360 (the mean row's
+    200, as in the steps the law was fitted on): its step alone, and the target, are priced
+    at 40, not at the mean, whose longer context would price them up."""
+    budget, clock, small_target = warm_budget()
+    (observe,) = budget.engine.observers  # type: ignore[attr-defined]
+    params = SamplingParams()
+    for _ in range(40):
+        sched = [ScheduledRequest(f"r{i}", [1], (40 if i < 4 else 360) - 1, [], True, params,
+                                  1, priority=URGENT if i < 4 else LOWER) for i in range(8)]
+        observe(SchedulerOutput(scheduled=sched), true_cost(8, 8, 4 * 40 + 4 * 360))
+    own, mean = B + C + D * 40, B + C + D * budget.model.mean_kv_per_row()
+    asked = demand(budget, clock, 0.58 / own, tokens=10)
+    budget.update()
+    assert budget.urgent_kv_per_row() == pytest.approx(40)
+    assert budget.target_s == pytest.approx(DERIVED_TPOT_HEADROOM * A / (1 - own * asked),
+                                            rel=5e-3)
+    assert budget.target_s > 1.05 * small_target  # its step alone, not the small step's
+    assert 1 - mean * asked < 0.9 * (1 - own * asked)  # the mean would price it far longer
 
 
 @pytest.mark.parametrize("slower", [1.6, 0.6])

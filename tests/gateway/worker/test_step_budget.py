@@ -445,7 +445,7 @@ def warm_budget() -> tuple[StepBudget, Clock, float]:
     return budget, Clock(), budget.target_s
 
 
-@pytest.mark.parametrize("share_used", [0.3, 0.59, 0.7])
+@pytest.mark.parametrize("share_used", [0.3, 0.59, 0.64])
 @pytest.mark.parametrize("prompt", [0, 10])
 def test_the_derived_target_covers_interactives_own_step_alone(share_used: float,
                                                                 prompt: int) -> None:
@@ -490,13 +490,13 @@ def test_past_its_share_the_target_is_the_step_at_the_share_and_never_flips() ->
     budget, clock, small_target = warm_budget()
     marginal = B + C + D * budget.model.mean_kv_per_row()
     targets = {}
-    for used in (0.57, 0.65, 0.57, 0.5, 0.62, 0.7, 0.59):
+    for used in (0.57, 0.63, 0.57, 0.5, 0.62, 0.65, 0.59):
         asked = demand(budget, clock, used / marginal, tokens=10)
         budget.update()
         expected = DERIVED_TPOT_HEADROOM * A / (1.0 - min(marginal * asked, 0.6))
         assert budget.target_s == pytest.approx(max(small_target, expected), rel=2e-3), used
         targets[used] = budget.target_s
-    assert targets[0.65] == pytest.approx(targets[0.7], rel=1e-6)  # flat past the share
+    assert targets[0.63] == pytest.approx(targets[0.65], rel=1e-6)  # flat past the share
     assert targets[0.57] < targets[0.62] and targets[0.57] > 1.05 * small_target
 
 
@@ -505,13 +505,13 @@ def test_past_its_share_by_the_margins_interactive_is_backlogged_at_the_small_ta
     """Past PAST_SHARE_ENTER x its 0.6 share of each second interactive is backlogged
     whatever rows its target holds, at the small step's target (the weights decide), and
     within again only under PAST_SHARE_EXIT x the share (a plain state machine over the
-    asked shares; the rows' judgement alone lets it out at 0.64); in between, the step at
+    asked shares); in between, the step at
     its share."""
     budget, clock, small_target = warm_budget()
     marginal = B + C + D * budget.model.mean_kv_per_row()
     at_share = DERIVED_TPOT_HEADROOM * A / (1 - 0.6)
     state = False
-    for used in (0.5, 0.7, 0.8, 0.7, 0.64, 0.62, 0.7, 0.76, 0.3):
+    for used in (0.5, 0.64, 0.7, 0.62, 0.58, 0.64, 0.68, 0.3):
         demand(budget, clock, used / marginal, tokens=10)
         budget.update()
         asked = budget._tpot.asked_share

@@ -66,6 +66,7 @@ from gateway.bus.scripts import ADMIT_LUA, PICK_LUA, STEP_LUA
 from gateway.bus.shard_view import BacklogView, DepthView
 from gateway.bus.state_scripts import BACKLOG_LUA, CANCEL_LUA, CLAIM_LUA, DONE_LUA
 from gateway.bus.step_write import StepWrite
+from gateway.bus.wake import WakeTokens, push
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class TierQueues:
         self._backlogs = LuaScript(redis, self._conn, BACKLOG_LUA)
         self._pick = LuaScript(redis, self._conn, PICK_LUA)
         self.view = BacklogView(self.tiers, keys.shards)
+        self.wake = WakeTokens(redis, keys, self._block_conn, self._conn)
         self.pending = PendingIndex(redis, keys, self.tiers)  # where the reclaim looks
 
     async def close(self) -> None:
@@ -179,6 +181,7 @@ class TierQueues:
                 self.held_s = held_s if self.held_s is None else min(self.held_s, held_s)
             self.view.picked(tier, s, want, [text(r[3]) for r in got], left)
             out += [self._envelope(key, eid, fields) for key, eid, fields, _ in got]
+            self.wake.answered(tier, s, len(got))
         return out
 
     async def read_counts(self, counts: dict[str, int], consumer: str,
@@ -197,33 +200,25 @@ class TierQueues:
 
     async def wait(self, tiers: Iterable[str], timeout_s: float,
                    consumer: str | None = None) -> str | None:
-        """Block until an admission to one of ``tiers`` (its wake token), up to
-        ``timeout_s``; the tier woken for, or None. The backlog of the shards named by the
-        token and by those still queued, and of the shards the view lists with entries, is
-        then read for the pick that follows (``backlogs`` reads them all). A token naming a
-        shard whose entries another worker took was stale: that shard's read finds nothing. A token may be stale (another worker took the entry):
-        that pick then finds nothing. With placement on, the admissions that prefer
-        ``consumer`` wake it too."""
+        """Block until an admission to one of ``tiers`` (its wake token, ``wake.py``), up
+        to ``timeout_s``; the tier woken for, or None. The backlog of the shards named by the
+        tokens on the list woken, and of the shards the view lists with entries, is then read
+        for the pick that follows (``backlogs`` reads them all). A token may be stale (another
+        worker took the entry): that shard's read finds nothing. With placement on, the
+        admissions that prefer ``consumer`` wake it too."""
         tiers = tuple(tiers)
         keys = [self.keys.wake(t) for t in tiers]
         if consumer and self.placement_wait_ms > 0:
             keys += [self.keys.wake_worker(consumer, t) for t in tiers]
         if not keys:
             return None
-        if self._block_conn is not None:
-            res = await self._block_conn.call("BLPOP", *keys, timeout_s, wait_s=timeout_s)
-        else:
-            res = await self.redis.blpop(keys, timeout=timeout_s)
-        if not res:
+        got = await self.wake.pop(keys, timeout_s)
+        if got is None:
             return None
-        # the woken shard, the shards the tokens still queued name (an older token may come
-        # first), and those the view lists with entries: the others were empty at the last
-        # full read and have had no admission since whose token is still there
-        queued = await asyncio.gather(*(self._call("LRANGE", key, 0, -1) for key in keys))
-        named = {int(text(x)) % self.keys.shards for got in [[res[1]], *queued]
-                 for x in got or ()}
-        await self._read_shards(sorted(named | self.view.busy()))
-        return text(res[0]).rsplit(":", 1)[1]
+        # the shards the tokens name, and those the view lists with entries: the others were
+        # empty at the last full read and have had no admission since whose token is there
+        await self._read_shards(sorted(got[1] | self.view.busy()))
+        return got[0]
 
     async def claim_many(self, requests: list[tuple[str, str]], consumer: str,
                          reclaim: bool) -> list[str]:
@@ -284,19 +279,7 @@ class TierQueues:
     async def execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Run ``commands`` in one round trip; raw replies in order (the first error raises
         after all of them ran, as a redis-py pipeline does)."""
-        if not commands:
-            return []
-        if self._conn is not None:  # concurrent calls on one connection are pipelined
-            res = await asyncio.gather(*(self._conn.call(*c) for c in commands),
-                                       return_exceptions=True)
-            for r in res:
-                if isinstance(r, BaseException):
-                    raise r
-            return res
-        pipe = self.redis.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
-        return list(await pipe.execute())
+        return await _pipelined(self._conn, self.redis, commands)
 
     def _envelope(self, key: Any, entry_id: Any, fields: Any) -> Envelope:
         if isinstance(fields, list):  # a raw reply: [field, value, field, value, ...]
@@ -313,6 +296,24 @@ class TierQueues:
             except (MessageError, ValueError):
                 msg = None
         return Envelope(tier, text(entry_id), msg, tenant, weight)
+
+
+async def _pipelined(conn: RespConnection | None, redis: Any,
+                     commands: list[tuple[Any, ...]]) -> list[Any]:
+    """Run ``commands`` in one round trip; raw replies in order (the first error raises
+    after all of them ran, as a redis-py pipeline does)."""
+    if not commands:
+        return []
+    if conn is not None:  # concurrent calls on one connection are pipelined
+        res = await asyncio.gather(*(conn.call(*c) for c in commands), return_exceptions=True)
+        for r in res:
+            if isinstance(r, BaseException):
+                raise r
+        return res
+    pipe = redis.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return list(await pipe.execute())
 
 
 def _nogroup(exc: ResponseError) -> bool:
@@ -373,12 +374,7 @@ class QueueEntries:
         )
         self.depths.set(tier, shard, int(res[4]))
         if text(res[0]) == "ok":
-            # wake an idle drainer; the list is bounded (a stale token costs one empty pick)
-            wakes = [k.wake(tier), *([k.wake_worker(prefer, tier)] if prefer else [])]
-            # the preferred worker is woken even when another drainer took the tier's token
-            await asyncio.gather(*(c for w in wakes for c in (
-                self._call("RPUSH", w, shard), self._call("LTRIM", w, -64, -1))),
-                *([self._call("EXPIRE", wakes[1], 60)] if prefer else []))
+            await push(self._call, k, tier, shard, prefer)  # wake a drainer (``wake.py``)
         return text(res[0]), text(res[1]), float(text(res[2])), float(text(res[3]))
 
     async def cancel(self, request_id: str, tenant: str, tier: str, reader_gone: bool,
@@ -403,15 +399,34 @@ class QueueEntries:
         return StepWrite(self.keys, stream_ttl_s, ledger_retention_s)
 
     async def write_step(self, step: StepWrite) -> None:
-        await asyncio.gather(*(self._step(keys=keys, args=args) for keys, args in step.calls()))
+        """One script call per shard where a request finishes; the other shards' writes as
+        plain commands, in one pipeline (``StepWrite``)."""
+        await asyncio.gather(*(self._step(keys=keys, args=args) for keys, args in step.calls()),
+                             _pipelined(self._conn, self.redis, step.commands()))
 
     def send_step_now(self, step: StepWrite) -> asyncio.Future[Any] | None:
-        """Send ``step`` right away from synchronous code (the engine's step callback), one
-        script call per shard, and return the future of their replies; None (nothing sent)
-        unless the lean connection is up. A NOSCRIPT reply means the server lost the script
-        (every call of the step gets it: one server): ``write_step`` loads it."""
+        """Send ``step`` right away from synchronous code (a script call per shard where a
+        request finishes, plain commands for the rest), and return the future of their
+        replies; None (nothing sent) unless the lean connection is up. A script call
+        answered NOSCRIPT (the server lost the script) ran nothing: it alone is sent again,
+        with the script (the plain commands beside it were applied)."""
         if self._conn is None or not self._conn.ready:
             return None
-        futs = [self._conn.send_now("EVALSHA", self._step.sha, len(keys), *keys, *args)
-                for keys, args in step.calls()]
-        return asyncio.gather(*(f for f in futs if f is not None))
+        calls = step.calls()
+        scripts = [self._conn.send_now("EVALSHA", self._step.sha, len(keys), *keys, *args)
+                   for keys, args in calls]
+        plain = [self._conn.send_now(*c) for c in step.commands()]
+        return asyncio.ensure_future(self._replies(calls, scripts, plain))
+
+    async def _replies(self, calls: list[tuple[list[str], list[Any]]],
+                       scripts: list[asyncio.Future[Any] | None],
+                       plain: list[asyncio.Future[Any] | None]) -> None:
+        # all sent: ``send_now`` sends on a connection found ready, in one synchronous turn
+        got = await asyncio.gather(*(f for f in (*scripts, *plain) if f is not None),
+                                   return_exceptions=True)
+        for exc in got:
+            if isinstance(exc, BaseException) and not str(exc).startswith("NOSCRIPT"):
+                raise exc
+        lost = [c for c, r in zip(calls, got)
+                if isinstance(r, ResponseError) and str(r).startswith("NOSCRIPT")]
+        await asyncio.gather(*(self._step(keys=keys, args=args) for keys, args in lost))

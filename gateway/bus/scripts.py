@@ -85,22 +85,26 @@ redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
 -- its counter is lifted to the least backlogged counter, or with nobody backlogged to the
 -- last picked tenant's. The value is copied as Redis stored it, so it stays exact.
 if not redis.call('HGET', KEYS[8], tenant) then
-  local own = redis.call('HGET', KEYS[9], tenant)
+  local mine = redis.call('HMGET', KEYS[9], tenant, ':last')
   local floor
-  for _, t in ipairs(redis.call('HKEYS', KEYS[8])) do
-    local c = redis.call('HGET', KEYS[9], t) or '0'
-    if not floor or tonumber(c) < tonumber(floor) then floor = c end
+  local names = redis.call('HKEYS', KEYS[8])
+  for lo = 1, #names, 1000 do  -- one HMGET per 1000 tenants (unpack's stack is bounded)
+    local cs = redis.call('HMGET', KEYS[9], unpack(names, lo, math.min(#names, lo + 999)))
+    for _, c in ipairs(cs) do
+      c = c or '0'
+      if not floor or tonumber(c) < tonumber(floor) then floor = c end
+    end
   end
-  if not floor then
-    local last = redis.call('HGET', KEYS[9], ':last')
-    floor = last and redis.call('HGET', KEYS[9], last)
-  end
-  if floor and tonumber(floor) > tonumber(own or '0') then
+  if not floor and mine[2] then floor = redis.call('HGET', KEYS[9], mine[2]) end
+  if floor and tonumber(floor) > tonumber(mine[1] or '0') then
     redis.call('HSET', KEYS[9], tenant, floor)
   end
 end
-if redis.call('EXISTS', KEYS[4]) == 0 then
-  redis.call('XGROUP', 'CREATE', KEYS[4], ARGV[13], '0', 'MKSTREAM')
+-- the tenant's stream exists when it is in the tier's tenant set (both go together, in the
+-- scripts that delete an emptied stream); a stream found without its group is given it again
+-- by the pick (NOGROUP), and a group that exists already is left as it is (BUSYGROUP)
+if redis.call('SADD', KEYS[7], tenant) == 1 then
+  redis.pcall('XGROUP', 'CREATE', KEYS[4], ARGV[13], '0', 'MKSTREAM')
 end
 local id
 if ARGV[20] and ARGV[20] ~= '' then
@@ -111,7 +115,6 @@ else
   id = redis.call('XADD', KEYS[4], '*', 't', ARGV[8], 'd', ARGV[9], 'n', ARGV[14],
     'w', ARGV[15])
 end
-redis.call('SADD', KEYS[7], tenant)
 redis.call('HINCRBY', KEYS[8], tenant, 1)
 own = redis.call('HINCRBY', KEYS[10], tier, 1)
 redis.call('HINCRBY', KEYS[10], 'b:' .. tier, 1)
@@ -233,8 +236,7 @@ if ARGV[4] ~= '' then
 end
 local function next_entry(t)  -- the entry the group delivers next, or nil
   local key = stream[t]
-  if redis.call('EXISTS', key) == 0 then return nil end
-  local groups = redis.pcall('XINFO', 'GROUPS', key)
+  local groups = redis.pcall('XINFO', 'GROUPS', key)  -- an error: no stream
   if type(groups) ~= 'table' or groups.err then return nil end
   local last = '0-0'
   for _, g in ipairs(groups) do
@@ -246,11 +248,16 @@ local function next_entry(t)  -- the entry the group delivers next, or nil
   end
   return redis.call('XRANGE', key, '(' .. last, '+', 'COUNT', 1)[1]
 end
+local heads = {}  -- head(t), read once until t's entry is taken (ties recur: equal counters)
 local function head(t)
+  if heads[t] then return heads[t] end
   local nxt = next_entry(t)
-  if not nxt then return {math.huge, math.huge} end
-  local ms, seq = string.match(nxt[1], '(%d+)-(%d+)')
-  return {tonumber(ms), tonumber(seq)}
+  heads[t] = {math.huge, math.huge}
+  if nxt then
+    local ms, seq = string.match(nxt[1], '(%d+)-(%d+)')
+    heads[t] = {tonumber(ms), tonumber(seq)}
+  end
+  return heads[t]
 end
 -- ms until another worker may take t's next entry (0: this consumer may take it now)
 local now_ms
@@ -279,6 +286,7 @@ local function before(t, c, s, best, bc, bs)
   if ht[2] ~= hb[2] then return ht[2] < hb[2] end
   return t < best
 end
+local last, indexed = nil, {}  -- the last tenant picked; the streams indexed in this call
 while #out < tonumber(ARGV[3]) do
   local best, best_c, best_s
   for _, t in ipairs(cand) do
@@ -293,16 +301,21 @@ while #out < tonumber(ARGV[3]) do
   local key = stream[best]
   local at = ctr[best] or '0'
   local got = false
+  heads[best] = nil
   local held = wait_ms > 0 and held_for(best) or 0
   if held > 0 then
     passed[best] = true  -- its entry waits for its worker: the next candidate in fair order
     held_ms = math.min(held_ms or held, held)
-  elseif redis.call('EXISTS', key) == 1 then
+  else
     got = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', key, '>')
     if type(got) == 'table' and got.err then
-      -- NOGROUP: the stream came back without its group (Redis restored partly): recreate it
-      redis.call('XGROUP', 'CREATE', key, group, '0')
-      got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', key, '>')
+      -- NOGROUP: no stream (nothing to give), or the stream came back without its group
+      -- (Redis restored partly): recreate it
+      got = false
+      if redis.call('EXISTS', key) == 1 then
+        redis.call('XGROUP', 'CREATE', key, group, '0')
+        got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', key, '>')
+      end
     end
   end
   if held > 0 then  -- nothing was read: the tenant stays backlogged
@@ -325,12 +338,16 @@ while #out < tonumber(ARGV[3]) do
     local cost = string.format('%.17g', n / w)
     ctr[best] = redis.call('HINCRBYFLOAT', KEYS[2], best, cost)
     svc[best] = redis.call('HINCRBYFLOAT', KEYS[2], ':s:' .. best, cost)
-    redis.call('HSET', KEYS[2], ':last', best)
-    redis.call('SADD', KEYS[4], ARGV[6] .. ':' .. best)
-    redis.call('SADD', KEYS[5], ARGV[6] .. ':' .. best)
+    last = best
+    if not indexed[best] then
+      indexed[best] = true
+      redis.call('SADD', KEYS[4], ARGV[6] .. ':' .. best)
+      redis.call('SADD', KEYS[5], ARGV[6] .. ':' .. best)
+    end
     out[#out + 1] = {key, entry[1], f, at}
   end
 end
+if last then redis.call('HSET', KEYS[2], ':last', last) end
 local left = {}
 for _, t in ipairs(cand) do
   if back[t] then
@@ -374,8 +391,9 @@ for i = 0, (#KEYS - 3) / 6 - 1 do
   local fresh = true
   if ARGV[a] == '1' then
     -- finished already: a write whose reply was lost, written again (only ack again)
-    if redis.call('HGET', req, 'state') ~= 'finished' then
-      if gone or redis.call('HGET', req, 'cancel') == 'gone' then
+    local h = redis.call('HMGET', req, 'state', 'cancel')
+    if h[1] ~= 'finished' then
+      if gone or h[2] == 'gone' then
         redis.call('DEL', out)
       else
         if tok ~= '' then redis.call('XADD', out, '*', 't', ARGV[4], 'd', tok) end

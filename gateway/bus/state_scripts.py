@@ -18,8 +18,8 @@ CLAIM_LUA = """
 local out = {}
 for i = 1, #KEYS do
   local req = KEYS[i]
-  local st = redis.call('HGET', req, 'state')
-  local c = st and redis.call('HGET', req, 'cancel')
+  local h = redis.call('HMGET', req, 'state', 'cancel', 'sent')
+  local st, c = h[1], h[2]
   local res
   if not st then
     res = 'gone'
@@ -27,7 +27,7 @@ for i = 1, #KEYS do
     res = (c == 'live' and st == 'running') and 'abort' or 'cancelled'
   elseif st == 'queued' or (st == 'running' and ARGV[2] == '1') then
     redis.call('HSET', req, 'state', 'running', 'worker', ARGV[1])
-    res = (st == 'running' and redis.call('HGET', req, 'sent')) and 'lost' or 'run'
+    res = (st == 'running' and h[3]) and 'lost' or 'run'
   else
     res = st
   end

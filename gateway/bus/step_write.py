@@ -1,5 +1,12 @@
 """The step script's keys and arguments for one engine step (``QueueEntries.write_step``), a
-request at a time, split by shard: a script call touches one shard's keys (``keys.py``)."""
+request at a time, split by shard: a script call touches one shard's keys (``keys.py``).
+
+A shard whose part of the step finishes no request is written without the script: its token
+writes are plain commands (an XADD per message; with ``refresh`` the stream's EXPIRE and the
+request's 'sent' mark; with a charge the two HINCRBYFLOATs), which is what the script would
+run for them. The script call itself was the largest share of a streamed token's Redis
+commands (one per shard with outputs, every step), and only a finish needs its atomic step
+(the state change against the cancel script, the ack, the counts)."""
 
 from __future__ import annotations
 
@@ -13,6 +20,18 @@ TOKEN_TYPE = encode(TokenMsg([], ""))["t"]
 FINISH_TYPE = encode(FinishMsg(FinishReason.STOP, 0, 0))["t"]
 
 
+class _Shard:
+    """One shard's part of a step: the script's keys and arguments, the same writes as plain
+    commands, and whether a request finishes there (then the script runs)."""
+
+    __slots__ = ("args", "commands", "finishes", "keys")
+
+    def __init__(self, keys: list[str], args: list[Any]) -> None:
+        self.keys, self.args = keys, args
+        self.commands: list[tuple[Any, ...]] = []
+        self.finishes = False
+
+
 class StepWrite:
     """One engine step's writes, grouped by shard."""
 
@@ -24,7 +43,7 @@ class StepWrite:
         self._args: list[Any] = [stream_ttl_s, stream_ttl_s * 2 // 3, GROUP, TOKEN_TYPE,
                                  FINISH_TYPE, ledger_retention_s]
         self._ledger = ledger_retention_s > 0
-        self._shards: dict[int, tuple[list[str], list[Any]]] = {}
+        self._shards: dict[int, _Shard] = {}
 
     def add(self, request_id: str, tier: str, entry_id: str, reader_gone: bool,
             tokens: TokenMsg | None, finish: FinishMsg | None, *, tenant: str = "",
@@ -41,29 +60,44 @@ class StepWrite:
         k = self._k
         shard = k.shard_of(tenant)
         if shard not in self._shards:
-            self._shards[shard] = ([k.stats(shard), k.depth(shard), k.pending(shard)],
-                                 list(self._args))
-        keys, args = self._shards[shard]
+            self._shards[shard] = _Shard([k.stats(shard), k.depth(shard), k.pending(shard)],
+                                         list(self._args))
+        part = self._shards[shard]
         hour, prefix = ledger if self._ledger and finish is not None else ("", "")
-        keys += [k.req(request_id, tenant), k.out(request_id, tenant), k.queue(tier, tenant),
-                 k.vtc(tier, shard), k.usage(tenant, hour) if prefix and hour else k.stats(shard),
-                 k.queue_tenants(tier, shard)]
-        args += [1 if finish is not None else 0, 1 if reader_gone else 0,
-                 encode(tokens)["d"] if tokens is not None else "",
-                 encode(finish)["d"] if finish is not None else "",
-                 entry_id, outcome(finish.finish_reason) if finish is not None else "",
-                 tenant, repr(charge) if charge > 0 else "",
-                 prefix if hour else "", finish.completion_tokens if finish else 0, tier,
-                 1 if refresh else 0]
+        req, out, vtc = k.req(request_id, tenant), k.out(request_id, tenant), k.vtc(tier, shard)
+        data = encode(tokens)["d"] if tokens is not None else ""
+        part.keys += [req, out, k.queue(tier, tenant), vtc,
+                      k.usage(tenant, hour) if prefix and hour else k.stats(shard),
+                      k.queue_tenants(tier, shard)]
+        part.args += [1 if finish is not None else 0, 1 if reader_gone else 0, data,
+                      encode(finish)["d"] if finish is not None else "",
+                      entry_id, outcome(finish.finish_reason) if finish is not None else "",
+                      tenant, repr(charge) if charge > 0 else "",
+                      prefix if hour else "", finish.completion_tokens if finish else 0, tier,
+                      1 if refresh else 0]
+        part.finishes = part.finishes or finish is not None
+        # the script's branch for a write that finishes nothing, as plain commands
+        if not reader_gone and data:
+            part.commands.append(("XADD", out, "*", "t", TOKEN_TYPE, "d", data))
+            if refresh:
+                part.commands += [("EXPIRE", out, self._args[0]), ("HSET", req, "sent", "1")]
+        if charge > 0:
+            part.commands += [("HINCRBYFLOAT", vtc, tenant, repr(charge)),
+                              ("HINCRBYFLOAT", vtc, f":s:{tenant}", repr(charge))]
 
     def calls(self) -> list[tuple[list[str], list[Any]]]:
-        """(keys, args) of each shard's script call."""
-        return list(self._shards.values())
+        """(keys, args) of each script call: one per shard where a request finishes."""
+        return [(p.keys, p.args) for p in self._shards.values() if p.finishes]
+
+    def commands(self) -> list[tuple[Any, ...]]:
+        """The plain commands of the shards where no request finishes, in order (a request's
+        messages keep theirs)."""
+        return [c for p in self._shards.values() if not p.finishes for c in p.commands]
 
     @property
     def keys(self) -> list[str]:
         """Every key written (all shards'); for tests and logs."""
-        return [key for keys, _ in self._shards.values() for key in keys]
+        return [key for p in self._shards.values() for key in p.keys]
 
     def __bool__(self) -> bool:
         return bool(self._shards)

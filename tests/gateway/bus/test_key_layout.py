@@ -90,7 +90,14 @@ async def test_every_script_call_names_keys_of_one_slot(redis_url: str, monkeypa
                      FinishMsg(FinishReason.STOP, 3, 1) if e.tenant != "t" else None,
                      tenant=e.tenant, charge=1.0, ledger=("2026120703", "k|b|m|"))
         await entries.write_step(step)
-        assert len(step.calls()) == len({keys.shard_of(t.id) for t in tenants})
+        # a script call per shard where a request finishes; the rest plain commands, each
+        # naming one key ("t" finishes nothing)
+        finishing = {keys.shard_of(t.id) for t in tenants if t.id != "t"}
+        assert len(step.calls()) == len(finishing)
+        plain = [c[1] for c in step.commands()]
+        assert all(key_slot(k.encode()) == key_slot(keys.tag(keys.shard_of("t")).encode())
+                   for k in plain)
+        assert bool(plain) == (keys.shard_of("t") not in finishing)
         assert await entries.cancel("r0", "t", tier, False, "test", 60) == "running"
         for t, m in zip(tenants, msgs):
             await quota.settle(t, m.request_id, 7, 4, "settled:completed",

@@ -24,8 +24,11 @@ from tests.gateway.queue_helpers import queue_keys
 pytestmark = pytest.mark.timeout(30)
 
 GATEWAY = Path(__file__).resolve().parents[3] / "gateway"
+# step_write.py builds the step script's call for queues.py, and beside it the plain XADDs of
+# the shards where no request finishes (to output streams: a queue entry is acked and
+# deleted only by the script)
 OWNERS = {GATEWAY / "bus" / "queues.py", GATEWAY / "bus" / "scripts.py",
-          GATEWAY / "bus" / "state_scripts.py"}
+          GATEWAY / "bus" / "state_scripts.py", GATEWAY / "bus" / "step_write.py"}
 # The scripts by name, a redis-py stream call (``.xadd(``) and a raw command (``"XACK"``);
 # delivering (XREADGROUP) is the fair pick's, so it is the owner's too.
 ENTRY_OPS = re.compile(r"\b(?:ADMIT|CANCEL|STEP|PICK)_LUA\b|\.x(?:add|ack|del|readgroup)\("

@@ -150,22 +150,29 @@ async def test_a_step_written_by_submit_survives_a_script_flush(
     client, keys, writer = setup
     task = asyncio.create_task(writer.run())
     rec = Inflight("sf", TIERS[0], "0-1", tenant="t")
+    # a request of another shard, not finishing: its write is a plain XADD beside the script
+    other = next(f"u{i}" for i in range(100) if keys.shard_of(f"u{i}") != keys.shard_of("t"))
+    rec2 = Inflight("sg", TIERS[0], "0-2", tenant=other)
     try:
-        await run_steps(writer, [(rec, tok("sf", 7, "a", 1))], writes=1)  # connects, loads
+        await run_steps(writer, [(rec, tok("sf", 7, "a", 1))], writes=1)  # connects
         assert writer._conn is not None
         sent_now: list[Any] = []
         real = writer._conn.send_now
         monkeypatch.setattr(writer._conn, "send_now",
                             lambda *args: sent_now.append(args[0]) or real(*args))
         await client.script_flush()  # a restarted Redis: the next EVALSHA gets NOSCRIPT
-        await run_steps(writer, [(rec, tok("sf", 8, "b", 2))], writes=2)
-        assert sent_now == ["EVALSHA"]  # written by submit, then loaded and run again
-        assert await entries(client, keys.out("sf", "t")) == [TokenMsg([7], "a", offset=0),
-                                                          TokenMsg([8], "b", offset=1)]
+        finish = RequestOutput("sf", [8], "b", True, "stop", 3, 2)
+        await run_steps(writer, [(rec, finish), (rec2, tok("sg", 9, "c", 1))], writes=2)
+        # written by submit; the script call alone loaded and run again
+        assert sent_now == ["EVALSHA", "XADD", "EXPIRE", "HSET"]  # sg: its first write
+        got = await entries(client, keys.out("sf", "t"))
+        assert got[:2] == [TokenMsg([7], "a", offset=0), TokenMsg([8], "b", offset=1)]
+        assert isinstance(got[2], FinishMsg) and len(got) == 3
+        assert await entries(client, keys.out("sg", other)) == [TokenMsg([9], "c", offset=0)]
         assert not [r for r in caplog.records if r.levelname == "ERROR"]  # no failure path
     finally:
         task.cancel()
-        await client.delete(keys.out("sf", "t"))
+        await client.delete(keys.out("sf", "t"), keys.out("sg", other))
 
 
 async def test_a_step_written_by_submit_is_written_again_when_its_reply_fails(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,17 +26,6 @@ pytestmark = pytest.mark.timeout(60)
 TIER = TIERS[2]
 ADMIT = {"rpm": 0, "tpm": 0, "max_concurrency": 0, "queue_max_len": 100_000, "cost": 1,
          "lease_ms": 60_000, "req_ttl_s": 600}
-
-
-@pytest.fixture(scope="module")
-def own_url() -> Iterator[str]:
-    from gateway.bus.embedded import EmbeddedRedis
-
-    server = EmbeddedRedis()
-    try:
-        yield server.start()
-    finally:
-        server.stop()
 
 
 @pytest.fixture

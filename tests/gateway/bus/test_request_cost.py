@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,17 +29,6 @@ from policies.tiers import TIERS
 pytestmark = pytest.mark.timeout(60)
 TIER = TIERS[2]
 STREAMS, TOKENS, PROMPT = 32, 64, 2
-
-
-@pytest.fixture(scope="module")
-def own_url() -> Iterator[str]:
-    from gateway.bus.embedded import EmbeddedRedis
-
-    server = EmbeddedRedis()
-    try:
-        yield server.start()
-    finally:
-        server.stop()
 
 
 async def counts(client: Any) -> Counter[str]:

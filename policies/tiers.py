@@ -132,20 +132,20 @@ def alone_step(base_s: float, marginal_s: float, tokens_s: float, busy: float,
 
 
 def alone_step_within_share(base_s: float, marginal_s: float, tokens_s: float, busy: float,
-                            share: float, max_rows: int) -> float | None:
-    """``alone_step``, but a load that asks ``share`` of each second or more runs in the step
-    at that share, ``base_s / (1 - share)``, not None: the step a load at its weight's share
-    runs in, continuous in the demand. Why: bench sla's interactive load sits near its share
+                            share: float) -> float | None:
+    """``alone_step`` judged in seconds only (the caller judges the seats), but a load that
+    asks ``share`` of each second or more runs in the step at that share, ``base_s / (1 -
+    share)``, not None: the step a load at its weight's share runs in, continuous in the
+    demand. Why: bench sla's interactive load sits near its share
     (0.5 of each second against 0.6 with hysteresis at 0.54); where the law, refit on the
     overload's bulk steps, put it past the share, the target fell from its step alone to the
     small step's (82 to 60 ms), interactive was judged backlogged and owed the lower tiers
-    seats, and its TPOT went to 1.26x its budget. None still with no demand, or when its
-    rows pass ``share`` of the seats."""
-    if not (tokens_s > 0 and base_s > 0 and max_rows > 0):
+    seats, and its TPOT went to 1.26x its budget. None with no demand or no base, or at a
+    share of the whole machine (no step holds its load)."""
+    if not (tokens_s > 0 and base_s > 0):
         return None
     used = min(busy + marginal_s * tokens_s, share)
-    step = base_s / (1.0 - used)
-    return None if tokens_s * step > share * max_rows else step
+    return None if used >= 1.0 else base_s / (1.0 - used)
 
 
 def measured_small_step(seconds: Sequence[float]) -> float | None:

@@ -49,8 +49,8 @@ Then the engine's row cap and the drainer owe the lower tiers seats by weight fo
 interactive row, not only for those past the cap: interactive asks more than the protected
 batch gives, its TPOT promise broken by its own load, and the weights are the contract among
 backlogged tiers. Never while the model is cold. Under its weight's share, interactive's own
-load sets a target it fits (the alone step above), so only a load past the share (in seconds
-or in seats, ``policies.tiers.alone_step``) is judged backlogged.
+load sets a target it fits (the alone step above), so only a load past the share (1.1x it in
+seconds, or its rows past its share of the seats: ``TpotTarget``) is judged backlogged.
 """
 
 from __future__ import annotations
@@ -352,8 +352,11 @@ class StepBudget:
                 self._tpot.alone_steps.append((now, rows, tokens, kv_tokens, prefill_rows,
                                                period))
             window.append(LoopStep(period, rows, urgent))
+        # aged only while new ones can come: under a sustained overload the last steps alone
+        # stay the measure of the law (else, 120 s in, the bias lapsed and the target went
+        # back to the law refit on bulk steps)
         alone = self._tpot.alone_steps
-        while alone and alone[0][0] < now - ALONE_MAX_AGE_S:
+        while self._lower_held == (0, 0) and alone and alone[0][0] < now - ALONE_MAX_AGE_S:
             alone.popleft()
         return window
 
@@ -362,7 +365,7 @@ class StepBudget:
         """What the budget decided last, for the tier status (operators): the row cap set on
         the engine (None: none), the TPOT target in force and the gain the cap is priced at
         (``target_s x gain = cap_target_s``), ``alone_bias`` (interactive's measured steps
-        alone against the law; applied to the target only when above 1; None when not
+        alone against the law, which the target's law is scaled by; None when not
         measured: a configured target, a cold model, no interactive demand, or too few steps
         alone), whether interactive was judged backlogged (seats owed for every row), the
         lower tiers' prompt tokens a step and their batch bound. One snapshot taken where

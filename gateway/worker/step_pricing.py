@@ -38,8 +38,8 @@ LOWER_PREFILL_CHUNK = MIN_LOWER_PREFILL_TOKENS
 # lower prompt still starts within a few dozen steps when the cap leaves no time to spare
 # (while interactive is backlogged, MIN_LOWER_PREFILL_TOKENS: ``prefill_allowance``). With
 # the loop at its floor this is what holds interactive's TPOT over its budget (bench sla's
-# overload row: 1.04-1.06x, bulk 0.82-1.48x its reach); a chunk every 16 steps held TPOT
-# at 0.87-0.88x in two runs of three and bulk at 0.53-0.61x its reach.
+# overload row, 2026-12-07: 1.02-1.06x in six runs of seven, bulk 0.82-1.52x its reach);
+# a chunk every 16 steps held TPOT at 0.87-0.88x in two runs of three, bulk 0.53-0.61x.
 MIN_LOWER_PREFILL_RATE = LOWER_PREFILL_CHUNK // 8
 # Prompt tokens a lower-tier request computes per output token it yields, about (bench sla's
 # requests: ~44 prompt tokens, 32-64 output tokens): what a lower row under the cap costs on

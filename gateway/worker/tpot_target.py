@@ -4,9 +4,9 @@ of the small-batch step: measured (the median of the decode steps of that many r
 ``policies.tiers.measured_small_step``), predicted by the step-cost model until enough were
 seen; or of interactive's step alone at the rate it asks, when that is longer (``derive``).
 
-Interactive's step alone is the law's figure (``policies.tiers.alone_step``) raised by what its
-recent steps alone (interactive rows only, while the worker held no lower-tier request)
-measured against the law (``policies.tpot_loop.alone_bias``). Why: the law's base moved 31.8 ->
+Interactive's step alone is the law's figure (``policies.tiers.alone_step_within_share``), the
+law scaled by what its recent steps alone (interactive rows only, while the worker held no
+lower-tier request) measured against it (``policies.tpot_loop.alone_bias``), up or down. Why: the law's base moved 31.8 ->
 47.8 ms between two bench sla runs, whose overload TPOTs were 1.25x and 1.82x alone; in a third
 the law put interactive's step alone 15 % short, the cap left the lower tiers nothing, and bulk
 got 0.09 of FCFS.
@@ -38,7 +38,7 @@ log = logging.getLogger("carpool.worker")
 # 71 ms from a predicted 55 ms 4-row step, during the calibration), so a server log could not
 # tell which target a measured TPOT ratio was held to.
 TARGET_LOG_STEP = 0.1
-# Interactive, once judged over its weight's share of the machine, counts as under it again
+# Interactive, once its rows passed its weight's share of the seats, counts as under it again
 # only below this fraction of the share (``_alone_step``).
 SHARE_HYSTERESIS = 0.9
 # Past its share of each second by this much, interactive is past it (the weights decide: the
@@ -91,6 +91,7 @@ class TpotTarget:
         seats for every interactive row and TPOT went to 1.34-1.59x alone."""
         follows_demand = False
         if self.slo.tpot_p99_s is not None:
+            self._forget_share()
             target, how = self.slo.tpot_p99_s, "configured"
         else:
             measured = measured_small_step(self.small_steps)
@@ -151,25 +152,33 @@ class TpotTarget:
         or when its rows pass the share of the seats (under ``SHARE_HYSTERESIS`` of it to
         count as under again): then backlogged, the weights decide, not its TPOT."""
         if self.cold or not urgent_tokens_s:
-            self.asked_share, self.past_share = None, False
+            self._forget_share()
             return None
         model = self.model
         # interactive's own context, not the mean row's: under overload the bulk's longer
         # contexts priced its rows, and its step alone, up with them
         kv = model.mean_kv_per_row() if kv_per_row is None else kv_per_row
         marginal = model.decode_row_cost(kv)
-        share = self.share * SHARE_HYSTERESIS if self._over_share else self.share
         # the base through the measured small step where there is one (``measured``): the
         # fit's own split of base and per-row cost moves between refits and servers (34-60 ms
         # bases on one machine; a 41 ms one put interactive's step alone at 75 ms against a
         # measured 56 ms TPOT alone), the small step and the slope far less
         alone = alone_step_within_share(bias * self._alone_base(measured), bias * marginal,
-                                        urgent_tokens_s, bias * prompts_busy, share, max_rows)
-        self._over_share = alone is None
+                                        urgent_tokens_s, bias * prompts_busy, self.share)
+        # its rows (tokens/s x step) against its share of the seats: past it, none; once
+        # past, under SHARE_HYSTERESIS of it to count as under again
+        seats = self.share * max_rows * (SHARE_HYSTERESIS if self._over_share else 1.0)
+        self._over_share = alone is not None and urgent_tokens_s * alone > seats
+        alone = None if self._over_share else alone
         asked = self.asked_share = bias * (prompts_busy + marginal * urgent_tokens_s)
         margin = PAST_SHARE_EXIT if self.past_share else PAST_SHARE_ENTER
         self.past_share = asked >= margin * self.share
         return None if self.past_share else alone
+
+    def _forget_share(self) -> None:
+        """No demand judged (a configured target, a cold model, no demand known): no share
+        asked, and none of its hystereses held."""
+        self.asked_share, self.past_share, self._over_share = None, False, False
 
     def _alone_base(self, measured: float | None) -> float:
         """The base of interactive's step alone: through the measured small step where there

@@ -112,19 +112,20 @@ def test_the_alone_step_is_the_mean_step_of_a_simulated_load(tokens_s: float, bu
 
 def test_within_the_share_the_alone_step_stops_at_the_step_at_the_share() -> None:
     """Under the share the plain alone step; past it in seconds, base / (1 - share) (the
-    plain alone step of the load at the share exactly); past it in seats, None."""
+    plain alone step of the load at the share exactly); a share of the whole machine, None."""
     base, marginal, busy = 0.034, 0.0035, 0.16
     at_share = (0.6 - busy) / marginal  # tokens/s whose rows and prompts take 0.6
     for tokens_s in (60.0, 120.0, 0.999 * at_share):
-        assert alone_step_within_share(base, marginal, tokens_s, busy, 0.6, 256) == (
-            alone_step(base, marginal, tokens_s, busy, 0.6, 256))
+        assert alone_step_within_share(base, marginal, tokens_s, busy, 0.6) == (
+            alone_step(base, marginal, tokens_s, busy, 0.6, 1 << 20))
     for tokens_s in (at_share, 130.0, 200.0):
-        assert alone_step_within_share(base, marginal, tokens_s, busy, 0.6, 256) == (
+        assert alone_step_within_share(base, marginal, tokens_s, busy, 0.6) == (
             pytest.approx(base / 0.4))
     assert alone_step(base, marginal, 0.999 * at_share, busy, 0.6, 256) == pytest.approx(
         base / 0.4, rel=0.01)  # continuous at the share
-    capacity = 32 / 0.0116  # the seats case, as below: 25 rows over 0.6 x 32
-    assert alone_step_within_share(0.010, 0.00005, 0.8 * capacity, 0.0, 0.6, 32) is None
+    assert alone_step_within_share(base, marginal, 400.0, busy, 1.0) is None  # the machine
+    assert alone_step_within_share(base, marginal, 100.0, busy, 1.0) == pytest.approx(
+        alone_step(base, marginal, 100.0, busy, 1.0, 1 << 20))
 
 
 def test_the_share_is_judged_in_seconds_and_in_seats() -> None:

@@ -215,7 +215,7 @@ function renderBudgets(budgets) {
   workers.sort(([a], [b]) => a.localeCompare(b));  // statuses come freshest first
   for (const [w, b] of workers) {
     const bias = b.alone_bias == null ? "–"
-      : `×${fmt(b.alone_bias)}${b.alone_bias > 1 ? " (applied)" : ""}`;
+      : `×${fmt(b.alone_bias)}`;
     const state = b.backlogged == null ? "–"
       : b.backlogged ? "backlogged: weights decide" : "protected";
     table.append(el("tr", {}, el("td", {}, w),

@@ -67,10 +67,10 @@ def test_the_target_follows_interactives_steps_alone_where_the_law_runs_short() 
     assert target_after_alone_steps(1.0, 0) == pytest.approx(target_after_alone_steps(1.0, 3))
 
 
-def target_after_overload(slower: float) -> tuple[float, float | None]:
-    """The target and the alone bias once interactive, asking 0.58 of the machine, ran
-    MIN_ALONE_STEPS steps alone at ``slower`` times the true law, and then lower work came
-    and the law refit on 400 more steps, at the true law."""
+def overloaded_budget(slower: float) -> StepBudget:
+    """A budget whose interactive, asking 0.58 of the machine, ran MIN_ALONE_STEPS steps
+    alone at ``slower`` times the true law, and then lower work came and the law refit on 400
+    more steps, at the true law."""
     budget, clock, _ = warm_budget()
     marginal = B + C + D * budget.model.mean_kv_per_row()
     demand(budget, clock, 0.58 / marginal, tokens=10)
@@ -82,8 +82,29 @@ def target_after_overload(slower: float) -> tuple[float, float | None]:
     budget.lower_held = lambda: 3
     feed(budget, budget.engine, 400)  # type: ignore[arg-type]
     budget.update()
+    return budget
+
+
+def target_after_overload(slower: float) -> tuple[float, float | None]:
+    """``overloaded_budget``'s target and alone bias."""
+    budget = overloaded_budget(slower)
     assert budget.target_s is not None
     return budget.target_s, budget.last_alone_bias
+
+
+def test_under_a_sustained_overload_the_last_steps_alone_stay_the_measure() -> None:
+    """Steps alone age out after ALONE_MAX_AGE_S only while new ones can come: 200 s into an
+    overload the bias still scales the law; once the lower tiers hold nothing, they go."""
+    budget = overloaded_budget(0.7)
+    now = budget.clock()
+    budget.clock = lambda: now + 200.0
+    budget.update()
+    assert budget.last_alone_bias == pytest.approx(0.7, abs=0.03)
+    budget.lower_held = lambda: 0
+    budget.update()  # the lower tiers held work at the last refit: not yet
+    assert budget.last_alone_bias is not None
+    budget.update()
+    assert budget.last_alone_bias is None
 
 
 def test_a_law_that_overprices_interactives_steps_alone_no_longer_holds_the_target_up(

@@ -105,47 +105,38 @@ def derived_tpot_target(small_batch_step_s: float, budget_x: float | None = None
 
 
 def alone_step(base_s: float, marginal_s: float, tokens_s: float, busy: float,
-               share: float, max_rows: int) -> float | None:
+               share: float) -> float | None:
     """The mean step an urgent tier asking ``tokens_s`` decode tokens a second runs in when it
-    is alone on the engine, or None when it asks ``share`` or more of the machine (then
-    backlogged: its weight, not its TPOT, decides what it gets).
+    is alone on the engine, its load judged in seconds up to ``share`` of each second: a load
+    that asks that share or more runs in the step at the share, ``base_s / (1 - share)``.
+    None with no demand or no base, or at a share of the whole machine (no step holds its
+    load). Its rows against the seats are judged apart (``rows_past_seats``).
 
     A step of t seconds runs ``tokens_s * t`` rows (Little's law) at ``base_s`` plus
     ``marginal_s`` a row, and its prompts (``busy``: the share of each second they take) come
     on top: t = (base + marginal * tokens_s * t) / (1 - busy), so t = base / (1 - busy -
-    marginal * tokens_s). Its share is judged twice: the seconds its rows and prompts take
-    (busy + marginal * tokens_s), and its rows against the ``max_rows`` seats (share x
-    seats). Why both: where the base dominates (a fast GPU-like law, few seats), rows cost
-    little time but fill the seats, and a load whose rows passed every seat counted as under
-    its share. Why not the full batch's cost a token (the base spread over every seat): the
-    fit splits base and per-row cost differently from server to server (34 and 60 ms bases
-    on one machine), and with 32 seats that judged a 0.5x-capacity interactive load over its
-    share, owed the lower tiers its seats and took its TPOT to 3.6x alone (bench sla).
+    marginal * tokens_s). Why the step at the share past it, not None: bench sla's
+    interactive load sits near its share (0.5 of each second against 0.6); where the law,
+    refit on the overload's bulk steps, put it past the share, the target fell from its step
+    alone to the small step's (82 to 60 ms), interactive was judged backlogged and owed the
+    lower tiers seats, and its TPOT went to 1.26x its budget. Why not the full batch's cost
+    a token (the base spread over every seat): the fit splits base and per-row cost
+    differently from server to server (34 and 60 ms bases on one machine), and with 32 seats
+    that judged a 0.5x-capacity interactive load over its share, owed the lower tiers its
+    seats and took its TPOT to 3.6x alone (bench sla).
     """
-    if not (tokens_s > 0 and base_s > 0 and max_rows > 0):
-        return None
-    used = busy + marginal_s * tokens_s
-    if used >= share:
-        return None
-    step = base_s / (1.0 - used)
-    return None if tokens_s * step > share * max_rows else step
-
-
-def alone_step_within_share(base_s: float, marginal_s: float, tokens_s: float, busy: float,
-                            share: float) -> float | None:
-    """``alone_step`` judged in seconds only (the caller judges the seats), but a load that
-    asks ``share`` of each second or more runs in the step at that share, ``base_s / (1 -
-    share)``, not None: the step a load at its weight's share runs in, continuous in the
-    demand. Why: bench sla's interactive load sits near its share
-    (0.5 of each second against 0.6 with hysteresis at 0.54); where the law, refit on the
-    overload's bulk steps, put it past the share, the target fell from its step alone to the
-    small step's (82 to 60 ms), interactive was judged backlogged and owed the lower tiers
-    seats, and its TPOT went to 1.26x its budget. None with no demand or no base, or at a
-    share of the whole machine (no step holds its load)."""
     if not (tokens_s > 0 and base_s > 0):
         return None
     used = min(busy + marginal_s * tokens_s, share)
     return None if used >= 1.0 else base_s / (1.0 - used)
+
+
+def rows_past_seats(tokens_s: float, step_s: float, share: float, max_rows: float) -> bool:
+    """Do the rows a load asking ``tokens_s`` keeps running in steps of ``step_s`` (Little's
+    law) pass ``share`` of the ``max_rows`` seats? Why apart from the seconds: where the base
+    dominates (a fast GPU-like law, few seats), rows cost little time but fill the seats, and
+    a load whose rows passed every seat counted as under its share."""
+    return tokens_s * step_s > share * max_rows
 
 
 def measured_small_step(seconds: Sequence[float]) -> float | None:

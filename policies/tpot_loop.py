@@ -16,8 +16,8 @@ land in single steps). The law's figure for interactive alone, at the demand it 
 priced with the law scaled by it. Below 1 too: under overload the law refits on steps with
 bulk rows and prompts and overprices interactive's step alone (bench sla, traced: at the
 same 117 tok/s of interactive, a 98 ms target in the overload row against 82 ms in the alone
-row, and the loop held interactive's TPOT to the higher one). A ratio and not the steps' own mean, because the mean belongs to the demand
-it was measured at: the mean of the last steps of bench sla's alone row (a burst: 85 ms) set
+row, and the loop held interactive's TPOT to the higher one). A ratio and not the steps' own
+mean, because the mean belongs to the demand it was measured at: the mean of the last steps of bench sla's alone row (a burst: 85 ms) set
 a 91 ms target for the overload row against a 62 ms TPOT alone, and the loop held the steps
 to it (1.48x alone).
 

@@ -271,8 +271,7 @@ class StepBudget:
         if self._tpot.past_share:
             return True  # past its weight's share of each second (``TpotTarget``)
         margin = BACKLOG_EXIT if self.urgent_backlogged else BACKLOG_ENTER
-        kv = self.urgent_kv_per_row()
-        kv = self.model.mean_kv_per_row() if kv is None else kv  # interactive's own rows'
+        kv = self._urgent_kv()
         rows = self.model.max_rows_within(self.target_s, kv, limit=max_rows)
         return urgent_backlogged(urgent_tokens_s, rows, self.model.predict_decode(rows, kv),
                                  self.urgent_prompt_s, prompt_token_s(self.model), margin)
@@ -295,7 +294,7 @@ class StepBudget:
                 self.row_limit = bound
         self.law = None if self.cold else fitted_law(self.model)
         target = self._tpot.derive(urgent_tokens_s, max_rows, self._urgent_prompts_busy(),
-                                   self.urgent_kv_per_row())
+                                   self._urgent_kv())
         self._steer(window, target * TPOT_AIM)
         self.cap_target_s = target * self.gain
         cap = self._cap_within(target, max_rows, urgent_rows)
@@ -406,6 +405,11 @@ class StepBudget:
         """Context tokens per interactive decode row over its last steps (None: none seen)."""
         rows = sum(r for r, _ in self._urgent_context)
         return sum(kv for _, kv in self._urgent_context) / rows if rows else None
+
+    def _urgent_kv(self) -> float:
+        """Interactive's context per decode row, or every row's before any was seen."""
+        kv = self.urgent_kv_per_row()
+        return self.model.mean_kv_per_row() if kv is None else kv
 
     def _urgent_prompts_busy(self) -> float:
         return prompts_busy(self.model, self.urgent_prompt_s, self.urgent_starts_s)

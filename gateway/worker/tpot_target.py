@@ -4,10 +4,10 @@ of the small-batch step: measured (the median of the decode steps of that many r
 ``policies.tiers.measured_small_step``), predicted by the step-cost model until enough were
 seen; or of interactive's step alone at the rate it asks, when that is longer (``derive``).
 
-Interactive's step alone is the law's figure (``policies.tiers.alone_step_within_share``), the
-law scaled by what its recent steps alone (interactive rows only, while the worker held no
-lower-tier request) measured against it (``policies.tpot_loop.alone_bias``), up or down. Why: the law's base moved 31.8 ->
-47.8 ms between two bench sla runs, whose overload TPOTs were 1.25x and 1.82x alone; in a third
+Interactive's step alone is the law's figure (``policies.tiers.alone_step``), the law scaled
+by what its recent steps alone (interactive rows only, while the worker held no lower-tier
+request) measured against it (``policies.tpot_loop.alone_bias``), up or down. Why: the law's
+base moved 31.8 -> 47.8 ms between two bench sla runs, whose overload TPOTs were 1.25x and 1.82x alone; in a third
 the law put interactive's step alone 15 % short, the cap left the lower tiers nothing, and bulk
 got 0.09 of FCFS.
 
@@ -25,9 +25,10 @@ from policies.tiers import (
     SMALL_BATCH_ROWS,
     SMALL_STEPS_KEPT,
     TierSLO,
-    alone_step_within_share,
+    alone_step,
     derived_tpot_target,
     measured_small_step,
+    rows_past_seats,
 )
 from policies.tpot_loop import ALONE_STEPS_KEPT, alone_bias
 
@@ -43,7 +44,7 @@ TARGET_LOG_STEP = 0.1
 SHARE_HYSTERESIS = 0.9
 # Past its share of each second by this much, interactive is past it (the weights decide: the
 # small step's target, and seats owed); back under it only below PAST_SHARE_EXIT. In between,
-# its target is the step at its share (``policies.tiers.alone_step_within_share``). Why 1.1
+# its target is the step at its share (``policies.tiers.alone_step``). Why 1.1
 # and not 1.25: a load at 1x capacity asks ~0.7-0.9 of each second by the law (the base is
 # shared), so 0.75 was barely past, and bench sla's backlog row left best-effort 0.39 of its
 # WRR share in two runs (0.73-0.75 when past at the share itself).
@@ -143,8 +144,8 @@ class TpotTarget:
         its prompts at their rate, would run in alone on ``max_rows`` seats
         (``policies.tiers.alone_step``), its rows at their own context (``kv_per_row``;
         None: the mean of every row's) and the law scaled by ``bias`` (what its steps alone
-        measured against it). Past its weight's share of each second, the step at that share
-        (``policies.tiers.alone_step_within_share``), continuous in the demand: bench sla's
+        measured against it). Past its weight's share of each second, the step at that share,
+        continuous in the demand: bench sla's
         interactive at 0.5x capacity asks about its share, its demand is ~25 starts in a 10 s
         window (+-20 %), and each crossing to the small step's target moved the target and the
         cap (82 to 60 ms; seats owed; TPOT 1.26x its budget). None while cold, with no demand
@@ -163,12 +164,13 @@ class TpotTarget:
         # fit's own split of base and per-row cost moves between refits and servers (34-60 ms
         # bases on one machine; a 41 ms one put interactive's step alone at 75 ms against a
         # measured 56 ms TPOT alone), the small step and the slope far less
-        alone = alone_step_within_share(bias * self._alone_base(measured), bias * marginal,
-                                        urgent_tokens_s, bias * prompts_busy, self.share)
-        # its rows (tokens/s x step) against its share of the seats: past it, none; once
-        # past, under SHARE_HYSTERESIS of it to count as under again
-        seats = self.share * max_rows * (SHARE_HYSTERESIS if self._over_share else 1.0)
-        self._over_share = alone is not None and urgent_tokens_s * alone > seats
+        alone = alone_step(bias * self._alone_base(measured), bias * marginal, urgent_tokens_s,
+                           bias * prompts_busy, self.share)
+        # its rows against its share of the seats: past it, none; once past, under
+        # SHARE_HYSTERESIS of it to count as under again
+        seats = max_rows * (SHARE_HYSTERESIS if self._over_share else 1.0)
+        self._over_share = alone is not None and rows_past_seats(urgent_tokens_s, alone,
+                                                                 self.share, seats)
         alone = None if self._over_share else alone
         asked = self.asked_share = bias * (prompts_busy + marginal * urgent_tokens_s)
         margin = PAST_SHARE_EXIT if self.past_share else PAST_SHARE_ENTER

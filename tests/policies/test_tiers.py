@@ -16,9 +16,9 @@ from policies.tiers import (
     TPOT_PROMISE,
     TierSLO,
     alone_step,
-    alone_step_within_share,
     derived_tpot_target,
     measured_small_step,
+    rows_past_seats,
 )
 
 
@@ -104,43 +104,47 @@ def test_the_alone_step_is_the_mean_step_of_a_simulated_load(tokens_s: float, bu
     its prompts 0.16 of each second) runs ~6 rows in ~65 ms steps alone. (A load that leaves
     the engine idle between requests is not this fluid law's case: at 20 tokens/s the
     simulation's steps are 2.5 % longer.)"""
-    got = alone_step(0.034, 0.0035, tokens_s, busy, share=0.6, max_rows=256)
+    got = alone_step(0.034, 0.0035, tokens_s, busy, share=0.6)
     assert got == pytest.approx(simulated_mean_step(0.034, 0.0035, tokens_s, busy), rel=0.02)
     if tokens_s == 92.0:
         assert 0.060 < got < 0.070 and 5.5 < tokens_s * got < 6.5
 
 
+def plain_step(base: float, marginal: float, tokens_s: float, busy: float) -> float:
+    """The fluid law's step, written out: t = base / (1 - busy - marginal * tokens_s)."""
+    return base / (1.0 - busy - marginal * tokens_s)
+
+
 def test_within_the_share_the_alone_step_stops_at_the_step_at_the_share() -> None:
     """Under the share the plain alone step; past it in seconds, base / (1 - share) (the
-    plain alone step of the load at the share exactly); a share of the whole machine, None."""
+    plain alone step of the load at the share exactly); a share of the whole machine, None.
+    (34 ms + 3.5 ms a row, prompts at 0.16: 0.44 / 3.5 ms = 125.7 tokens/s take 0.6.)"""
     base, marginal, busy = 0.034, 0.0035, 0.16
     at_share = (0.6 - busy) / marginal  # tokens/s whose rows and prompts take 0.6
-    for tokens_s in (60.0, 120.0, 0.999 * at_share):
-        assert alone_step_within_share(base, marginal, tokens_s, busy, 0.6) == (
-            alone_step(base, marginal, tokens_s, busy, 0.6, 1 << 20))
-    for tokens_s in (at_share, 130.0, 200.0):
-        assert alone_step_within_share(base, marginal, tokens_s, busy, 0.6) == (
-            pytest.approx(base / 0.4))
-    assert alone_step(base, marginal, 0.999 * at_share, busy, 0.6, 256) == pytest.approx(
+    for tokens_s in (60.0, 120.0, 125.0, 0.999 * at_share):
+        assert alone_step(base, marginal, tokens_s, busy, 0.6) == pytest.approx(
+            plain_step(base, marginal, tokens_s, busy))
+    for tokens_s in (at_share, 126.0, 130.0, 200.0):
+        assert alone_step(base, marginal, tokens_s, busy, 0.6) == pytest.approx(base / 0.4)
+    assert plain_step(base, marginal, 0.999 * at_share, busy) == pytest.approx(
         base / 0.4, rel=0.01)  # continuous at the share
-    assert alone_step_within_share(base, marginal, 400.0, busy, 1.0) is None  # the machine
-    assert alone_step_within_share(base, marginal, 100.0, busy, 1.0) == pytest.approx(
-        alone_step(base, marginal, 100.0, busy, 1.0, 1 << 20))
-
-
-def test_the_share_is_judged_in_seconds_and_in_seats() -> None:
-    """Over the share: its rows and prompts take that share of each second (34 ms + 3.5 ms a
-    row, prompts at 0.16: 0.44 / 3.5 ms = 125.7 tokens/s under 0.6), or its rows alone pass
-    that share of the seats. A law of mostly base (10 ms + 0.05 ms a row, 32 seats: 2,759
-    tokens/s at most) at 0.8x its capacity takes 0.11 of each second but 25 rows, over 0.6 x
-    32; at 0.5x, 15 rows. With 32 seats, 120 tokens/s of the first law run 10 rows: under."""
-    assert alone_step(0.034, 0.0035, 125.0, 0.16, 0.6, 256) is not None
-    assert alone_step(0.034, 0.0035, 126.0, 0.16, 0.6, 256) is None
-    few = alone_step(0.034, 0.0035, 120.0, 0.16, 0.6, 32)
-    assert few is not None and 9 < 120.0 * few < 10
-    capacity = 32 / 0.0116
-    assert alone_step(0.010, 0.00005, 0.8 * capacity, 0.0, 0.6, 32) is None
-    under = alone_step(0.010, 0.00005, 0.5 * capacity, 0.0, 0.6, 32)
-    assert under is not None and 14 < 0.5 * capacity * under < 0.6 * 32
+    assert alone_step(base, marginal, 400.0, busy, 1.0) is None  # the whole machine
+    assert alone_step(base, marginal, 100.0, busy, 1.0) == pytest.approx(
+        plain_step(base, marginal, 100.0, busy))
     for bad in ((0.034, 0.0035, 0.0), (0.0, 0.0035, 50.0), (0.034, 0.0035, -5.0)):
-        assert alone_step(*bad, 0.0, 0.6, 256) is None
+        assert alone_step(*bad, 0.0, 0.6) is None
+
+
+def test_the_rows_are_judged_against_the_seats() -> None:
+    """A law of mostly base (10 ms + 0.05 ms a row, 32 seats: 2,759 tokens/s at most) at 0.8x
+    its capacity takes 0.11 of each second but 25 rows, over 0.6 x 32; at 0.5x, 15 rows. With
+    32 seats, 120 tokens/s of the Xeon law (34 ms + 3.5 ms a row) run 10 rows: under."""
+    few = alone_step(0.034, 0.0035, 120.0, 0.16, 0.6)
+    assert few is not None and 9 < 120.0 * few < 10
+    assert not rows_past_seats(120.0, few, 0.6, 32)
+    capacity = 32 / 0.0116
+    over = alone_step(0.010, 0.00005, 0.8 * capacity, 0.0, 0.6)
+    assert over is not None and rows_past_seats(0.8 * capacity, over, 0.6, 32)
+    under = alone_step(0.010, 0.00005, 0.5 * capacity, 0.0, 0.6)
+    assert under is not None and 14 < 0.5 * capacity * under < 0.6 * 32
+    assert not rows_past_seats(0.5 * capacity, under, 0.6, 32)

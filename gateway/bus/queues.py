@@ -61,7 +61,7 @@ from gateway.bus.messages import (
     encode_payload,
 )
 from gateway.bus.pending import PendingIndex
-from gateway.bus.resp import LuaScript, RespConnection
+from gateway.bus.resp import LuaScript, RespConnection, call, pipelined
 from gateway.bus.scripts import ADMIT_LUA, PICK_LUA, STEP_LUA
 from gateway.bus.shard_view import BacklogView, DepthView
 from gateway.bus.state_scripts import BACKLOG_LUA, CANCEL_LUA, CLAIM_LUA, DONE_LUA
@@ -143,9 +143,7 @@ class TierQueues:
         self.view.fresh = True
 
     async def _call(self, *args: Any) -> Any:
-        if self._conn is not None:
-            return await self._conn.call(*args)
-        return await self.redis.execute_command(*args)
+        return await call(self._conn, self.redis, *args)
 
     async def pick(self, tier: str, consumer: str, count: int = 1,
                    skip: Iterable[str] = ()) -> list[Envelope]:
@@ -279,7 +277,7 @@ class TierQueues:
     async def execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Run ``commands`` in one round trip; raw replies in order (the first error raises
         after all of them ran, as a redis-py pipeline does)."""
-        return await _pipelined(self._conn, self.redis, commands)
+        return await pipelined(self._conn, self.redis, commands)
 
     def _envelope(self, key: Any, entry_id: Any, fields: Any) -> Envelope:
         if isinstance(fields, list):  # a raw reply: [field, value, field, value, ...]
@@ -296,24 +294,6 @@ class TierQueues:
             except (MessageError, ValueError):
                 msg = None
         return Envelope(tier, text(entry_id), msg, tenant, weight)
-
-
-async def _pipelined(conn: RespConnection | None, redis: Any,
-                     commands: list[tuple[Any, ...]]) -> list[Any]:
-    """Run ``commands`` in one round trip; raw replies in order (the first error raises
-    after all of them ran, as a redis-py pipeline does)."""
-    if not commands:
-        return []
-    if conn is not None:  # concurrent calls on one connection are pipelined
-        res = await asyncio.gather(*(conn.call(*c) for c in commands), return_exceptions=True)
-        for r in res:
-            if isinstance(r, BaseException):
-                raise r
-        return res
-    pipe = redis.pipeline(transaction=False)
-    for command in commands:
-        pipe.execute_command(*command)
-    return list(await pipe.execute())
 
 
 def _nogroup(exc: ResponseError) -> bool:
@@ -337,9 +317,7 @@ class QueueEntries:
         self.depths = DepthView(keys.shards)
 
     async def _call(self, *args: Any) -> Any:
-        if self._conn is not None:
-            return await self._conn.call(*args)
-        return await self.redis.execute_command(*args)
+        return await call(self._conn, self.redis, *args)
 
     async def _refresh_depths(self) -> None:
         """Every shard's depth per tier (one read per shard, at most every half second)."""
@@ -402,7 +380,7 @@ class QueueEntries:
         """One script call per shard where a request finishes; the other shards' writes as
         plain commands, in one pipeline (``StepWrite``)."""
         await asyncio.gather(*(self._step(keys=keys, args=args) for keys, args in step.calls()),
-                             _pipelined(self._conn, self.redis, step.commands()))
+                             pipelined(self._conn, self.redis, step.commands()))
 
     def send_step_now(self, step: StepWrite) -> asyncio.Future[Any] | None:
         """Send ``step`` right away from synchronous code (a script call per shard where a

@@ -208,6 +208,32 @@ class Script:
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
 
+async def call(conn: RespConnection | None, redis: Any, *args: Any) -> Any:
+    """One command on the lean connection where there is one, else through redis-py."""
+    if conn is not None:
+        return await conn.call(*args)
+    return await redis.execute_command(*args)
+
+
+async def pipelined(conn: RespConnection | None, redis: Any,
+                    commands: list[tuple[Any, ...]]) -> list[Any]:
+    """Run ``commands`` in one round trip, on the lean connection where there is one, else a
+    redis-py pipeline; raw replies in order (the first error raises after all of them ran,
+    as a redis-py pipeline does)."""
+    if not commands:
+        return []
+    if conn is not None:  # concurrent calls on one connection are pipelined
+        res = await asyncio.gather(*(conn.call(*c) for c in commands), return_exceptions=True)
+        for r in res:
+            if isinstance(r, BaseException):
+                raise r
+        return res
+    pipe = redis.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return list(await pipe.execute())
+
+
 class LuaScript:
     """A Lua script called through ``conn`` when there is one, else through redis-py (the
     same raw reply either way: redis-py applies no callback to EVALSHA)."""

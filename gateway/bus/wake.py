@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway.bus.client import text
 from gateway.bus.keys import RedisKeys
-from gateway.bus.resp import RespConnection
+from gateway.bus.resp import RespConnection, call
 
 WAKE_MAX = 64  # tokens kept per list (a burst's beyond them are found by the full count)
 
@@ -83,9 +83,7 @@ class WakeTokens:
             fut.add_done_callback(_ignore)
 
     async def _call(self, *args: Any) -> Any:
-        if self._conn is not None:
-            return await self._conn.call(*args)
-        return await self.redis.execute_command(*args)
+        return await call(self._conn, self.redis, *args)
 
 
 def _ignore(fut: asyncio.Future[Any]) -> None:

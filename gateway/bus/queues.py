@@ -42,6 +42,7 @@ keys and arguments and runs them.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -66,7 +67,12 @@ from gateway.bus.scripts import ADMIT_LUA, PICK_LUA, STEP_LUA
 from gateway.bus.shard_view import BacklogView, DepthView
 from gateway.bus.state_scripts import BACKLOG_LUA, CANCEL_LUA, CLAIM_LUA, DONE_LUA
 from gateway.bus.step_write import StepWrite
-from gateway.bus.wake import WakeTokens, push
+from gateway.bus.wake import WAKE_MAX, WakeTokens, push
+
+# A drainer's count (``TierQueues.counts``) reads every shard at least this often; between
+# full counts it reads only the shards its tiers' wake tokens name and those the view lists
+# with entries. Every worker's tier status counts in full each second too (``backlogs``).
+FULL_COUNT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -116,24 +122,54 @@ class TierQueues:
             if conn is not None:
                 await conn.close()
 
-    async def backlogs(self) -> dict[str, int]:
+    async def backlogs(self, within_s: float = 0.0) -> dict[str, int]:
         """Entries not yet delivered to any worker, per tier (every shard read; the view
-        ``pick`` plans with)."""
+        ``pick`` plans with). ``within_s``: a full count at most this old will do (the view's
+        totals, kept since by the picks and ``counts``): the tier status and the telemetry
+        sampler, each once a second, share the drainer's."""
+        if time.monotonic() - self.view.full_at <= within_s:
+            return self.view.totals()
         await self._read_shards(self.keys.shard_range())
+        self.view.full_at = time.monotonic()
         return self.view.totals()
 
-    async def _read_shards(self, shards: Iterable[int]) -> None:
+    async def counts(self, tiers: Iterable[str]) -> dict[str, int]:
+        """``backlogs`` for a drainer's pull, reading only the shards that can have entries
+        it does not know of: each entry not yet picked has a token naming its shard on its
+        tier's wake list (a pick removes as many: ``wake.py``), so the shards named on
+        ``tiers``' lists, and those the view lists with entries, are read; the others were
+        empty at the last full count and have had no admission since. A token lost (popped by
+        a drainer that picked elsewhere, or trimmed: a list at ``WAKE_MAX``) is made up by the
+        full count, at most ``FULL_COUNT_S`` later. With 16 workers sharing bursts, the full
+        count per pull was the largest Redis cost after the tokens' own writes (HMGET ~0.45 a
+        streamed token, ``carpool bench redis``)."""
+        if time.monotonic() - self.view.full_at > FULL_COUNT_S:
+            return await self.backlogs()
+        lists = await asyncio.gather(*(self._call("LRANGE", self.keys.wake(t), 0, -1)
+                                       for t in tiers))
+        if any(len(got or ()) >= WAKE_MAX for got in lists):
+            return await self.backlogs()
+        named = {int(text(x)) % self.keys.shards for got in lists for x in got or ()}
+        await self._read_shards(sorted(named | self.view.busy()), named)
+        return self.view.totals()
+
+    async def _read_shards(self, shards: Iterable[int], named: Iterable[int] = ()) -> None:
         """Each shard's count of entries not yet picked (one HMGET each), then the backlog
-        script only on the shards that have some: an idle shard costs one command."""
+        script only on the shards that have some: an idle shard costs one command. The
+        shards ``named`` by wake tokens most likely have some: the script alone reads them
+        (its own count skips a tier with none)."""
         k = self.keys
         fields = [f"b:{t}" for t in self.tiers]
+        named = set(named)
         shards = list(shards)
+        probed = [s for s in shards if s not in named]
         counts = await asyncio.gather(*(self._call("HMGET", k.depth(s), *fields)
-                                        for s in shards))
-        for s, n in zip(shards, counts):
+                                        for s in probed))
+        for s, n in zip(probed, counts):
             if not any(int(x or 0) > 0 for x in n):
                 self.view.update(s, [(0, [])] * len(self.tiers))
-        shards = [s for s, n in zip(shards, counts) if any(int(x or 0) > 0 for x in n)]
+        shards = [s for s in shards if s in named] + [
+            s for s, n in zip(probed, counts) if any(int(x or 0) > 0 for x in n)]
         res = await asyncio.gather(*(self._backlogs(
             keys=[*(key for t in self.tiers for key in (k.backlogged(t, s), k.vtc(t, s))),
                   k.depth(s)],
@@ -215,7 +251,7 @@ class TierQueues:
             return None
         # the shards the tokens name, and those the view lists with entries: the others were
         # empty at the last full read and have had no admission since whose token is there
-        await self._read_shards(sorted(got[1] | self.view.busy()))
+        await self._read_shards(sorted(got[1] | self.view.busy()), got[1])
         return got[0]
 
     async def claim_many(self, requests: list[tuple[str, str]], consumer: str,
@@ -315,12 +351,23 @@ class QueueEntries:
         self._cancel = LuaScript(redis, conn, CANCEL_LUA)
         self._step = LuaScript(redis, conn, STEP_LUA)
         self.depths = DepthView(keys.shards)
+        self._depth_read: asyncio.Future[None] | None = None  # the refresh in flight
 
     async def _call(self, *args: Any) -> Any:
         return await call(self._conn, self.redis, *args)
 
     async def _refresh_depths(self) -> None:
-        """Every shard's depth per tier (one read per shard, at most every half second)."""
+        """Every shard's depth per tier (one read per shard, at most every half second). The
+        admissions that find the view stale meanwhile share the one read in flight: a burst's
+        admissions each read every shard otherwise (HGETALL ~0.05 a streamed token at 16
+        workers, with a connection each)."""
+        if self._depth_read is None or self._depth_read.done():
+            self._depth_read = asyncio.ensure_future(self._read_depths())
+            # its failure reaches every admission awaiting it; retrieved here for none left
+            self._depth_read.add_done_callback(lambda f: f.cancelled() or f.exception())
+        await asyncio.shield(self._depth_read)
+
+    async def _read_depths(self) -> None:
         self.depths.refreshed(await asyncio.gather(*(
             self.redis.hgetall(self.keys.depth(s)) for s in self.keys.shard_range())))
 

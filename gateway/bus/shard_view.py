@@ -34,6 +34,7 @@ class BacklogView:
         self._turn: dict[str, dict[int, int]] = {t: {} for t in self.tiers}
         self._round = 0
         self.fresh = False  # read since the last pick round: a pick may plan with it
+        self.full_at = float("-inf")  # when (monotonic) every shard was last read
 
     def update(self, shard: int, per_tier: Sequence[Any]) -> None:
         """One shard's ``BACKLOG_LUA`` reply: per tier, {count, {tenant, counter, ...}}."""
@@ -45,6 +46,10 @@ class BacklogView:
     def busy(self) -> set[int]:
         """The shards with entries not yet picked, as last read."""
         return {s for per in self._n.values() for s, n in per.items() if n > 0}
+
+    def busy_shards(self, tier: str) -> list[int]:
+        """The shards with entries of ``tier`` not yet picked, as last read."""
+        return sorted(s for s, n in self._n.get(tier, {}).items() if n > 0)
 
     def totals(self) -> dict[str, int]:
         return {t: sum(self._n[t].values()) for t in self.tiers}

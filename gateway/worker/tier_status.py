@@ -42,7 +42,7 @@ import orjson
 from gateway.bus.client import text
 from gateway.bus.keys import RedisKeys
 from gateway.bus.outage import UNREACHABLE, ErrorOnce, OutageLog
-from gateway.bus.queues import TierQueues
+from gateway.bus.queues import FULL_COUNT_S, TierQueues
 from gateway.config import GatewayConfig
 from gateway.worker.liveness import StatusAges
 from policies.shedding import predicted_wait
@@ -127,7 +127,7 @@ class TierStatusPublisher:
         await self.redis.hdel(self.keys.tier_status, self.worker_id)
 
     async def collect(self) -> dict[str, Any]:
-        depths = await self.queues.backlogs()
+        depths = await self.queues.backlogs(within_s=FULL_COUNT_S)
         tiers: dict[str, Any] = {}
         now = time.monotonic()
         for tier in self.queues.tiers:
@@ -158,7 +158,8 @@ class TierStatusPublisher:
 
     async def tenant_depths(self, tier: str) -> dict[str, int]:
         """Waiting entries per tenant: the tier's index of backlogged tenants (kept by the
-        queue scripts, ``bus/queues.py``)."""
+        queue scripts, ``bus/queues.py``), read on the shards the backlog view lists with
+        entries of ``tier`` (the others had none at the count the depth comes from)."""
         shards = await asyncio.gather(*(self.redis.hgetall(self.keys.backlogged(tier, s))
-                                        for s in self.keys.shard_range()))
+                                        for s in self.queues.view.busy_shards(tier)))
         return {text(k): n for raw in shards for k, v in raw.items() if (n := int(v)) > 0}

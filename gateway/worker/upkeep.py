@@ -8,11 +8,13 @@ reads).
 - ``claim_dead`` (every ``DEAD_CHECK_S``): the consumers holding pending entries, from the
   index, against the tier status (``recovery.DeadWorkers``); a dead one's entries are taken
   over at once, then it departs: it leaves the group of every stream where it holds nothing
-  more, and its tier status field is removed.
+  more, and its tier status field is removed. One live worker does it a round
+  (``recovery.checker``); the others read only the tier status.
 - ``depart`` (a clean stop): this worker leaves the groups the same way.
 
 Each round's Redis commands: one per shard to read the index, one per indexed stream, and
-the tier status read; none per idle or backlogged tenant.
+the tier status read (the dead-worker check: the tier status read, and the rest by one
+worker of the fleet); none per idle or backlogged tenant.
 """
 
 from __future__ import annotations
@@ -62,10 +64,13 @@ class Upkeep:
     async def claim_dead(self) -> None:
         """One check for dead workers: their requests are taken over without waiting for the
         visibility timeout, and they depart."""
-        holders = await self.queues.pending_consumers()
-        # every round, holders or not: liveness is when each status last changed, seen here
+        # every round: liveness is when each status last changed, seen here
         statuses = await self.redis.hgetall(self.keys.tier_status)
-        dead_ones = self.dead_workers.update(statuses, holders, time.monotonic())
+        now = time.monotonic()
+        if not self.dead_workers.checks(statuses, now):
+            return  # another live worker scans the index this round (``recovery.checker``)
+        holders = await self.queues.pending_consumers()
+        dead_ones = self.dead_workers.update(statuses, holders, now)
         for dead in dead_ones if not self._draining() else ():
             log.warning("worker %s: status unchanged for %.0f s: taking over its requests",
                         dead, STALE_AFTER_S)

@@ -37,8 +37,9 @@ log = logging.getLogger("carpool.worker")
 
 # writes of a request between the charges of its output to its tenant's fair-queue counter
 # (and one with its finish): the fair queue sees a running request's service at most this many
-# engine steps late
-CHARGE_EVERY = 8
+# engine steps late (under a second at 25 ms a token). Each charge is two commands: every 8
+# writes they were 0.25 of a streamed token's ~2.5 Redis commands (``carpool bench redis``).
+CHARGE_EVERY = 32
 
 @dataclass
 class Inflight:

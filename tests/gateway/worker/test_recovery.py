@@ -5,12 +5,14 @@ after it; checked against streams written by the real encoder."""
 from __future__ import annotations
 
 import json
+import random
 import time
 from typing import Any
 
+from gateway.bus.client import text
 from gateway.bus.messages import FinishMsg, SubmitMsg, TokenMsg, encode
 from gateway.worker.handoff import handoff_target
-from gateway.worker.recovery import DeadWorkers, delivered_tokens, resumed_submit
+from gateway.worker.recovery import DeadWorkers, checker, delivered_tokens, resumed_submit
 
 
 def entries(*msgs: Any) -> list[Any]:
@@ -132,3 +134,38 @@ def test_live_is_what_changed_within_the_stale_window() -> None:
     dead.observe({b"me": b"1", b"a": b"1"}, 0.0)
     dead.observe({b"me": b"2", b"a": b"1"}, 100.0)
     assert dead.live(100.0) == {"me"}
+
+
+def test_the_checker_is_the_least_live_worker_not_draining() -> None:
+    """Against a plain reading: of the live workers in the hash, those whose status (JSON or
+    not) does not say draining, the least id."""
+    rng = random.Random(7)
+    names = ["a", "b", "bad", "c", "w10", "w2"]
+    for _ in range(300):
+        statuses = {n.encode(): rng.choice([load_status(1), load_status(0, True), b"{", b"x"])
+                    for n in names if rng.random() < 0.8}
+        live = {n for n in names if rng.random() < 0.7}
+        plain = sorted(text(k) for k, v in statuses.items() if text(k) in live
+                       and b'"draining": true' not in v)
+        assert checker(statuses, live) == (plain[0] if plain else None), (statuses, live)
+
+
+def test_one_worker_checks_a_round_and_another_takes_over_once_it_is_stale() -> None:
+    workers = {n: DeadWorkers(n) for n in ("a", "b", "c")}
+    rounds = []
+    for t in (0.0, 2.0, 4.0, 6.0, 8.0, 10.0):
+        # "a" stops publishing after t=2; "b" and "c" go on
+        statuses = {b"a": status(1000 + min(t, 2.0)), b"b": status(1000 + t),
+                    b"c": status(1000 + t)}
+        rounds.append({n: w.checks(statuses, t) for n, w in workers.items()})
+    assert [sorted(n for n, mine in r.items() if mine) for r in rounds] == [
+        ["a"], ["a"], ["a"], ["a"], ["b"], ["b"]]  # "a" stale past 5 s at t=8 (on b's clock)
+
+
+def test_a_worker_that_stops_checking_forgets_its_suspects() -> None:
+    dead = DeadWorkers("me")
+    assert dead.update({b"me": status(0.0)}, {"gone"}, 0.0) == set()  # suspected
+    # a round where a lesser live worker checks: ours is skipped, the suspicion dropped
+    assert not dead.checks({b"me": status(2.0), b"a": status(2.0)}, 2.0)
+    assert dead.update({b"me": status(4.0)}, {"gone"}, 4.0) == set()  # suspected anew
+    assert dead.update({b"me": status(6.0)}, {"gone"}, 6.0) == {"gone"}

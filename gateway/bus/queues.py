@@ -419,9 +419,9 @@ class QueueEntries:
         )
         return text(res)
 
-    def step(self, stream_ttl_s: int, ledger_retention_s: int = 0) -> StepWrite:
+    def step(self, stream_ttl_s: int, ledger_ttl_s: int = 0) -> StepWrite:
         """An empty write of one engine step's outputs, to ``add`` requests to."""
-        return StepWrite(self.keys, stream_ttl_s, ledger_retention_s)
+        return StepWrite(self.keys, stream_ttl_s, ledger_ttl_s)
 
     async def write_step(self, step: StepWrite) -> None:
         """One script call per shard where a request finishes; the other shards' writes as

@@ -130,9 +130,10 @@ SETTLE_LUA = _BUCKET_LUA + """
 --       budget (the admission's period spend) [, a key to delete: the finished request's
 --       output stream]
 -- ARGV: tpm, reserved, actual, request_id, outcome, then the ledger row (``tenancy/ledger.py``;
---       prefix '' = ledger off): field prefix, retention_s, tenant, prompt tokens, cached
---       prompt tokens, completion tokens delivered, error code ('' = none), cost (micro-units,
---       '' = no price), then the budget's reserved and actual charges ('' = no budget)
+--       prefix '' = ledger off): field prefix, the TTL of a new row's hash, tenant, prompt
+--       tokens, cached prompt tokens, completion tokens delivered, error code ('' = none),
+--       cost (micro-units, '' = no price), then the budget's reserved and actual charges
+--       ('' = no budget)
 -- The lease's ZREM decides: the refund, the budget's and the ledger row are written once,
 -- together, or not at all, so the quota, the budget and the ledger cannot disagree.
 if KEYS[7] then redis.call('DEL', KEYS[7]) end
@@ -151,7 +152,11 @@ local p = ARGV[6]
 if p ~= '' then
   -- metrics (``tenancy/ledger.py``): r requests, p prompt, c cached, d delivered, $ cost,
   -- e:{code} errors
-  redis.call('HINCRBY', KEYS[4], p .. 'r', 1)
+  -- a row's first request sets the hash's TTL and lists the tenant (``ledger.py``)
+  if redis.call('HINCRBY', KEYS[4], p .. 'r', 1) == 1 then
+    redis.call('EXPIRE', KEYS[4], tonumber(ARGV[7]))
+    redis.call('SADD', KEYS[5], ARGV[8])
+  end
   if ARGV[9] ~= '0' then redis.call('HINCRBY', KEYS[4], p .. 'p', ARGV[9]) end
   if ARGV[10] ~= '0' then redis.call('HINCRBY', KEYS[4], p .. 'c', ARGV[10]) end
   if ARGV[11] ~= '0' then redis.call('HINCRBY', KEYS[4], p .. 'd', ARGV[11]) end
@@ -159,8 +164,6 @@ if p ~= '' then
   if ARGV[13] ~= '' and ARGV[13] ~= '0' then
     redis.call('HINCRBY', KEYS[4], p .. '$', ARGV[13])
   end
-  redis.call('EXPIRE', KEYS[4], tonumber(ARGV[7]))
-  redis.call('SADD', KEYS[5], ARGV[8])
 end
 return 1
 """
@@ -364,8 +367,8 @@ return {out, left, held_ms and tostring(held_ms) or ''}
 #       (``bus/pending.py``: a deleted stream leaves it), then per request: req,
 #       out, queue, vtc (its tier's counters), usage (its ledger hash, ``tenancy/ledger.py``),
 #       the tier's tenant set
-# ARGV: ttl, (unused), group, token type, finish type, ledger retention (s), then per
-#       request: finished (0/1), reader gone (0/1), token data ('' = none), finish data,
+# ARGV: ttl, (unused), group, token type, finish type, the TTL of a new ledger row's hash,
+#       then per request: finished (0/1), reader gone (0/1), token data ('' = none), finish data,
 #       entry id, outcome, tenant, charge (output tokens / weight for the fair queue; '' =
 #       none), ledger field prefix ('' = none), completion tokens computed, tier, refresh
 #       (1: a token write sets the stream's TTL and the 'sent' mark)
@@ -402,9 +405,9 @@ for i = 0, (#KEYS - 3) / 6 - 1 do
       end
       redis.call('HSET', req, 'state', 'finished')
       redis.call('HINCRBY', KEYS[1], ARGV[a + 5], 1)
-      if ARGV[a + 8] ~= '' then
-        redis.call('HINCRBY', KEYS[8 + 6 * i], ARGV[a + 8] .. 'x', ARGV[a + 9])
-        redis.call('EXPIRE', KEYS[8 + 6 * i], tonumber(ARGV[6]))
+      if ARGV[a + 8] ~= '' and redis.call('HINCRBY', KEYS[8 + 6 * i], ARGV[a + 8] .. 'x',
+                                          ARGV[a + 9]) == tonumber(ARGV[a + 9]) then
+        redis.call('EXPIRE', KEYS[8 + 6 * i], tonumber(ARGV[6]))  -- a new row: its TTL
       end
     else
       fresh = false

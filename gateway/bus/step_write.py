@@ -37,12 +37,14 @@ class StepWrite:
 
     __slots__ = ("_args", "_k", "_ledger", "_shards")
 
-    def __init__(self, keys: RedisKeys, stream_ttl_s: int, ledger_retention_s: int = 0) -> None:
+    def __init__(self, keys: RedisKeys, stream_ttl_s: int, ledger_ttl_s: int = 0) -> None:
+        """``ledger_ttl_s``: the TTL a new ledger row's hash gets (``tenancy.ledger.ledger_ttl``;
+        0: the ledger is off)."""
         self._k = keys
         # the stream TTL is refreshed once it fell below two thirds (not on every step)
         self._args: list[Any] = [stream_ttl_s, stream_ttl_s * 2 // 3, GROUP, TOKEN_TYPE,
-                                 FINISH_TYPE, ledger_retention_s]
-        self._ledger = ledger_retention_s > 0
+                                 FINISH_TYPE, ledger_ttl_s]
+        self._ledger = ledger_ttl_s > 0
         self._shards: dict[int, _Shard] = {}
 
     def add(self, request_id: str, tier: str, entry_id: str, reader_gone: bool,

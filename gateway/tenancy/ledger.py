@@ -18,8 +18,9 @@ keeps in its compact hash encoding (half the memory). The metrics:
 
 The gateway writes a request's row in the settle script (``scripts.SETTLE_LUA``), the same
 atomic call that returns its quota reservation, so the two cannot disagree. The row's hour is
-the request's arrival hour. Each hash expires ``retention`` after its last write, so memory is
-bounded by tenants x hours kept x distinct (key, tier, model) rows.
+the request's arrival hour. Each hash expires at least ``retention`` after its last write (its
+TTL is set by each new row's first write: ``ledger_ttl``), so memory is bounded by tenants x
+hours kept x distinct (key, tier, model) rows.
 
 Reading: ``UsageLedger.read`` returns ``UsageRow``s, ``group_rows`` sums them by hour, day,
 key, tier or model, ``parse_range`` checks a from/to pair; all three are what ``GET
@@ -47,6 +48,17 @@ HOUR_FORMAT = "%Y%m%d%H"
 SEP = "|"
 # the longest range one read may span (a read costs one HGETALL per tenant-hour)
 MAX_RANGE_DAYS = 400
+
+
+# A row's first write sets its hash's TTL and later writes leave it (one EXPIRE a row, not one
+# a request): retention plus this margin, so that the hash outlives its last write by at least
+# the retention (a tenant-hour's writes end within its hour plus a request's length).
+TTL_MARGIN_S = 7200
+
+
+def ledger_ttl(retention_s: int) -> int:
+    """The TTL a tenant-hour hash gets at each new row's first write (0: the ledger is off)."""
+    return retention_s + TTL_MARGIN_S if retention_s > 0 else 0
 
 
 def hour_of(unix: float) -> str:

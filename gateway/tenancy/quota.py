@@ -30,7 +30,7 @@ from gateway.bus.messages import SubmitMsg
 from gateway.bus.queues import BudgetCheck, QueueEntries
 from gateway.bus.resp import LuaScript, RespConnection
 from gateway.bus.scripts import SETTLE_LUA
-from gateway.tenancy.ledger import LedgerEntry
+from gateway.tenancy.ledger import LedgerEntry, ledger_ttl
 from gateway.tenancy.tenants import Tenant
 from policies.budget import Price, charge, period_window
 from policies.rate_limit import ratelimit_headers
@@ -155,7 +155,8 @@ class QuotaEnforcer:
         u = usage or LedgerEntry("", "", 0, 0, 0)
         cost = self.price.cost_micro(u.prompt_tokens, u.cached_tokens, u.completion_tokens) \
             if self.price else ""
-        args += [u.prefix if on else "", self.ledger_retention_s, tenant.id, u.prompt_tokens,
+        args += [u.prefix if on else "", ledger_ttl(self.ledger_retention_s), tenant.id,
+                 u.prompt_tokens,
                  u.cached_tokens, u.completion_tokens, u.error, cost]
         if budget_key:
             args += [budget_charge, charge(tenant.quota.budget, self.price, u.prompt_tokens,

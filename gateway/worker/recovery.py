@@ -90,10 +90,12 @@ class DeadWorkers:
         self.me = me
         self._ages = StatusAges()
         self._suspects: set[str] = set()
+        self._statuses: dict[Any, Any] = {}  # the status hash as last read
 
     def observe(self, statuses: dict[Any, Any], now: float) -> None:
         """Record the status hash as read now, without judging anyone."""
         self._ages.observe(statuses, now)
+        self._statuses = statuses
 
     def live(self, now: float) -> set[str]:
         """The workers whose status changed within ``STALE_AFTER_S``."""
@@ -104,17 +106,24 @@ class DeadWorkers:
         this process's clock): the least id among the live workers whose status does not say
         they drain (``checker``). The others skip the round, and forget their suspects: a
         verdict still takes two rounds of one checker in a row."""
-        self._ages.observe(statuses, now)
-        mine = checker(statuses, self._ages.fresh(now, STALE_AFTER_S)) == self.me
+        self.observe(statuses, now)
+        mine = self.is_checker(now)
         if not mine:
             self._suspects = set()
         return mine
+
+    def is_checker(self, now: float) -> bool:
+        """Whether this worker is the fleet's checker by the statuses last observed (it also
+        runs the visibility-timeout reclaim alone: ``upkeep.Upkeep.maintain``). While no
+        live worker qualifies (none published yet, or the hash was lost) every worker is."""
+        chosen = checker(self._statuses, self._ages.fresh(now, STALE_AFTER_S))
+        return chosen is None or chosen == self.me
 
     def update(self, statuses: dict[Any, Any], holders: set[str], now: float) -> set[str]:
         """``statuses``: the tier status hash (worker id -> its JSON status) as read now;
         ``holders``: the consumers with pending entries; ``now``: this process's
         ``time.monotonic()``. Returns the ones to take over now."""
-        self._ages.observe(statuses, now)
+        self.observe(statuses, now)
         live = self._ages.fresh(now, STALE_AFTER_S)
         if self.me not in live:
             self._suspects = set()

@@ -3,8 +3,8 @@ reclaim of dead workers' entries, and departures (``bus/pending.py`` holds the i
 reads).
 
 - ``maintain`` (every third of the visibility timeout): XCLAIM-heartbeat this worker's
-  pending entries, then XAUTOCLAIM entries idle past the visibility timeout from the
-  streams in the pending index.
+  pending entries, then, on the fleet's checker alone (``recovery.checker``), XAUTOCLAIM
+  entries idle past the visibility timeout from the streams in the pending index.
 - ``claim_dead`` (every ``DEAD_CHECK_S``): the consumers holding pending entries, from the
   index, against the tier status (``recovery.DeadWorkers``); a dead one's entries are taken
   over at once, then it departs: it leaves the group of every stream where it holds nothing
@@ -56,7 +56,9 @@ class Upkeep:
             by_stream.setdefault((rec.tier, rec.tenant), []).append(rec.entry_id)
         for (tier, tenant), ids in by_stream.items():
             await self.queues.heartbeat(tier, tenant, self.consumer, ids)
-        if not self._draining():
+        # one worker of the fleet reclaims (``recovery.checker``): each XAUTOCLAIMed every
+        # indexed stream, O(workers x running tenants) a round
+        if not self._draining() and self.dead_workers.is_checker(time.monotonic()):
             reclaimed = await self.queues.autoclaim(None, self.consumer, min_idle_ms)
             if reclaimed:
                 await self._start(reclaimed, True)

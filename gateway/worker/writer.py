@@ -31,6 +31,7 @@ from gateway.bus.keys import RedisKeys
 from gateway.bus.messages import FinishMsg, SubmitMsg, TokenMsg
 from gateway.bus.queues import Envelope, QueueEntries, StepWrite
 from gateway.bus.resp import RespConnection
+from gateway.tenancy.ledger import ledger_ttl
 from policies.ttft_split import WorkerMarks
 
 log = logging.getLogger("carpool.worker")
@@ -232,7 +233,7 @@ class OutputWriter:
 
     def _step_write(self, items: list[tuple[Inflight, RequestOutput]]) -> StepWrite:
         """The write of ``items`` (empty when there is nothing to write)."""
-        step = self._entries.step(self.ttl, self.ledger_retention_s)
+        step = self._entries.step(self.ttl, ledger_ttl(self.ledger_retention_s))
         now = time.monotonic()
         for rec, outs in _by_request(items):
             last = outs[-1]

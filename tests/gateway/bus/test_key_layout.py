@@ -83,7 +83,7 @@ async def test_every_script_call_names_keys_of_one_slot(redis_url: str, monkeypa
         assert sorted(e.tenant for e in got) == sorted(t.id for t in tenants)
         assert await queues.claim_many([(e.msg.request_id, e.tenant) for e in got if e.msg],
                                        "w1", reclaim=False) == ["run"] * 4
-        step = entries.step(60, ledger_retention_s=3600)
+        step = entries.step(60, ledger_ttl_s=3600)
         for e in got:
             assert e.msg is not None
             step.add(e.msg.request_id, tier, e.entry_id, False, TokenMsg([5], "x"),

@@ -19,6 +19,7 @@ from gateway.tenancy.ledger import (
     group_rows,
     hour_of,
     hours_between,
+    ledger_ttl,
     model_id,
     parse_range,
     rows_from_hash,
@@ -119,7 +120,8 @@ async def _settle_writes_once(redis_url: str) -> None:
         (r,) = await ledger.read(["t"], t0, t1)
         assert (r.requests, r.prompt_tokens, r.cached_tokens, r.completion_tokens,
                 r.errors, r.model) == (1, 3, 1, 4, {"timeout": 1}, "m")
-        assert 0 < await client.ttl(keys.usage("t", entry.hour)) <= 3600
+        # set by the row's first write: the retention past the hour and a request's length
+        assert 3600 < await client.ttl(keys.usage("t", entry.hour)) <= ledger_ttl(3600)
         # a settle with the ledger off writes no row
         off = QuotaEnforcer(client, keys, queue_max_len=100, lease_ms=60_000, req_ttl_s=60)
         msg2 = SubmitMsg(request_id="r2", tenant_id="t", tier="interactive", priority=0,
@@ -133,6 +135,45 @@ async def _settle_writes_once(redis_url: str) -> None:
 
 def test_settle_writes_the_ledger_row_once(redis_url: str) -> None:
     asyncio.run(_settle_writes_once(redis_url))
+
+
+async def _ttl_per_row(redis_url: str) -> None:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(redis_url)
+    keys = RedisKeys(f"led{uuid.uuid4().hex[:8]}")
+    quota = QuotaEnforcer(client, keys, queue_max_len=100, lease_ms=60_000, req_ttl_s=60,
+                          ledger_retention_s=3600)
+    tenant = Tenant("t", "t", TenantQuota())
+    usage_key = keys.usage("t", hour_of(T0))
+
+    async def one(rid: str, key_id: str) -> None:
+        msg = SubmitMsg(request_id=rid, tenant_id="t", tier="batch", priority=0,
+                        prompt_token_ids=[1], max_tokens=2)
+        assert (await quota.admit(tenant, msg, 3)).ok
+        entry = LedgerEntry(hour_of(T0), field_prefix(key_id, "batch", "m"), 1, 0, 2)
+        assert await quota.settle(tenant, rid, 3, 3, "settled:completed", usage=entry)
+
+    try:
+        await one("r1", "k1")
+        assert 3600 < await client.ttl(usage_key) <= ledger_ttl(3600)
+        await client.expire(usage_key, 100)
+        await one("r2", "k1")  # the same row: its TTL stands
+        assert await client.ttl(usage_key) <= 100
+        await one("r3", "k2")  # a new row (another key): the TTL is set again
+        assert await client.ttl(usage_key) > 3600
+        t0, t1 = parse_range("2026-12-01", "2026-12-02", now=0)
+        rows = await UsageLedger(client, keys).read(["t"], t0, t1)
+        assert sorted((r.key_id, r.requests) for r in rows) == [("k1", 2), ("k2", 1)]
+    finally:
+        await quota.close()
+        await client.delete(*[k async for k in client.scan_iter(f"{keys.ns}:*")])
+        await client.aclose()
+
+
+def test_a_ledger_rows_first_request_sets_its_ttl_and_later_ones_leave_it(
+        redis_url: str) -> None:
+    asyncio.run(_ttl_per_row(redis_url))
 
 
 async def _settle_retried(redis_url: str) -> None:

@@ -5,7 +5,8 @@ on one server and on a three-master Valkey Cluster (the embedded binary,
 Each row: one gateway and ``workers`` worker processes, each worker given ``--streams``
 concurrent streaming requests of ``--tokens`` tokens (``--streams`` rows a worker), the
 requests spread round-robin over the row's ``tenants`` tenants (a new slice of them each
-row). Every node's ``INFO commandstats`` (a script's inner commands included) and ``INFO cpu``
+row). With several ``--tokens`` lengths, each cell's commands per request are fitted as a
+line over the lengths: the fixed cost of a request and the marginal cost of a token. Every node's ``INFO commandstats`` (a script's inner commands included) and ``INFO cpu``
 are read around the row's batch (after a warm-up batch per fleet).
 
 Columns: server-side commands per streamed token, commands per second per node, the busiest
@@ -35,6 +36,7 @@ class Row:
     workers: int
     tenants: int
     sample: Sample
+    tokens: int = 0  # per request
 
     @property
     def per_node(self) -> list[int]:
@@ -76,15 +78,17 @@ def run_masters(masters: int, args: argparse.Namespace) -> list[Row]:
         for workers in args.workers:
             streams = args.streams * workers
             with fleet(url, workers, args) as base:
-                asyncio.run(stream_batch(base, keys, streams, args.tokens, 0))  # warm-up
+                asyncio.run(stream_batch(base, keys, streams, args.tokens[0], 0))  # warm-up
                 offset = streams
                 for n in args.tenants:
-                    sample = measure(nodes, lambda n=n, o=offset, s=streams: asyncio.run(stream_batch(
-                        base, keys[:n], s, args.tokens, o)))
-                    offset += streams
-                    rows.append(Row(masters, workers, n, sample))
-                    print(f"  {masters} master(s), {workers} worker(s), {n} tenants: "
-                          f"{rows[-1].per_token:.2f} commands/token", flush=True)
+                    for length in args.tokens:
+                        sample = measure(nodes, lambda n=n, o=offset, s=streams, t=length:
+                                         asyncio.run(stream_batch(base, keys[:n], s, t, o)))
+                        offset += streams
+                        rows.append(Row(masters, workers, n, sample, length))
+                        print(f"  {masters} master(s), {workers} worker(s), {n} tenants, "
+                              f"{length} tokens: {rows[-1].per_token:.2f} commands/token",
+                              flush=True)
     finally:
         server.stop()
     return rows
@@ -92,15 +96,15 @@ def run_masters(masters: int, args: argparse.Namespace) -> list[Row]:
 
 def print_table(rows: list[Row], args: argparse.Namespace) -> None:
     worker_rate = args.streams * 1000 / args.tpot_ms
-    print("| masters | workers | tenants | commands / token | tokens / s | commands / s per "
-          "node | busiest node | busiest node CPU us / token | tokens / s one node saturates "
-          "at | workers at saturation |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| masters | workers | tenants | tokens / request | commands / token | tokens / s | "
+          "commands / s per node | busiest node | busiest node CPU us / token | tokens / s one "
+          "node saturates at | workers at saturation |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         s = r.sample
         nodes = ", ".join(f"{n / s.secs:,.0f}" for n in r.per_node)
         sat = 1 / r.cpu_per_token if r.cpu_per_token > 0 else float("inf")
-        print(f"| {r.masters} | {r.workers} | {r.tenants:,} | {r.per_token:.2f} | "
+        print(f"| {r.masters} | {r.workers} | {r.tenants:,} | {r.tokens} | {r.per_token:.2f} | "
               f"{s.tokens / s.secs:,.0f} | {nodes} | {r.top_share:.0%} | "
               f"{r.cpu_per_token * 1e6:.1f} | {sat:,.0f} | {sat / worker_rate:,.0f} |")
 
@@ -123,11 +127,37 @@ def print_breakdown(rows: list[Row]) -> None:
             print(f"| {n} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
 
 
+def print_fit(rows: list[Row]) -> None:
+    """Each cell's commands per request as a line over the request lengths measured (least
+    squares): the fixed cost of a request and the marginal cost of a streamed token."""
+    cells: dict[tuple[int, int, int], list[Row]] = {}
+    for r in rows:
+        cells.setdefault((r.masters, r.workers, r.tenants), []).append(r)
+    fits = {k: fit_line([(r.tokens, r.per_token * r.tokens) for r in v])
+            for k, v in cells.items() if len({r.tokens for r in v}) > 1}
+    if not fits:
+        return
+    print("\n| masters | workers | tenants | commands / request (fixed) | commands / token "
+          "(marginal) |")
+    print("|---|---|---|---|---|")
+    for (m, w, n), (fixed, marginal) in fits.items():
+        print(f"| {m} | {w} | {n:,} | {fixed:.1f} | {marginal:.2f} |")
+
+
+def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """The least-squares line through ``points`` (x, y): (intercept, slope)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - slope * mx, slope
+
+
 def print_ratio(rows: list[Row]) -> None:
     """The 1 -> 3 master ratio of the saturating token rate, per (workers, tenants) cell and
     over all rows, derived from the measured per-node cost."""
-    one = {(r.workers, r.tenants): r for r in rows if r.masters == 1}
-    three = {(r.workers, r.tenants): r for r in rows if r.masters == 3}
+    one = {(r.workers, r.tenants, r.tokens): r for r in rows if r.masters == 1}
+    three = {(r.workers, r.tenants, r.tokens): r for r in rows if r.masters == 3}
     both = sorted(one.keys() & three.keys())
     if not both:
         return
@@ -150,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=_ints, default=[1, 4, 16], help="comma list")
     p.add_argument("--masters", type=_ints, default=[1, 3], help="comma list of 1 and 3")
     p.add_argument("--streams", type=int, default=32, help="concurrent streams per worker")
-    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--tokens", type=_ints, default=[64],
+                   help="tokens per request, comma list (two or more: the fixed and marginal "
+                   "costs are fitted)")
     p.add_argument("--step-ms", type=float, default=5.0, help="echo engine step time")
     p.add_argument("--tpot-ms", type=float, default=25.0,
                    help="a production worker's time per output token, for the fleet column")
@@ -160,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--masters takes 1 and/or 3")
     rows = [r for m in args.masters for r in run_masters(m, args)]
     print(f"\ncarpool bench redis: FAKE echo engine ({args.step_ms:g} ms steps), one gateway, "
-          f"{args.streams} streams x {args.tokens} tokens per worker; {cpu_model()}\n")
+          f"{args.streams} streams per worker, {'/'.join(map(str, args.tokens))} tokens a "
+          f"request; {cpu_model()}\n")
     print_table(rows, args)
+    print_fit(rows)
     print_breakdown(rows)
     print_ratio(rows)
     return 0

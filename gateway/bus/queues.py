@@ -71,7 +71,8 @@ from gateway.bus.wake import WAKE_MAX, WakeTokens, push
 
 # A drainer's count (``TierQueues.counts``) reads every shard at least this often; between
 # full counts it reads only the shards its tiers' wake tokens name and those the view lists
-# with entries. Every worker's tier status counts in full each second too (``backlogs``).
+# with entries. Every worker's tier status counts in full each second too (``backlogs``), and
+# a drainer's count within a second of it is a partial one.
 FULL_COUNT_S = 1.0
 
 
@@ -122,13 +123,11 @@ class TierQueues:
             if conn is not None:
                 await conn.close()
 
-    async def backlogs(self, within_s: float = 0.0) -> dict[str, int]:
+    async def backlogs(self) -> dict[str, int]:
         """Entries not yet delivered to any worker, per tier (every shard read; the view
-        ``pick`` plans with). ``within_s``: a full count at most this old will do (the view's
-        totals, kept since by the picks and ``counts``): the tier status and the telemetry
-        sampler, each once a second, share the drainer's."""
-        if time.monotonic() - self.view.full_at <= within_s:
-            return self.view.totals()
+        ``pick`` plans with). The tier status's depth, once a second, is such a count: the
+        view between full counts misses the entries of tiers a drainer does not pull (their
+        wake lists are not read), and the gateways shed by that depth."""
         await self._read_shards(self.keys.shard_range())
         self.view.full_at = time.monotonic()
         return self.view.totals()

@@ -153,7 +153,7 @@ class TelemetryEvents(GatewayEvents):
         while True:
             try:
                 if queues is not None:
-                    sampler.sample_queues(await queues.backlogs(within_s=SAMPLE_INTERVAL_S))
+                    sampler.sample_queues(await queues.backlogs())
                 if self._engine is not None:
                     sampler.sample_engine(self._engine)
             except Exception:  # Redis hiccup: keep the last values, try again

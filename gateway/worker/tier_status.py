@@ -42,7 +42,7 @@ import orjson
 from gateway.bus.client import text
 from gateway.bus.keys import RedisKeys
 from gateway.bus.outage import UNREACHABLE, ErrorOnce, OutageLog
-from gateway.bus.queues import FULL_COUNT_S, TierQueues
+from gateway.bus.queues import TierQueues
 from gateway.config import GatewayConfig
 from gateway.worker.liveness import StatusAges
 from policies.shedding import predicted_wait
@@ -127,7 +127,7 @@ class TierStatusPublisher:
         await self.redis.hdel(self.keys.tier_status, self.worker_id)
 
     async def collect(self) -> dict[str, Any]:
-        depths = await self.queues.backlogs(within_s=FULL_COUNT_S)
+        depths = await self.queues.backlogs()
         tiers: dict[str, Any] = {}
         now = time.monotonic()
         for tier in self.queues.tiers:

@@ -42,7 +42,6 @@ keys and arguments and runs them.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -67,13 +66,7 @@ from gateway.bus.scripts import ADMIT_LUA, PICK_LUA, STEP_LUA
 from gateway.bus.shard_view import BacklogView, DepthView
 from gateway.bus.state_scripts import BACKLOG_LUA, CANCEL_LUA, CLAIM_LUA, DONE_LUA
 from gateway.bus.step_write import StepWrite
-from gateway.bus.wake import WAKE_MAX, WakeTokens, push
-
-# A drainer's count (``TierQueues.counts``) reads every shard at least this often; between
-# full counts it reads only the shards its tiers' wake tokens name and those the view lists
-# with entries. Every worker's tier status counts in full each second too (``backlogs``), and
-# a drainer's count within a second of it is a partial one.
-FULL_COUNT_S = 1.0
+from gateway.bus.wake import WakeTokens, push
 
 
 @dataclass(frozen=True)
@@ -125,31 +118,8 @@ class TierQueues:
 
     async def backlogs(self) -> dict[str, int]:
         """Entries not yet delivered to any worker, per tier (every shard read; the view
-        ``pick`` plans with). The tier status's depth, once a second, is such a count: the
-        view between full counts misses the entries of tiers a drainer does not pull (their
-        wake lists are not read), and the gateways shed by that depth."""
+        ``pick`` plans with)."""
         await self._read_shards(self.keys.shard_range())
-        self.view.full_at = time.monotonic()
-        return self.view.totals()
-
-    async def counts(self, tiers: Iterable[str]) -> dict[str, int]:
-        """``backlogs`` for a drainer's pull, reading only the shards that can have entries
-        it does not know of: each entry not yet picked has a token naming its shard on its
-        tier's wake list (a pick removes as many: ``wake.py``), so the shards named on
-        ``tiers``' lists, and those the view lists with entries, are read; the others were
-        empty at the last full count and have had no admission since. A token lost (popped by
-        a drainer that picked elsewhere, or trimmed: a list at ``WAKE_MAX``) is made up by the
-        full count, at most ``FULL_COUNT_S`` later. With 16 workers sharing bursts, the full
-        count per pull was the largest Redis cost after the tokens' own writes (HMGET ~0.45 a
-        streamed token, ``carpool bench redis``)."""
-        if time.monotonic() - self.view.full_at > FULL_COUNT_S:
-            return await self.backlogs()
-        lists = await asyncio.gather(*(self._call("LRANGE", self.keys.wake(t), 0, -1)
-                                       for t in tiers))
-        if any(len(got or ()) >= WAKE_MAX for got in lists):
-            return await self.backlogs()
-        named = {int(text(x)) % self.keys.shards for got in lists for x in got or ()}
-        await self._read_shards(sorted(named | self.view.busy()), named)
         return self.view.totals()
 
     async def _read_shards(self, shards: Iterable[int], named: Iterable[int] = ()) -> None:

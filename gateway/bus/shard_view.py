@@ -34,7 +34,6 @@ class BacklogView:
         self._turn: dict[str, dict[int, int]] = {t: {} for t in self.tiers}
         self._round = 0
         self.fresh = False  # read since the last pick round: a pick may plan with it
-        self.full_at = float("-inf")  # when (monotonic) every shard was last read
 
     def update(self, shard: int, per_tier: Sequence[Any]) -> None:
         """One shard's ``BACKLOG_LUA`` reply: per tier, {count, {tenant, counter, ...}}."""

@@ -187,7 +187,7 @@ class Drainer:
         planned with the backlogs known, then read with one pipelined fair pick per tier."""
         if self.quiet:
             return await self._wait_for_work(open_tiers, min(QUIET_COUNT, self._batch_size()))
-        backlog = await self.queues.counts(open_tiers)
+        backlog = await self.queues.backlogs()
         left = {t: backlog.get(t, 0) for t in open_tiers
                 if backlog.get(t, 0) > 0 and self.weights[t] > 0}
         if not left:

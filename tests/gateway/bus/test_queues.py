@@ -6,7 +6,6 @@ gone)."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import uuid
 from pathlib import Path
@@ -18,8 +17,7 @@ import redis.asyncio as aioredis
 from engine.core.finish import FinishReason
 from gateway.bus.keys import GROUP, RedisKeys
 from gateway.bus.messages import FinishMsg, SubmitMsg, TokenMsg, decode
-from gateway.bus.queues import FULL_COUNT_S, QueueEntries, TierQueues
-from gateway.bus.wake import WAKE_MAX
+from gateway.bus.queues import QueueEntries, TierQueues
 from policies.tiers import TIERS
 from tests.gateway.queue_helpers import queue_keys
 
@@ -165,63 +163,6 @@ async def test_reclaim_covers_every_tenant_stream_and_a_delivered_cancel_keeps_t
         assert not await client.exists(keys.queue(tier, "t"))
         pending = await client.xpending_range(keys.queue(tier, "u"), GROUP, "-", "+", 10)
         assert [p["consumer"] for p in pending] == [b"alive"]
-    finally:
-        await queues.close()
-        await client.delete(*[k async for k in client.scan_iter(f"{keys.ns}:*")])
-        await client.aclose()
-
-
-async def test_a_drainers_count_reads_the_shards_named_and_busy_until_the_full_count_is_due(
-        redis_url: str) -> None:
-    """``counts``: between full counts, the shards its tiers' wake tokens name and those the
-    view lists with entries, and the totals a full count gives; an entry whose token is lost
-    is found by the full count once ``FULL_COUNT_S`` has passed, or at once when a list is at
-    its cap (tokens past it were trimmed)."""
-    client: Any = aioredis.Redis.from_url(redis_url)
-    keys = RedisKeys(f"qc{uuid.uuid4().hex[:8]}")
-    queues, entries = TierQueues(client, keys, TIERS), QueueEntries(client, keys, None)
-    read: list[list[int]] = []
-    read_shards = queues._read_shards
-
-    async def recording(shards: Any, named: Any = ()) -> None:
-        shards = list(shards)
-        read.append(shards)
-        await read_shards(shards, named)
-
-    queues._read_shards = recording  # type: ignore[method-assign]
-    by_shard: dict[int, str] = {}
-    for i in range(200):  # tenants in three distinct shards
-        by_shard.setdefault(keys.shard_of(f"t{i}"), f"t{i}")
-    a, b, c = list(by_shard.items())[:3]
-    tier = TIERS[0]
-
-    async def admit(tenant: str, rid: str) -> None:
-        msg = SubmitMsg(rid, tenant, tier, 0, [1], 4)
-        assert (await entries.admit(msg, tenant, **admit_args()))[0] == "ok"
-
-    try:
-        await admit(a[1], "r1")
-        assert await queues.counts([tier]) == {t: int(t == tier) for t in TIERS}
-        assert read[-1] == list(keys.shard_range())  # no full count yet: every shard
-        await admit(b[1], "r2")
-        got = await queues.counts([tier])
-        assert sorted(read[-1]) == sorted({a[0], b[0]})  # b's token, and a busy in the view
-        assert got == await queues.backlogs()
-        [env] = await queues.pick(tier, "w1")  # the least counter: either; its token goes
-        await asyncio.sleep(0.05)  # the LREM is sent without waiting
-        left = ({a[0], b[0]} - {keys.shard_of(env.tenant)}).pop()
-        assert (await queues.counts([tier]))[tier] == 1
-        assert read[-1] == [left]
-        # a lost token (popped by a drainer that picked elsewhere): unseen until the full count
-        await admit(c[1], "r3")
-        await client.lrem(keys.wake(tier), 0, c[0])
-        assert (await queues.counts([tier]))[tier] == 1
-        queues.view.full_at -= FULL_COUNT_S
-        assert (await queues.counts([tier]))[tier] == 2 and len(read[-1]) == keys.shards
-        # a list at its cap may have lost tokens: a full count at once
-        await client.lrem(keys.wake(tier), 0, c[0])
-        await client.rpush(keys.wake(tier), *[a[0]] * WAKE_MAX)
-        assert (await queues.counts([tier]))[tier] == 2 and len(read[-1]) == keys.shards
     finally:
         await queues.close()
         await client.delete(*[k async for k in client.scan_iter(f"{keys.ns}:*")])

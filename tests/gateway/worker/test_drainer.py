@@ -27,8 +27,8 @@ class RecordingQueues:
         self.calls: list[str] = []
         self.timeouts: list[float] = []
 
-    async def counts(self, tiers: Any) -> dict[str, int]:
-        self.calls.append("counts")
+    async def backlogs(self) -> dict[str, int]:
+        self.calls.append("backlogs")
         return {t: 0 for t in TIERS}
 
     async def wait(self, tiers: Any, timeout_s: float, consumer: str | None = None) -> str | None:
@@ -73,28 +73,28 @@ async def test_a_lone_arrival_keeps_the_drainer_waiting_without_counting_backlog
     drainer, queues, started = make_drainer([["interactive"], ["batch"], []])
     for _ in range(3):
         await drainer._step()
-    assert queues.calls == ["counts", "wait", "read count=1", "wait", "read count=2", "wait"]
+    assert queues.calls == ["backlogs", "wait", "read count=1", "wait", "read count=2", "wait"]
     assert started == [1, 1]
     # a wait that timed out right after a count: the drainer waits again (an idle worker
     # does not read every shard each IDLE_BLOCK_S)
     assert drainer.quiet
     await drainer._step()
-    assert queues.calls[-1:] == ["wait"] and queues.calls.count("counts") == 1
+    assert queues.calls[-1:] == ["wait"] and queues.calls.count("backlogs") == 1
     # one that timed out RECOUNT_S after the last count: the next pull counts the backlogs
     # (a wake token may be lost)
     drainer.counted_at -= RECOUNT_S
     await drainer._step()
     assert not drainer.quiet
     await drainer._step()
-    assert queues.calls[-2:] == ["counts", "wait"]
+    assert queues.calls[-2:] == ["backlogs", "wait"]
 
 
 async def test_a_burst_or_several_tiers_go_back_to_counting_backlogs() -> None:
     drainer, queues, started = make_drainer([["interactive"], ["batch", "batch"]])
     for _ in range(3):
         await drainer._step()
-    assert queues.calls == ["counts", "wait", "read count=1", "wait", "read count=2",
-                            "counts", "wait"]
+    assert queues.calls == ["backlogs", "wait", "read count=1", "wait", "read count=2",
+                            "backlogs", "wait"]
     assert started == [1, 2]
 
 
@@ -108,7 +108,7 @@ async def test_a_restarted_drainer_counts_backlogs_first() -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    assert queues.calls[:4] == ["counts", "wait", "read count=1", "counts"]
+    assert queues.calls[:4] == ["backlogs", "wait", "read count=1", "backlogs"]
 
 
 async def test_a_full_engine_ends_quiet_mode_like_a_hold() -> None:
@@ -120,7 +120,7 @@ async def test_a_full_engine_ends_quiet_mode_like_a_hold() -> None:
     await drainer._step()
     room["open"] = True
     await drainer._step()
-    assert queues.calls == ["counts", "wait", "read count=1", "counts", "wait"]
+    assert queues.calls == ["backlogs", "wait", "read count=1", "backlogs", "wait"]
 
 
 async def test_the_wait_is_short_while_a_tier_is_closed_for_room() -> None:
@@ -138,8 +138,8 @@ class HoldingQueues(RecordingQueues):
     """A backlog whose every entry is held for another worker (placement): the picks return
     nothing and say the soonest is stealable in 20 ms."""
 
-    async def counts(self, tiers: Any) -> dict[str, int]:
-        self.calls.append("counts")
+    async def backlogs(self) -> dict[str, int]:
+        self.calls.append("backlogs")
         return {t: 1 if t == "interactive" else 0 for t in TIERS}
 
     async def read_counts(self, counts: dict[str, int], consumer: str, skip: Any = None
@@ -155,6 +155,6 @@ async def test_entries_held_for_another_worker_are_waited_for_until_stealable() 
                       lambda envs: asyncio.sleep(0))
     await drainer._step()
     # counted, picked (all held), then one wait of the 20 ms left, not the idle poll's
-    assert queues.calls == ["counts", "read", "wait"]
+    assert queues.calls == ["backlogs", "read", "wait"]
     assert queues.timeouts == [0.02]
     assert not drainer.quiet

@@ -6,8 +6,9 @@ Each row: one gateway and ``workers`` worker processes, each worker given ``--st
 concurrent streaming requests of ``--tokens`` tokens (``--streams`` rows a worker), the
 requests spread round-robin over the row's ``tenants`` tenants (a new slice of them each
 row). With several ``--tokens`` lengths, each cell's commands per request are fitted as a
-line over the lengths: the fixed cost of a request and the marginal cost of a token. Every node's ``INFO commandstats`` (a script's inner commands included) and ``INFO cpu``
-are read around the row's batch (after a warm-up batch per fleet).
+line over the lengths: the fixed cost of a request and the marginal cost of a token. Every
+node's ``INFO commandstats`` (a script's inner commands included) and ``INFO cpu`` are read
+around the row's batch (after a warm-up batch per fleet).
 
 Columns: server-side commands per streamed token, commands per second per node, the busiest
 node's share of the commands, and the busiest node's own CPU seconds (``used_cpu_user`` +

@@ -34,7 +34,8 @@ slot. ``docs/architecture.md`` ("Redis key layout") gives the reasons.
     {ns}:{T}:conc:{id}           zset    in-flight request ids scored by lease expiry (ms)
     {ns}:{T}:usage:{id}:{hour}   hash    the usage ledger's tenant-hour (YYYYMMDDHH, UTC):
                                          "{key id}|{tier code}|{model id}|{metric}" -> count
-                                         (``tenancy/ledger.py``); expires after the retention
+                                         (``tenancy/ledger.py``); expires at least the
+                                         retention after its last write (``ledger_ttl``)
     {ns}:{T}:usage_tenants       set     the shard's tenants that have ledger rows
     {ns}:{T}:budget:{id}:{period} string what the tenant spent in the period (d20261206 /
                                          m202612), in its budget's units (``policies/budget.py``)

@@ -52,7 +52,8 @@ MAX_RANGE_DAYS = 400
 
 # A row's first write sets its hash's TTL and later writes leave it (one EXPIRE a row, not one
 # a request): retention plus this margin, so that the hash outlives its last write by at least
-# the retention (a tenant-hour's writes end within its hour plus a request's length).
+# the retention (a tenant-hour's writes end within its hour plus a request's length: requests
+# under an hour).
 TTL_MARGIN_S = 7200
 
 

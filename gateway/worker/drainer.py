@@ -109,7 +109,7 @@ class Drainer:
         self.counted_at = float("-inf")
 
     async def run(self) -> None:
-        # Entries read before a failure stay pending for us; the worker's maintenance
+        # Entries read before a failure stay pending for us; the fleet checker's maintenance
         # reclaims them once idle for the visibility timeout.
         self.quiet = False  # a (re)started drainer plans the backlog built meanwhile by weight
         await run_forever(self._step, "drainer", log)

@@ -18,21 +18,28 @@ from gateway.bus.client import text
 
 class StatusAges:
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[Any, float]] = {}  # field -> (last value, changed at)
+        # field -> (last value, changed at, seen to change: not only sighted)
+        self._seen: dict[str, tuple[Any, float, bool]] = {}
 
     def observe(self, statuses: dict[Any, Any], now: float) -> None:
         """Record the status hash as read now (``now``: this process's monotonic clock)."""
-        seen: dict[str, tuple[Any, float]] = {}
+        seen: dict[str, tuple[Any, float, bool]] = {}
         for key, value in statuses.items():
             name = text(key)
             prev = self._seen.get(name)
-            seen[name] = prev if prev is not None and prev[0] == value else (value, now)
+            seen[name] = (value, now, False) if prev is None else (
+                prev if prev[0] == value else (value, now, True))
         self._seen = seen
 
     def fresh(self, now: float, within_s: float) -> set[str]:
         """The fields whose value changed in the last ``within_s`` seconds."""
-        return {name for name, (_, at) in self._seen.items() if now - at <= within_s}
+        return {name for name, (_, at, _) in self._seen.items() if now - at <= within_s}
+
+    def changing(self, now: float, within_s: float) -> set[str]:
+        """``fresh``, less the fields only sighted so far (not yet seen to change)."""
+        return {name for name, (_, at, changed) in self._seen.items()
+                if changed and now - at <= within_s}
 
     def unchanged(self, now: float, for_s: float) -> set[str]:
         """The fields whose value has not changed for longer than ``for_s`` seconds."""
-        return {name for name, (_, at) in self._seen.items() if now - at > for_s}
+        return {name for name, (_, at, _) in self._seen.items() if now - at > for_s}

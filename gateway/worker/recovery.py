@@ -17,8 +17,8 @@ A worker that stops in order (``Worker.drain``) does not wait to be found dead: 
 drain deadline it names a live worker (``handoff.py``) on the cancel channel, which takes
 its entries at once and resumes them the same way.
 
-A dead worker is known two ways: its entries went idle past the visibility timeout (every
-worker's XAUTOCLAIM), or, sooner, ``DeadWorkers``: it holds pending entries but its tier
+A dead worker is known two ways: its entries went idle past the visibility timeout (the
+XAUTOCLAIM of the fleet's checker, ``checker``), or, sooner, ``DeadWorkers``: it holds pending entries but its tier
 status (``tier_status.py``, republished every second) has not changed for ``STALE_AFTER_S``
 on the checker's own clock (``liveness.py``: another host's time stamp is never compared
 with ours, so a worker whose clock runs ahead cannot declare live workers dead).
@@ -114,9 +114,12 @@ class DeadWorkers:
 
     def is_checker(self, now: float) -> bool:
         """Whether this worker is the fleet's checker by the statuses last observed (it also
-        runs the visibility-timeout reclaim alone: ``upkeep.Upkeep.maintain``). While no
-        live worker qualifies (none published yet, or the hash was lost) every worker is."""
-        chosen = checker(self._statuses, self._ages.fresh(now, STALE_AFTER_S))
+        runs the visibility-timeout reclaim alone: ``upkeep.Upkeep.maintain``). It defers
+        only to a worker it has seen change (a status only sighted may be a dead worker's
+        that others already judge stale: a new worker would defer to it while they defer to
+        the new one); while none qualifies every worker is the checker."""
+        mine = {self.me} & self._ages.fresh(now, STALE_AFTER_S)  # the others see us live
+        chosen = checker(self._statuses, self._ages.changing(now, STALE_AFTER_S) | mine)
         return chosen is None or chosen == self.me
 
     def update(self, statuses: dict[Any, Any], holders: set[str], now: float) -> set[str]:
@@ -135,8 +138,8 @@ class DeadWorkers:
 
 def checker(statuses: dict[Any, Any], live: set[str]) -> str | None:
     """The one worker that scans the pending index for dead workers' holdings: the least id
-    among ``live`` whose status does not say it drains (a status that is not JSON counts as
-    not draining); None when there is none. Every worker scanning it cost one XPENDING per
+    among ``live`` whose status is a worker's (JSON) and does not say it drains; None when
+    there is none. Every worker scanning it cost one XPENDING per
     indexed stream per worker each round: O(workers x running tenants) a round (16 workers:
     ~0.1 Redis command per streamed token, ``carpool bench redis``). A checker that dies is
     succeeded once its status goes stale (``STALE_AFTER_S``)."""
@@ -148,7 +151,7 @@ def checker(statuses: dict[Any, Any], live: set[str]) -> str | None:
         try:
             status = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            status = None
-        if not (isinstance(status, dict) and status.get("draining")):
+            continue
+        if isinstance(status, dict) and not status.get("draining"):
             out = name
     return out

@@ -34,7 +34,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -128,6 +128,9 @@ class TierStatusPublisher:
 
     async def collect(self) -> dict[str, Any]:
         depths = await self.queues.backlogs()
+        # the shards holding each tier's entries at this count, taken before any other await:
+        # a pick meanwhile may mark a shard empty whose entries it passed over
+        busy = {tier: self.queues.view.busy_shards(tier) for tier in self.queues.tiers}
         tiers: dict[str, Any] = {}
         now = time.monotonic()
         for tier in self.queues.tiers:
@@ -138,7 +141,7 @@ class TierStatusPublisher:
                 "ttft_p99_s": slo.ttft_p99_s, "tpot_p99_s": tpot, "tpot_source": source,
                 "tpot_budget_x": slo.tpot_budget_x, "action": slo.action, "depth": depth, "rate_rps": round(rate, 4),
                 "predicted_wait_s": round(predicted_wait(depth, rate, self.window_s), 3),
-                "tenants": await self.tenant_depths(tier) if depth else {},
+                "tenants": await self.tenant_depths(tier, busy[tier]) if depth else {},
             }
         budget = self.step_budget
         return {"worker": self.worker_id, "ts": time.time(), "window_s": self.window_s,
@@ -156,10 +159,12 @@ class TierStatusPublisher:
             return round(budget.target_s, 4), "derived"
         return None, None
 
-    async def tenant_depths(self, tier: str) -> dict[str, int]:
+    async def tenant_depths(self, tier: str, shards: Iterable[int] | None = None
+                            ) -> dict[str, int]:
         """Waiting entries per tenant: the tier's index of backlogged tenants (kept by the
-        queue scripts, ``bus/queues.py``), read on the shards the backlog view lists with
-        entries of ``tier`` (the others had none at the count the depth comes from)."""
-        shards = await asyncio.gather(*(self.redis.hgetall(self.keys.backlogged(tier, s))
-                                        for s in self.queues.view.busy_shards(tier)))
-        return {text(k): n for raw in shards for k, v in raw.items() if (n := int(v)) > 0}
+        queue scripts, ``bus/queues.py``), read on ``shards`` (those the count the depth comes
+        from found with entries of ``tier``; None: every shard)."""
+        shards = self.keys.shard_range() if shards is None else shards
+        got = await asyncio.gather(*(self.redis.hgetall(self.keys.backlogged(tier, s))
+                                     for s in shards))
+        return {text(k): n for raw in got for k, v in raw.items() if (n := int(v)) > 0}

@@ -38,8 +38,9 @@ log = logging.getLogger("carpool.worker")
 
 # writes of a request between the charges of its output to its tenant's fair-queue counter
 # (and one with its finish): the fair queue sees a running request's service at most this many
-# engine steps late (under a second at 25 ms a token). Each charge is two commands: every 8
-# writes they were 0.25 of a streamed token's ~2.5 Redis commands (``carpool bench redis``).
+# writes late (a write carries one engine step's tokens, or several when steps queue behind a
+# write in flight; 32 steps at 25 ms a token is under a second). Each charge is two commands:
+# every 8 writes they were 0.25 of a streamed token's ~2.5 Redis commands (``bench redis``).
 CHARGE_EVERY = 32
 
 @dataclass

@@ -137,8 +137,8 @@ def test_live_is_what_changed_within_the_stale_window() -> None:
 
 
 def test_the_checker_is_the_least_live_worker_not_draining() -> None:
-    """Against a plain reading: of the live workers in the hash, those whose status (JSON or
-    not) does not say draining, the least id."""
+    """Against a plain reading: of the live workers in the hash, those whose status is JSON
+    and does not say draining, the least id."""
     rng = random.Random(7)
     names = ["a", "b", "bad", "c", "w10", "w2"]
     for _ in range(300):
@@ -146,7 +146,7 @@ def test_the_checker_is_the_least_live_worker_not_draining() -> None:
                     for n in names if rng.random() < 0.8}
         live = {n for n in names if rng.random() < 0.7}
         plain = sorted(text(k) for k, v in statuses.items() if text(k) in live
-                       and b'"draining": true' not in v)
+                       and v.startswith(b"{") and v != b"{" and b'"draining": true' not in v)
         assert checker(statuses, live) == (plain[0] if plain else None), (statuses, live)
 
 
@@ -158,14 +158,32 @@ def test_one_worker_checks_a_round_and_another_takes_over_once_it_is_stale() -> 
         statuses = {b"a": status(1000 + min(t, 2.0)), b"b": status(1000 + t),
                     b"c": status(1000 + t)}
         rounds.append({n: w.checks(statuses, t) for n, w in workers.items()})
+    # at first sight nobody is seen to change: each checks, as every worker did before; then
+    # "a"; "a" is stale past 5 s at t=8 (on b's clock)
     assert [sorted(n for n, mine in r.items() if mine) for r in rounds] == [
-        ["a"], ["a"], ["a"], ["a"], ["b"], ["b"]]  # "a" stale past 5 s at t=8 (on b's clock)
+        ["a", "b", "c"], ["a"], ["a"], ["a"], ["b"], ["b"]]
+
+
+def test_a_new_worker_does_not_defer_to_a_status_it_has_only_sighted() -> None:
+    """A dead worker's status, stale to the others, is new to a worker started since: it
+    checks itself rather than defer to the dead one (the others defer to it once they see
+    its status change)."""
+    old, new = DeadWorkers("b"), DeadWorkers("c")
+    for t in (0.0, 2.0, 4.0, 6.0, 8.0):
+        statuses = {b"a": status(1000.0), b"b": status(1000 + t)}  # "a" died at t=0
+        old.observe(statuses, t)
+    statuses = {b"a": status(1000.0), b"b": status(1010.0), b"c": status(1010.0)}
+    assert old.checks(statuses, 10.0)  # "a" stale on b's clock; "c" only sighted
+    assert new.checks(statuses, 10.0)  # "a" and "b" only sighted by "c"
+    later = {b"a": status(1000.0), b"b": status(1012.0), b"c": status(1012.0)}
+    assert old.checks(later, 12.0) and not new.checks(later, 12.0)  # "c" defers to "b"
 
 
 def test_a_worker_that_stops_checking_forgets_its_suspects() -> None:
     dead = DeadWorkers("me")
-    assert dead.update({b"me": status(0.0)}, {"gone"}, 0.0) == set()  # suspected
-    # a round where a lesser live worker checks: ours is skipped, the suspicion dropped
+    assert dead.update({b"me": status(0.0), b"a": status(0.0)}, {"gone"}, 0.0) == set()
+    # "gone" suspected; then a round where "a" (a lesser id, seen to change) checks: ours is
+    # skipped, the suspicion dropped
     assert not dead.checks({b"me": status(2.0), b"a": status(2.0)}, 2.0)
     assert dead.update({b"me": status(4.0)}, {"gone"}, 4.0) == set()  # suspected anew
     assert dead.update({b"me": status(6.0)}, {"gone"}, 6.0) == {"gone"}

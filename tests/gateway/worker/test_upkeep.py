@@ -60,3 +60,43 @@ async def test_a_dead_worker_is_taken_over_and_departs(redis_url: str, monkeypat
         await queues.close()
         await client.delete(*[k async for k in client.scan_iter(f"{keys.ns}:*")])
         await client.aclose()
+
+
+async def test_only_the_fleets_checker_scans_for_dead_workers(redis_url: str,
+                                                              monkeypatch: Any) -> None:
+    """Two live workers: the lesser id scans the pending index each round, the other reads
+    only the tier status (``recovery.checker``), once it has seen the lesser one's change."""
+    client: Any = aioredis.Redis.from_url(redis_url)
+    keys = RedisKeys(f"up{uuid.uuid4().hex[:8]}")
+    queues = TierQueues(client, keys, TIERS)
+    clock = [100.0]
+    monkeypatch.setattr(upkeep.time, "monotonic", lambda: clock[0])
+    scans: list[str] = []
+
+    async def no_start(envs: list[Envelope], reclaim: bool) -> None:
+        raise AssertionError("nothing to take over")
+
+    keepers = {}
+    for name in ("alpha", "zeta"):
+        keepers[name] = upkeep.Upkeep(client, keys, queues, name, DeadWorkers(name), no_start,
+                                      list, lambda: False)
+    real = queues.pending_consumers
+
+    async def recording(tier: str | None = None, who: str = "") -> set[str]:
+        scans.append(who)
+        return await real(tier)
+
+    try:
+        for beat in range(3):
+            for name, keeper in keepers.items():
+                await client.hset(keys.tier_status, name, f'{{"ts": {beat}}}')
+                monkeypatch.setattr(queues, "pending_consumers",
+                                    lambda tier=None, n=name: recording(tier, n))
+                await keeper.claim_dead()
+            clock[0] += 2.0
+        # first round: neither has seen the other change, so both scan; then alpha alone
+        assert scans == ["alpha", "zeta", "alpha", "alpha"]
+    finally:
+        await queues.close()
+        await client.delete(*[k async for k in client.scan_iter(f"{keys.ns}:*")])
+        await client.aclose()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -97,13 +98,18 @@ def test_csv_has_a_header_and_a_line_per_row() -> None:
     assert head.startswith("tenant,hour,key_id") and line.endswith(",5,9,4,0.0,timeout=1")
 
 
-async def _settle_writes_once(redis_url: str) -> None:
+def ledger_quota(redis_url: str) -> tuple[Any, RedisKeys, QuotaEnforcer]:
+    """A client, a fresh namespace and a quota enforcer with the ledger on (an hour kept)."""
     import redis.asyncio as aioredis
 
-    client = aioredis.Redis.from_url(redis_url)
+    client: Any = aioredis.Redis.from_url(redis_url)
     keys = RedisKeys(f"led{uuid.uuid4().hex[:8]}")
-    quota = QuotaEnforcer(client, keys, queue_max_len=100, lease_ms=60_000, req_ttl_s=60,
-                          ledger_retention_s=3600)
+    return client, keys, QuotaEnforcer(client, keys, queue_max_len=100, lease_ms=60_000,
+                                       req_ttl_s=60, ledger_retention_s=3600)
+
+
+async def _settle_writes_once(redis_url: str) -> None:
+    client, keys, quota = ledger_quota(redis_url)
     tenant = Tenant("t", "t", TenantQuota(tpm=1000))
     entry = LedgerEntry(hour_of(T0), field_prefix("k1", "interactive", "m"), 3, 1, 4,
                         "timeout")
@@ -138,12 +144,7 @@ def test_settle_writes_the_ledger_row_once(redis_url: str) -> None:
 
 
 async def _ttl_per_row(redis_url: str) -> None:
-    import redis.asyncio as aioredis
-
-    client = aioredis.Redis.from_url(redis_url)
-    keys = RedisKeys(f"led{uuid.uuid4().hex[:8]}")
-    quota = QuotaEnforcer(client, keys, queue_max_len=100, lease_ms=60_000, req_ttl_s=60,
-                          ledger_retention_s=3600)
+    client, keys, quota = ledger_quota(redis_url)
     tenant = Tenant("t", "t", TenantQuota())
     usage_key = keys.usage("t", hour_of(T0))
 
@@ -177,13 +178,9 @@ def test_a_ledger_rows_first_request_sets_its_ttl_and_later_ones_leave_it(
 
 
 async def _settle_retried(redis_url: str) -> None:
-    import redis.asyncio as aioredis
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    client = aioredis.Redis.from_url(redis_url)
-    keys = RedisKeys(f"led{uuid.uuid4().hex[:8]}")
-    quota = QuotaEnforcer(client, keys, queue_max_len=100, lease_ms=60_000, req_ttl_s=60,
-                          ledger_retention_s=3600)
+    client, keys, quota = ledger_quota(redis_url)
     tenant = Tenant("t", "t", TenantQuota())
     entry = LedgerEntry(hour_of(T0), field_prefix("k1", "batch", "m"), 2, 0, 5)
     real, calls = quota._settle, []

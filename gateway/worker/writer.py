@@ -280,9 +280,13 @@ class _Sent:
 
 def _first_token(rec: Inflight, out: RequestOutput) -> bool:
     """Whether ``out`` carries the first token of a streamed request the drainer started, ready
-    to write as it is (claimed, nothing held back or parked before it)."""
+    to write as it is (claimed, nothing held back or parked before it). It must be the
+    request's first output: nothing written yet is not enough, for the first may be parked
+    behind a claim that answered since (the second then went first: its reader saw a gap,
+    ``output_lost``; bench sla's echo rows, a few requests a run)."""
     return (not rec.marks_sent and rec.read_unix > 0 and not rec.offset_base
-            and bool(out.new_token_ids) and not rec.final_only and not rec.reader_gone
+            and bool(out.new_token_ids) and out.num_output_tokens == len(out.new_token_ids)
+            and not rec.final_only and not rec.reader_gone
             and (rec.claim is None or (rec.claim.done() and rec.claim.result() == "run")))
 
 

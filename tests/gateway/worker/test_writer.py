@@ -281,3 +281,50 @@ async def test_a_first_token_is_written_at_once_while_a_write_is_in_flight(
     finally:
         task.cancel()
         await client.delete(keys.out("old", "t"), keys.out("new", "t"))
+
+
+async def test_a_parked_first_token_is_not_overtaken_by_the_second(
+    setup: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request started before its claim answered: its first output parks; the claim
+    answers while a write is in flight; its second output must not go first (its reader
+    would see a gap and end the stream with ``output_lost``)."""
+    client, keys, writer = setup
+    task = asyncio.create_task(writer.run())
+    old = Inflight("old2", TIERS[0], "0-1", read_unix=1.0, tenant="t")
+    claim: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    late = Inflight("late", TIERS[0], "0-2", read_unix=2.0, tenant="t", claim=claim)
+    try:
+        await run_steps(writer, [(old, tok("old2", 7, "a", 1))], writes=1)
+        writer.submit([(late, tok("late", 5, "x", 1))])  # parked: its claim is pending
+        await asyncio.sleep(0.05)
+        assert writer._conn is not None
+        real, held = writer._conn.send_now, asyncio.Event()
+
+        def slow_reply(*args: Any) -> Any:  # applied by Redis, its reply held back
+            reply = real(*args)
+            out = asyncio.get_running_loop().create_future()
+
+            async def later() -> None:
+                await held.wait()
+                out.set_result(await reply)
+
+            asyncio.get_running_loop().create_task(later())
+            return out
+
+        monkeypatch.setattr(writer._conn, "send_now", slow_reply)
+        writer.submit([(old, tok("old2", 8, "b", 2))])  # sent; its reply held: in flight
+        await asyncio.sleep(0.05)
+        monkeypatch.setattr(writer._conn, "send_now", real)
+        claim.set_result("run")
+        writer.submit([(late, tok("late", 6, "y", 2))])
+        held.set()
+        await flushed(writer)
+        msgs = await entries(client, keys.out("late", "t"))
+        # in order, each message's offset where the tokens before it end
+        assert [t for m in msgs for t in m.token_ids] == [5, 6]
+        assert [m.offset for m in msgs] == [sum(len(p.token_ids) for p in msgs[:i])
+                                            for i in range(len(msgs))]
+    finally:
+        task.cancel()
+        await client.delete(keys.out("old2", "t"), keys.out("late", "t"))

@@ -237,6 +237,28 @@ async def test_a_finish_written_again_after_a_lost_reply_is_written_once(setup: 
         await client.delete(keys.out("f2", "t"), keys.req("f2", "t"))
 
 
+def hold_replies(writer: CountingWriter, monkeypatch: pytest.MonkeyPatch
+                 ) -> tuple[Any, asyncio.Event]:
+    """From now on the writer's commands are applied by Redis but their replies held back
+    until the event is set; returns the real ``send_now`` (to put back) and the event."""
+    assert writer._conn is not None
+    real, held = writer._conn.send_now, asyncio.Event()
+
+    def slow_reply(*args: Any) -> Any:
+        reply = real(*args)
+        out = asyncio.get_running_loop().create_future()
+
+        async def later() -> None:
+            await held.wait()
+            out.set_result(await reply)
+
+        asyncio.get_running_loop().create_task(later())
+        return out
+
+    monkeypatch.setattr(writer._conn, "send_now", slow_reply)
+    return real, held
+
+
 async def test_a_first_token_is_written_at_once_while_a_write_is_in_flight(
     setup: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -248,21 +270,7 @@ async def test_a_first_token_is_written_at_once_while_a_write_is_in_flight(
     new = Inflight("new", TIERS[0], "0-2", read_unix=2.0, tenant="t")
     try:
         await run_steps(writer, [(old, tok("old", 7, "a", 1))], writes=1)
-        assert writer._conn is not None
-        real, held = writer._conn.send_now, asyncio.Event()
-
-        def slow_reply(*args: Any) -> Any:  # applied by Redis, its reply held back
-            reply = real(*args)
-            out = asyncio.get_running_loop().create_future()
-
-            async def later() -> None:
-                await held.wait()
-                out.set_result(await reply)
-
-            asyncio.get_running_loop().create_task(later())
-            return out
-
-        monkeypatch.setattr(writer._conn, "send_now", slow_reply)
+        real, held = hold_replies(writer, monkeypatch)
         writer.submit([(old, tok("old", 8, "b", 2))])  # sent; its reply held
         await asyncio.sleep(0.05)
         monkeypatch.setattr(writer._conn, "send_now", real)
@@ -298,21 +306,7 @@ async def test_a_parked_first_token_is_not_overtaken_by_the_second(
         await run_steps(writer, [(old, tok("old2", 7, "a", 1))], writes=1)
         writer.submit([(late, tok("late", 5, "x", 1))])  # parked: its claim is pending
         await asyncio.sleep(0.05)
-        assert writer._conn is not None
-        real, held = writer._conn.send_now, asyncio.Event()
-
-        def slow_reply(*args: Any) -> Any:  # applied by Redis, its reply held back
-            reply = real(*args)
-            out = asyncio.get_running_loop().create_future()
-
-            async def later() -> None:
-                await held.wait()
-                out.set_result(await reply)
-
-            asyncio.get_running_loop().create_task(later())
-            return out
-
-        monkeypatch.setattr(writer._conn, "send_now", slow_reply)
+        real, held = hold_replies(writer, monkeypatch)
         writer.submit([(old, tok("old2", 8, "b", 2))])  # sent; its reply held: in flight
         await asyncio.sleep(0.05)
         monkeypatch.setattr(writer._conn, "send_now", real)

@@ -14,6 +14,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,3 +60,28 @@ def redis_url() -> Iterator[str]:
         yield url
     finally:
         server.stop()
+
+
+# The fault scenarios' tables (tests/gateway/faults/table.py), printed at the end of the run.
+# Under pytest-xdist the rows are filled in the workers and printed by the controller, which
+# loads this file but not the conftest of a folder it does not collect.
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        from tests.gateway.faults import table
+
+        output.update(table.export())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    from tests.gateway.faults import table
+
+    table.absorb(getattr(node, "workeroutput", {}))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    from tests.gateway.faults import table
+
+    for line in table.summary_lines():
+        terminalreporter.write_line(line)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Self
 
 import httpx
@@ -94,6 +94,29 @@ def ledger_check(redis_url: str, ns: str, tenant: str, scenario: str, received: 
     out = LedgerRow(scenario, received, got, requests)
     LEDGER_ROWS.append(out)
     return out
+
+
+def summary_lines() -> list[str]:
+    """The tables printed at the end of a run (empty when no scenario ran)."""
+    out: list[str] = []
+    if ROWS:
+        out += ["", "fault scenarios:", *render(ROWS)]
+    if LEDGER_ROWS:
+        out += ["", "ledger check (completion tokens):", *render_ledger(LEDGER_ROWS)]
+    return out
+
+
+def export() -> dict[str, list[dict[str, Any]]]:
+    """This process's rows as plain data: a pytest-xdist worker hands them to the controller,
+    which prints the tables (``absorb``)."""
+    return {"fault_rows": [asdict(r) for r in ROWS],
+            "ledger_rows": [asdict(r) for r in LEDGER_ROWS]}
+
+
+def absorb(output: dict[str, Any]) -> None:
+    """Add a worker's ``export`` to this process's rows."""
+    ROWS.extend(FaultRow(**row) for row in output.get("fault_rows", []))
+    LEDGER_ROWS.extend(LedgerRow(**row) for row in output.get("ledger_rows", []))
 
 
 def render(rows: list[FaultRow]) -> list[str]:

@@ -1,7 +1,7 @@
 """What a serving process sets up around its event loop, written once for ``carpool serve`` (every
 role), the benchmarks and the load test's local server:
 
-  free_port               a loopback TCP port the OS has just handed out
+  free_port               a loopback TCP port nobody listens on, outside the ephemeral range
   run_loop                run a coroutine on uvloop when installed (what uvicorn picks too)
   startup_objects_frozen  the objects alive after start-up moved out of the cyclic GC's reach
   exit_cleanly_on_sigterm SIGTERM -> ``SystemExit(0)``, so ``finally`` blocks and atexit run
@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import gc
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,11 +28,45 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+# Ports handed out below the OS's ephemeral range start here (above the well-known services).
+PORT_FLOOR = 20000
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now (another process may still take it before use)."""
+    """A port nobody listens on right now, for a server started later (another process may
+    still take it before use).
+
+    Picked at random below the ephemeral range where the OS says where that starts: an
+    outgoing connection takes its local port from that range, so one made between this call
+    and the server's bind can never take the port (the OS's own pick, port 0, comes from it);
+    the random pick keeps two processes choosing at once apart. Elsewhere, the OS's pick."""
+    top = _ephemeral_low()
+    for _ in range(32 if top > PORT_FLOOR + 1000 else 0):
+        port = random.randrange(PORT_FLOOR, top)
+        if _bindable(host, port):
+            return port
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of the ephemeral range, 0 where it cannot be read (not Linux)."""
+    try:
+        with open(EPHEMERAL_RANGE) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def loop_factory() -> tuple[str, Callable[[], asyncio.AbstractEventLoop] | None]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway import process
 from gateway.process import free_port, run_loop, stop_children
 from tests.gateway.harness import make_config, run_gateway
 from tests.gateway.procs import REPO
@@ -43,6 +44,22 @@ def test_free_port_is_free() -> None:
     port = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))  # raises if somebody holds it
+
+
+def test_free_port_is_below_the_ephemeral_range_when_the_os_says_where_it_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "range").write_text("40000\t60999\n")
+    monkeypatch.setattr(process, "EPHEMERAL_RANGE", str(tmp_path / "range"))
+    ports = {free_port() for _ in range(20)}
+    assert all(process.PORT_FLOOR <= p < 40000 for p in ports), ports
+    assert len(ports) > 1  # picked at random: two processes asking at once get apart
+
+
+def test_free_port_falls_back_to_the_os_pick_without_a_range(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(process, "EPHEMERAL_RANGE", str(tmp_path / "missing"))
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert low <= free_port() <= high
 
 
 def test_run_loop_runs_on_uvloop_when_installed() -> None:

@@ -18,14 +18,15 @@ Contract (every step is one script call in one shard's slot, ``keys.py``):
   the set goes with its last member: bounded work per departure, nothing per second.
 
 A reclaim round reads the 16 shards' indexes (one SMEMBERS each, whatever the tenant count)
-and then sends one command per indexed stream. Idle and backlogged tenants without picked
-entries cost nothing."""
+and then sends one command per indexed stream, ``FANOUT`` at a time. Idle and backlogged
+tenants without picked entries cost nothing."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -36,6 +37,11 @@ from gateway.bus.resp import LuaScript
 from gateway.bus.state_scripts import DEPART_LUA, PRUNE_LUA
 
 Raw = tuple[str, Any, Any]  # (stream key, entry id, fields): what the queues make envelopes of
+# Calls a round or a departure has in flight at once: redis-py's pool opens a connection for
+# each concurrent call, so a gather over every stream opened one per stream (the fleet
+# checker's first round with 128 pending streams: 118 new connections, each a handshake, a
+# HELLO and two CLIENT SETINFO; a 16-worker stop: 500 and more).
+FANOUT = 8
 
 
 class PendingIndex:
@@ -54,8 +60,8 @@ class PendingIndex:
         """(shard, member, stream key) of every indexed stream of ``tiers`` (default: all):
         one SMEMBERS per shard."""
         want = set(self.tiers if tiers is None else tiers)
-        sets = await asyncio.gather(*(self.redis.smembers(self.keys.pending(s))
-                                      for s in self.keys.shard_range()))
+        sets = await _bounded(partial(self.redis.smembers, self.keys.pending(s))
+                              for s in self.keys.shard_range())
         out = []
         for s, members in zip(self.keys.shard_range(), sets):
             for raw in members:
@@ -69,8 +75,8 @@ class PendingIndex:
         """The consumers that hold pending entries (any indexed stream of ``tiers``); a stream
         found with none is pruned from the index."""
         found = await self.streams(tiers)
-        summaries = await asyncio.gather(*(self.redis.xpending(key, GROUP) for _, _, key in found),
-                                         return_exceptions=True)
+        summaries = await _bounded((partial(self.redis.xpending, key, GROUP)
+                                    for _, _, key in found), return_exceptions=True)
         out: set[str] = set()
         stale = []
         for (s, member, key), summary in zip(found, summaries):
@@ -82,8 +88,8 @@ class PendingIndex:
             if not summary.get("pending"):
                 stale.append((s, member, key))
             out |= {text(c["name"]) for c in summary.get("consumers") or ()}
-        await asyncio.gather(*(self._prune(keys=[self.keys.pending(s), key], args=[GROUP, member])
-                               for s, member, key in stale))
+        await _bounded(partial(self._prune, keys=[self.keys.pending(s), key], args=[GROUP, member])
+                       for s, member, key in stale)
         return out
 
     async def autoclaim(self, tier: str | None, consumer: str, min_idle_ms: int,
@@ -130,13 +136,13 @@ class PendingIndex:
     async def depart(self, worker: str) -> int:
         """Delete ``worker`` from the group of every stream where it is a consumer and holds
         no pending entry; returns how many streams it still holds entries in (0: gone)."""
-        sets = await asyncio.gather(*(self.redis.smembers(self.keys.consumed(worker, s))
-                                      for s in self.keys.shard_range()))
+        sets = await _bounded(partial(self.redis.smembers, self.keys.consumed(worker, s))
+                              for s in self.keys.shard_range())
         calls = [(s, text(raw)) for s, members in zip(self.keys.shard_range(), sets)
                  for raw in members]
-        res = await asyncio.gather(*(self._depart(
-            keys=[self.keys.consumed(worker, s), self._member_key(member)[1]],
-            args=[GROUP, worker, member]) for s, member in calls))
+        res = await _bounded(partial(
+            self._depart, keys=[self.keys.consumed(worker, s), self._member_key(member)[1]],
+            args=[GROUP, worker, member]) for s, member in calls)
         return sum(1 for r in res if not int(r))
 
     async def seed(self) -> int:
@@ -162,6 +168,19 @@ class PendingIndex:
     async def _recreate_group(self, key: str) -> None:
         with contextlib.suppress(ResponseError):  # BUSYGROUP: another worker was first
             await self.redis.xgroup_create(key, GROUP, id="0", mkstream=True)
+
+
+async def _bounded(calls: Iterable[Callable[[], Awaitable[Any]]],
+                   return_exceptions: bool = False) -> list[Any]:
+    """``asyncio.gather`` of ``calls``' results with at most ``FANOUT`` of them running at
+    once (each made only once it may run: none is left never awaited by a cancel)."""
+    gate = asyncio.Semaphore(FANOUT)
+
+    async def one(call: Callable[[], Awaitable[Any]]) -> Any:
+        async with gate:
+            return await call()
+
+    return await asyncio.gather(*(one(c) for c in calls), return_exceptions=return_exceptions)
 
 
 def _nogroup(exc: ResponseError) -> bool:

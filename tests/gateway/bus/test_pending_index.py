@@ -19,6 +19,7 @@ from engine.core.finish import FinishReason
 from gateway.bus.client import text
 from gateway.bus.keys import GROUP, RedisKeys
 from gateway.bus.messages import FinishMsg, SubmitMsg, TokenMsg
+from gateway.bus.pending import FANOUT, PendingIndex
 from gateway.bus.queues import Envelope, QueueEntries, TierQueues
 from policies.tiers import TIERS
 
@@ -164,6 +165,30 @@ async def test_a_departed_worker_leaves_the_groups_where_it_holds_nothing(bus: A
     assert await queues.pending.depart("w1") == 0
     assert "w1" not in await consumers(client, beta)
     assert not [s for s in keys.shard_range() if await client.exists(keys.consumed("w1", s))]
+
+
+async def connections(client: Any) -> int:
+    return int((await client.info("stats"))["total_connections_received"])
+
+
+async def test_a_round_and_a_departure_over_many_streams_open_few_connections(
+        bus: Any, own_url: str) -> None:
+    """redis-py opens a connection for each call in flight: a round or a departure over 60
+    streams holds at most ``FANOUT`` calls at once, so a new client's pool grows by no more
+    (it opened one a stream when it gathered them all)."""
+    client, keys, queues, entries = bus
+    for i in range(60):
+        await admit(entries, f"c{i}", f"t{i}")
+    assert len(await queues.pick(TIER, "w1", 60)) == 60
+    fresh: Any = aioredis.Redis.from_url(own_url)
+    index = PendingIndex(fresh, keys, TIERS)
+    try:
+        before = await connections(client)
+        assert await index.holders() == {"w1"}
+        assert await index.depart("w1") == 60  # it holds them all: it stays in every group
+        assert await connections(client) - before <= FANOUT
+    finally:
+        await fresh.aclose()
 
 
 async def test_an_output_stream_is_bounded_by_its_steps_and_expires(bus: Any) -> None:

@@ -1,15 +1,18 @@
 """One reader per gateway process for every in-flight request's output stream.
 
 Instead of one blocking XREAD (and one Redis connection) per request, a single loop reads
-every active ``out:{id}`` stream and hands each request its new entries; a newly registered
-stream joins at the next read. On one server that is one blocking XREAD over every stream
-(keys of several hash slots are fine there), which returns as soon as any of them moved: a
-read per step write, whatever the shards. A cluster refuses a command over several slots, so
-there each shard (``bus/keys.py``) with open streams has its own blocking XREAD in flight,
-and a round hands over the reads that returned, leaving the others waiting: a shard costs a
-read per write to it (or per ``BLOCK_MS`` while it is idle), never a busy poll. A failed read
-(Redis away) is retried with a backoff and said once per outage (``bus/outage.py``); the
-streams wait meanwhile, and those whose worker can still write finish once Redis is back.
+every active ``out:{id}`` stream and hands each request its new entries. On one server that
+is one blocking XREAD over every stream (keys of several hash slots are fine there), which
+returns as soon as any of them moved: a read per step write, whatever the shards. A cluster
+refuses a command over several slots, so there each shard (``bus/keys.py``) with open streams
+has its own blocking XREAD in flight, and a round hands over the reads that returned, leaving
+the others waiting: a shard costs a read per write to it, or per ``BLOCK_MS`` while it is
+idle (longer in fact: an idle Valkey 9 cluster node ends a blocked read's wait after about
+100 ms, where a single server keeps to the 2 ms asked), never a busy poll. A stream registered in a shard with no read in flight
+starts one at once (it waited for another shard's read to return); one registered where a
+read is in flight joins when that read returns. A failed read (Redis away) is retried with a
+backoff and said once per outage (``bus/outage.py``); the streams wait meanwhile, and those
+whose worker can still write finish once Redis is back.
 """
 
 from __future__ import annotations
@@ -112,7 +115,14 @@ class OutputMux:
         for tag, keys in groups.items():
             if tag not in self._reads:
                 self._reads[tag] = asyncio.ensure_future(self._read_group(keys, BLOCK_MS))
-        await asyncio.wait(self._reads.values(), return_when=asyncio.FIRST_COMPLETED)
+        # a stream registered meanwhile in a shard with no read in flight starts one now
+        self._wake.clear()
+        joined = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait([*self._reads.values(), joined],
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            joined.cancel()
         out: list[Any] = []
         for tag, read in list(self._reads.items()):
             if read.done():
@@ -127,7 +137,9 @@ class OutputMux:
         if self._per_shard:
             # routed by the first key's slot: redis-py's own routing would ask the server
             # COMMAND GETKEYS for every XREAD (a command per read); after a MOVED the client's
-            # refreshed slot map routes the retry
+            # refreshed slot map routes the retry. Its first call maps the slots (at once when
+            # mapped): a reader whose client made no call before would find no slot covered.
+            await self.redis.initialize()
             node = self.redis.get_node_from_key(keys[0])
             return await self.redis.execute_command(
                 "XREAD", "COUNT", COUNT, "BLOCK", block, "STREAMS", *keys,

@@ -3,11 +3,14 @@ Cluster (``gateway/bench/redis_servers.py``, the embedded server's binary): admi
 explicit cancel and a quota refusal end to end, through redis-py's cluster client
 (``?cluster=1``). A script that touched keys of two slots, or one it did not declare in
 another slot, would fail here with CROSSSLOT; one on the wrong master, with MOVED.
-Set-up is bounded: the cluster forms in a few seconds (``FORM_TIMEOUT_S`` at most)."""
+The gateway's output reader, one blocking read per shard. Set-up is bounded: the cluster
+forms in a few seconds (``FORM_TIMEOUT_S`` at most)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,11 @@ import pytest
 from redis.cluster import RedisCluster
 
 from gateway.bench.redis_servers import ValkeyCluster, valkey_binary
+from gateway.bus.client import redis_client
 from gateway.bus.keys import RedisKeys
+from gateway.bus.messages import TokenMsg, encode
+from gateway.http import output_mux
+from gateway.http.output_mux import OutputMux
 from tests.gateway.harness import make_config, make_tenant, run_gateway
 
 pytestmark = [pytest.mark.timeout(90),
@@ -95,3 +102,48 @@ def test_a_cancel_and_a_quota_refusal(gateway: Any, cluster: ValkeyCluster) -> N
         refused = c.post("/v1/completions", json=_body(gateway))
         assert refused.status_code == 429 and refused.json()["error"]["code"] == "rpm"
         assert int(refused.headers["retry-after"]) >= 1
+
+
+def _tenant_per_shard(keys: RedisKeys) -> list[str]:
+    """A tenant id in each shard."""
+    found: dict[int, str] = {}
+    for i in range(1000):
+        found.setdefault(keys.shard_of(f"t{i}"), f"t{i}")
+    return [found[s] for s in keys.shard_range()]
+
+
+async def test_the_output_reader_starts_a_shards_read_at_once_and_takes_streams_that_join(
+        cluster: ValkeyCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway's output reader on a cluster, one blocking read per shard with open streams
+    (here each waits 3 s for a write): a stream registered in a shard with no read in flight
+    is read at once, not after another shard's read returned; one registered in a shard whose
+    read is in flight joins it when a write to that shard returns it."""
+    monkeypatch.setattr(output_mux, "BLOCK_MS", 3000)
+    client = redis_client(cluster.url)
+    keys = RedisKeys(f"mux{uuid.uuid4().hex[:8]}")
+    tenants = _tenant_per_shard(keys)
+    mux = OutputMux(client)
+    first = [keys.out(f"r{i}", t) for i, t in enumerate(tenants[:-1])]
+    fresh = keys.out("new", tenants[-1])  # the last shard has no read in flight
+    joined = keys.out("late", tenants[0])
+    try:
+        mux.start()
+        for key in first:
+            mux.register(key)
+        await asyncio.sleep(0.2)  # every shard but the last has its read in flight
+        queue = mux.register(fresh)
+        await client.xadd(fresh, encode(TokenMsg([1], "x")))
+        async with asyncio.timeout(1.5):  # half the shards' wait
+            assert await queue.get() == [TokenMsg([1], "x")]
+        queues = [mux.register(joined), mux._streams[first[0]].queue]
+        for n, key in enumerate((joined, first[0])):
+            await client.xadd(key, encode(TokenMsg([n], "y")))
+        async with asyncio.timeout(10):
+            assert [await q.get() for q in queues] == [[TokenMsg([0], "y")], [TokenMsg([1], "y")]]
+    finally:
+        for key in list(mux._streams):
+            mux.unregister(key)
+        await asyncio.sleep(3.2)  # stop while idle: a cancel mid-XREAD can be lost in redis-py
+        await mux.stop()
+        await client.delete(fresh, joined, first[0])
+        await client.aclose()

@@ -64,6 +64,7 @@ from gateway.bus.pending import PendingIndex
 from gateway.bus.resp import LuaScript, RespConnection, call, pipelined
 from gateway.bus.scripts import ADMIT_LUA, PICK_LUA, STEP_LUA
 from gateway.bus.shard_view import BacklogView, DepthView
+from gateway.bus.single_flight import SingleFlight
 from gateway.bus.state_scripts import BACKLOG_LUA, CANCEL_LUA, CLAIM_LUA, DONE_LUA
 from gateway.bus.step_write import StepWrite
 from gateway.bus.wake import WakeTokens, push
@@ -320,23 +321,16 @@ class QueueEntries:
         self._cancel = LuaScript(redis, conn, CANCEL_LUA)
         self._step = LuaScript(redis, conn, STEP_LUA)
         self.depths = DepthView(keys.shards)
-        self._depth_read: asyncio.Future[None] | None = None  # the refresh in flight
+        self._refresh_depths = SingleFlight(self._read_depths)
 
     async def _call(self, *args: Any) -> Any:
         return await call(self._conn, self.redis, *args)
 
-    async def _refresh_depths(self) -> None:
-        """Every shard's depth per tier (one read per shard, at most every half second). The
-        admissions that find the view stale meanwhile share the one read in flight: a burst's
-        admissions each read every shard otherwise (HGETALL ~0.05 a streamed token at 16
-        workers, with a connection each)."""
-        if self._depth_read is None or self._depth_read.done():
-            self._depth_read = asyncio.ensure_future(self._read_depths())
-            # its failure reaches every admission awaiting it; retrieved here for none left
-            self._depth_read.add_done_callback(lambda f: f.cancelled() or f.exception())
-        await asyncio.shield(self._depth_read)
-
     async def _read_depths(self) -> None:
+        """Every shard's depth per tier (one read per shard, at most every half second). The
+        admissions that find the view stale meanwhile share the one read in flight
+        (``_refresh_depths``): a burst's admissions each read every shard otherwise (HGETALL
+        ~0.05 a streamed token at 16 workers, with a connection each)."""
         self.depths.refreshed(await asyncio.gather(*(
             self.redis.hgetall(self.keys.depth(s)) for s in self.keys.shard_range())))
 

@@ -12,7 +12,6 @@ configuration (``GatewayConfig.tier_slos``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import orjson
 
 from gateway.bus.keys import RedisKeys
+from gateway.bus.single_flight import SingleFlight
 from gateway.config import GatewayConfig
 from gateway.http.errors import APIError
 from gateway.worker.tier_status import STALE_AFTER_S
@@ -74,7 +74,7 @@ class TierShedder:
         # placement hashes over them (``gateway/http/placement.py``)
         self.workers: tuple[str, ...] = ()
         self._expires = 0.0
-        self._refresh: asyncio.Task[None] | None = None
+        self._refresh = SingleFlight(self._read)
 
     async def statuses(self) -> list[dict[str, Any]]:
         """The live workers' statuses, read now (for the admin API)."""
@@ -84,9 +84,7 @@ class TierShedder:
         """The merged loads, re-read at most once per ``refresh_s``; concurrent callers
         share one read."""
         if time.monotonic() >= self._expires:
-            if self._refresh is None or self._refresh.done():
-                self._refresh = asyncio.ensure_future(self._read())
-            await asyncio.shield(self._refresh)
+            await self._refresh()
         return self._loads
 
     async def _read(self) -> None:

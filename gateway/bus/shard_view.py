@@ -43,8 +43,8 @@ class BacklogView:
             self._cands[tier][shard] = [(t, float(_text(c))) for t, c in zip(names, flat[1::2])]
 
     def busy(self) -> set[int]:
-        """The shards with entries not yet picked, as last read."""
-        return {s for per in self._n.values() for s, n in per.items() if n > 0}
+        """The shards with entries of any tier not yet picked, as last read."""
+        return {s for tier in self._n for s in self.busy_shards(tier)}
 
     def busy_shards(self, tier: str) -> list[int]:
         """The shards with entries of ``tier`` not yet picked, as last read."""

@@ -30,6 +30,9 @@ T = TypeVar("T")
 
 # Ports handed out below the OS's ephemeral range start here (above the well-known services).
 PORT_FLOOR = 20000
+# drawn from the OS: a test or library that seeds ``random`` cannot make two processes draw
+# the same ports
+_PORTS = random.SystemRandom()
 EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
@@ -43,7 +46,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     the random pick keeps two processes choosing at once apart. Elsewhere, the OS's pick."""
     top = _ephemeral_low()
     for _ in range(32 if top > PORT_FLOOR + 1000 else 0):
-        port = random.randrange(PORT_FLOOR, top)
+        port = _PORTS.randrange(PORT_FLOOR, top)
         if _bindable(host, port):
             return port
     with socket.socket() as sock:

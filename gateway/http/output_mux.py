@@ -7,12 +7,11 @@ returns as soon as any of them moved: a read per step write, whatever the shards
 refuses a command over several slots, so there each shard (``bus/keys.py``) with open streams
 has its own blocking XREAD in flight, and a round hands over the reads that returned, leaving
 the others waiting: a shard costs a read per write to it, or per ``BLOCK_MS`` while it is
-idle (longer in fact: an idle Valkey 9 cluster node ends a blocked read's wait after about
-100 ms, where a single server keeps to the 2 ms asked), never a busy poll. A stream registered in a shard with no read in flight
-starts one at once (it waited for another shard's read to return); one registered where a
-read is in flight joins when that read returns. A failed read (Redis away) is retried with a
-backoff and said once per outage (``bus/outage.py``); the streams wait meanwhile, and those
-whose worker can still write finish once Redis is back.
+idle (an idle Valkey 9 cluster node holds a blocked read about 100 ms, whatever it asked),
+never a busy poll. A stream registered in a shard with no read in flight starts one at once;
+one registered where a read is in flight joins when that read returns. A failed read (Redis
+away) is retried with a backoff and said once per outage (``bus/outage.py``); the streams
+wait meanwhile, and those whose worker can still write finish once Redis is back.
 """
 
 from __future__ import annotations
@@ -50,6 +49,7 @@ class OutputMux:
         self._task: asyncio.Task[None] | None = None
         self._per_shard = _is_cluster(redis)
         self._reads: dict[str, asyncio.Future[Any]] = {}  # shard tag -> its read (cluster)
+        self._joined: asyncio.Future[Any] | None = None  # a registration's wake (cluster)
 
     def start(self) -> None:
         if self._task is None:
@@ -61,9 +61,10 @@ class OutputMux:
             # and shutdown must not hang on it.
             await stop_tasks([self._task], log)
             self._task = None
-        for read in self._reads.values():
+        for read in [*self._reads.values(), *([self._joined] if self._joined else [])]:
             read.cancel()
         self._reads.clear()
+        self._joined = None
         if self._conn is not None:
             await self._conn.close()
 
@@ -115,14 +116,13 @@ class OutputMux:
         for tag, keys in groups.items():
             if tag not in self._reads:
                 self._reads[tag] = asyncio.ensure_future(self._read_group(keys, BLOCK_MS))
-        # a stream registered meanwhile in a shard with no read in flight starts one now
-        self._wake.clear()
-        joined = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait([*self._reads.values(), joined],
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            joined.cancel()
+        # a stream registered meanwhile, in a shard with no read in flight, starts one now
+        # (cleared with the groups built: a registration since then sets it)
+        if self._joined is None or self._joined.done():
+            self._wake.clear()
+            self._joined = asyncio.ensure_future(self._wake.wait())
+        await asyncio.wait([*self._reads.values(), self._joined],
+                           return_when=asyncio.FIRST_COMPLETED)
         out: list[Any] = []
         for tag, read in list(self._reads.items()):
             if read.done():
@@ -131,15 +131,17 @@ class OutputMux:
         return out
 
     async def _read_group(self, keys: list[str], block: int) -> Any:
+        if self._per_shard:
+            # the client's first call maps the slots (at once when mapped; a refresh after a
+            # MOVED waits): a reader whose client made no call before would find none covered
+            await self.redis.initialize()
         keys = [k for k in keys if k in self._streams]  # one may have left since
         if not keys:
             return []
         if self._per_shard:
             # routed by the first key's slot: redis-py's own routing would ask the server
             # COMMAND GETKEYS for every XREAD (a command per read); after a MOVED the client's
-            # refreshed slot map routes the retry. Its first call maps the slots (at once when
-            # mapped): a reader whose client made no call before would find no slot covered.
-            await self.redis.initialize()
+            # refreshed slot map routes the retry
             node = self.redis.get_node_from_key(keys[0])
             return await self.redis.execute_command(
                 "XREAD", "COUNT", COUNT, "BLOCK", block, "STREAMS", *keys,

@@ -104,6 +104,9 @@ def test_a_cancel_and_a_quota_refusal(gateway: Any, cluster: ValkeyCluster) -> N
         assert int(refused.headers["retry-after"]) >= 1
 
 
+SLOW_READ_S = 3.0  # the output reader's wait for a write, in its test
+
+
 def _tenant_per_shard(keys: RedisKeys) -> list[str]:
     """A tenant id in each shard."""
     found: dict[int, str] = {}
@@ -114,11 +117,12 @@ def _tenant_per_shard(keys: RedisKeys) -> list[str]:
 
 async def test_the_output_reader_starts_a_shards_read_at_once_and_takes_streams_that_join(
         cluster: ValkeyCluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The gateway's output reader on a cluster, one blocking read per shard with open streams
-    (here each waits 3 s for a write): a stream registered in a shard with no read in flight
-    is read at once, not after another shard's read returned; one registered in a shard whose
-    read is in flight joins it when a write to that shard returns it."""
-    monkeypatch.setattr(output_mux, "BLOCK_MS", 3000)
+    """The gateway's output reader on a cluster, one blocking read per shard with open
+    streams (here each waits ``SLOW_READ_S`` for a write): a stream registered in a shard
+    with no read in flight is read at once, not after another shard's read returned; one
+    registered in a shard whose read is in flight joins it when a write to that shard
+    returns it."""
+    monkeypatch.setattr(output_mux, "BLOCK_MS", int(SLOW_READ_S * 1000))
     client = redis_client(cluster.url)
     keys = RedisKeys(f"mux{uuid.uuid4().hex[:8]}")
     tenants = _tenant_per_shard(keys)
@@ -128,22 +132,22 @@ async def test_the_output_reader_starts_a_shards_read_at_once_and_takes_streams_
     joined = keys.out("late", tenants[0])
     try:
         mux.start()
-        for key in first:
-            mux.register(key)
+        first_queue, *_ = [mux.register(key) for key in first]
         await asyncio.sleep(0.2)  # every shard but the last has its read in flight
         queue = mux.register(fresh)
         await client.xadd(fresh, encode(TokenMsg([1], "x")))
-        async with asyncio.timeout(1.5):  # half the shards' wait
+        async with asyncio.timeout(SLOW_READ_S / 2):
             assert await queue.get() == [TokenMsg([1], "x")]
-        queues = [mux.register(joined), mux._streams[first[0]].queue]
+        queues = [mux.register(joined), first_queue]
         for n, key in enumerate((joined, first[0])):
             await client.xadd(key, encode(TokenMsg([n], "y")))
         async with asyncio.timeout(10):
             assert [await q.get() for q in queues] == [[TokenMsg([0], "y")], [TokenMsg([1], "y")]]
     finally:
-        for key in list(mux._streams):
+        for key in [*first, fresh, joined]:
             mux.unregister(key)
-        await asyncio.sleep(3.2)  # stop while idle: a cancel mid-XREAD can be lost in redis-py
+        # stop while idle: a cancel mid-XREAD can be lost in redis-py
+        await asyncio.sleep(SLOW_READ_S + 0.5)
         await mux.stop()
         await client.delete(fresh, joined, first[0])
         await client.aclose()

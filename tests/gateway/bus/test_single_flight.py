@@ -4,6 +4,7 @@ running for the others; its failure reaches each of them; the next call after it
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -50,3 +51,28 @@ async def test_a_failure_reaches_every_caller_awaiting_it() -> None:
     assert fn.calls == 1
     with pytest.raises(RuntimeError):
         await flight()
+
+
+async def test_a_failure_no_caller_awaits_is_not_logged_as_never_retrieved() -> None:
+    """Its only caller cancelled, the call fails on its own: asyncio would log "exception was
+    never retrieved" when the call is collected, unless it was retrieved."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        fn = Counted(fail=True)
+        flight = SingleFlight(fn)
+        caller = asyncio.ensure_future(flight())
+        await asyncio.sleep(0)
+        caller.cancel()
+        await asyncio.sleep(0)
+        fn.release.set()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        del flight, caller
+        gc.collect()
+        assert fn.calls == 1
+        assert reported == []
+    finally:
+        loop.set_exception_handler(previous)

@@ -96,7 +96,7 @@ lock-check: setup
 # --durations: the slowest tests named at the end, so CI's 15 minutes are watched.
 # -n 2 --dist loadfile: two pytest processes, a test file's tests all on one (its module
 # fixtures, a gateway or a cluster, start once); most of the suite waits on servers, so two
-# processes on 2 cores take about 55% of one's time. TEST_JOBS=0 runs in one process.
+# processes on 2 cores take about half of one's time. TEST_JOBS=0 runs in one process.
 TEST_JOBS ?= 2
 test: lock-check
 	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_JOBS) --dist loadfile

@@ -18,10 +18,11 @@ drain deadline it names a live worker (``handoff.py``) on the cancel channel, wh
 its entries at once and resumes them the same way.
 
 A dead worker is known two ways: its entries went idle past the visibility timeout (the
-XAUTOCLAIM of the fleet's checker, ``checker``), or, sooner, ``DeadWorkers``: it holds pending entries but its tier
-status (``tier_status.py``, republished every second) has not changed for ``STALE_AFTER_S``
-on the checker's own clock (``liveness.py``: another host's time stamp is never compared
-with ours, so a worker whose clock runs ahead cannot declare live workers dead).
+XAUTOCLAIM of the fleet's checker, ``checker``), or, sooner, ``DeadWorkers``: it holds
+pending entries but its tier status (``tier_status.py``, republished every second) has not
+changed for ``STALE_AFTER_S`` on the checker's own clock (``liveness.py``: another host's time
+stamp is never compared with ours, so a worker whose clock runs ahead cannot declare live
+workers dead).
 
 Not resumed (ended with the ``worker_lost`` error as before): several choices (``n`` > 1),
 and a request whose output stream is gone (expired, or held back past its TTL). Known gaps: a

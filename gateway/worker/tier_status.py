@@ -159,12 +159,10 @@ class TierStatusPublisher:
             return round(budget.target_s, 4), "derived"
         return None, None
 
-    async def tenant_depths(self, tier: str, shards: Iterable[int] | None = None
-                            ) -> dict[str, int]:
+    async def tenant_depths(self, tier: str, shards: Iterable[int]) -> dict[str, int]:
         """Waiting entries per tenant: the tier's index of backlogged tenants (kept by the
         queue scripts, ``bus/queues.py``), read on ``shards`` (those the count the depth comes
-        from found with entries of ``tier``; None: every shard)."""
-        shards = self.keys.shard_range() if shards is None else shards
+        from found with entries of ``tier``)."""
         got = await asyncio.gather(*(self.redis.hgetall(self.keys.backlogged(tier, s))
                                      for s in shards))
         return {text(k): n for raw in got for k, v in raw.items() if (n := int(v)) > 0}

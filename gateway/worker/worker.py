@@ -6,7 +6,8 @@ One worker per engine (per GPU). Tasks on the event loop:
   writer       one pipelined write per engine step (``writer.py``)
   cancels      CancelMsg from any gateway -> ``engine.abort(id)`` (KV freed at the next step);
                a HandoffMsg naming us -> take a stopping worker's entries (``handoff.py``)
-  maintenance  heartbeat our pending entries; XAUTOCLAIM entries of dead workers (the fleet's checker)
+  maintenance  heartbeat our pending entries; XAUTOCLAIM entries of dead workers (the
+               fleet's checker alone)
   dead check   take over the entries of a worker that stopped publishing its status, sooner
                than the visibility timeout (``recovery.py``)
   step budget  caps the rows of a step while interactive work runs (``step_budget.py``)
